@@ -1,0 +1,353 @@
+"""Save and load fitted mixtures as HDF5 model files (no pickle).
+
+File layout (format ``"emgmm.GaussianMixture"``, version 1)::
+
+    /                        attributes: format, format_version, emgmm_version,
+                             covariance_type, n_components, n_features_in,
+                             params (JSON of the constructor parameters)
+    /weights                 (n_components,)
+    /means                   (n_components, n_features)
+    /precisions_cholesky     sklearn's shape for the covariance type
+    /feature_names_in        variable-length UTF-8 strings (only if fitted on them)
+    /params/<name>           array-valued constructor parameters
+                             (weights_init, means_init, precisions_init)
+    /fit                     attributes: n_iter, converged, lower_bound;
+                             dataset lower_bounds (n_iter,)
+
+Constructor parameters that cannot be written without pickle (a ``callback``
+function, a ``numpy.random.RandomState`` as ``random_state``) are stored as
+``None``; their names are listed in the ``params_dropped`` attribute.
+"""
+
+import contextlib
+import json
+import os
+import tempfile
+
+import h5py
+import numpy as np
+from scipy.linalg import solve_triangular
+
+FORMAT_NAME = "emgmm.GaussianMixture"
+FORMAT_VERSION = 1
+COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+_ARRAY_PARAMS = ("weights_init", "means_init", "precisions_init")
+
+
+class ModelFileError(ValueError):
+    """A file is not an emgmm model file, or has an incompatible format."""
+
+
+@contextlib.contextmanager
+def atomic_output(path):
+    """Yield a temporary path next to ``path``; rename it to ``path`` on success.
+
+    The temporary file is created in the directory of ``path`` (so the final
+    ``os.replace`` is atomic) and removed if the body raises, so a failed
+    run never leaves a partial or stray file behind.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Final output path. Its directory must exist.
+
+    Yields
+    ------
+    tmp_path : str
+        Path of an empty temporary file to write to.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the directory of ``path`` does not exist.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp_path = tempfile.mkstemp(
+        dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp"
+    )
+    os.close(fd)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_path)
+        raise
+
+
+def _package_version():
+    from . import __version__
+
+    return __version__
+
+
+def _split_params(params):
+    """Split constructor parameters into JSON-able values, arrays and dropped names."""
+    plain, arrays, dropped = {}, {}, []
+    for name, value in sorted(params.items()):
+        if name in _ARRAY_PARAMS and value is not None:
+            arrays[name] = np.asarray(value, dtype=np.float64)
+            plain[name] = None
+        elif isinstance(value, os.PathLike):
+            plain[name] = os.fspath(value)
+        elif isinstance(value, np.integer):
+            plain[name] = int(value)
+        elif isinstance(value, np.floating):
+            plain[name] = float(value)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            plain[name] = value
+        else:
+            plain[name] = None
+            dropped.append(name)
+    return plain, arrays, dropped
+
+
+def save_model(estimator, path):
+    """Write a fitted Gaussian mixture to an HDF5 model file.
+
+    The file is written under a temporary name in the same directory and
+    renamed to ``path`` only when complete; an existing file at ``path`` is
+    replaced.
+
+    Parameters
+    ----------
+    estimator : emgmm.GaussianMixture or sklearn.mixture.GaussianMixture
+        A fitted mixture (``weights_``, ``means_``, ``precisions_cholesky_``,
+        ``n_features_in_`` and the fit metadata ``n_iter_``, ``converged_``,
+        ``lower_bound_`` must be set; ``lower_bounds_`` and
+        ``feature_names_in_`` are stored when present).
+    path : str or os.PathLike
+        Output file name.
+
+    Raises
+    ------
+    ValueError
+        If ``estimator`` is not fitted or has an unknown covariance type.
+    """
+    try:
+        weights = np.asarray(estimator.weights_, dtype=np.float64)
+        means = np.asarray(estimator.means_, dtype=np.float64)
+        prec_chol = np.asarray(estimator.precisions_cholesky_, dtype=np.float64)
+        n_features = int(estimator.n_features_in_)
+        n_iter, converged = int(estimator.n_iter_), bool(estimator.converged_)
+        lower_bound = float(estimator.lower_bound_)
+    except AttributeError as exc:
+        raise ValueError(f"cannot save an unfitted estimator ({exc})") from None
+    if estimator.covariance_type not in COVARIANCE_TYPES:
+        raise ValueError(f"unknown covariance_type {estimator.covariance_type!r}")
+    plain, arrays, dropped = _split_params(estimator.get_params(deep=False))
+    with atomic_output(path) as tmp_path, h5py.File(tmp_path, "w") as f:
+        f.attrs["format"] = FORMAT_NAME
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["emgmm_version"] = _package_version()
+        f.attrs["covariance_type"] = estimator.covariance_type
+        f.attrs["n_components"] = weights.shape[0]
+        f.attrs["n_features_in"] = n_features
+        f.attrs["params"] = json.dumps(plain, sort_keys=True)
+        f.attrs["params_dropped"] = json.dumps(dropped)
+        f["weights"] = weights
+        f["means"] = means
+        f["precisions_cholesky"] = prec_chol
+        if hasattr(estimator, "feature_names_in_"):
+            names = [str(n) for n in estimator.feature_names_in_]
+            f.create_dataset(
+                "feature_names_in", data=names, dtype=h5py.string_dtype("utf-8")
+            )
+        group = f.create_group("params")
+        for name, value in arrays.items():
+            group[name] = value
+        fit = f.create_group("fit")
+        fit.attrs["n_iter"] = n_iter
+        fit.attrs["converged"] = converged
+        fit.attrs["lower_bound"] = lower_bound
+        lower_bounds = getattr(estimator, "lower_bounds_", [])
+        fit["lower_bounds"] = np.asarray(lower_bounds, dtype=np.float64)
+
+
+def _open(path):
+    """Open ``path`` read-only and check that it is a compatible model file."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model file not found: {path}")
+    try:
+        f = h5py.File(path, "r")
+    except OSError:
+        raise ModelFileError(f"{path} is not an emgmm model file (not HDF5)") from None
+    fmt = f.attrs.get("format")
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode()
+    if fmt != FORMAT_NAME:
+        f.close()
+        raise ModelFileError(
+            f"{path} is not an emgmm model file (no 'format' attribute "
+            f"{FORMAT_NAME!r})"
+        )
+    version = f.attrs.get("format_version")
+    if version != FORMAT_VERSION:
+        writer = f.attrs.get("emgmm_version", "unknown")
+        f.close()
+        raise ModelFileError(
+            f"{path} has model format version {version} (written by emgmm "
+            f"{writer}); this emgmm ({_package_version()}) reads version "
+            f"{FORMAT_VERSION} only"
+        )
+    return f
+
+
+def read_header(path):
+    """Read the metadata of a model file without building an estimator.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Model file written by :func:`save_model`.
+
+    Returns
+    -------
+    header : dict
+        Keys ``format``, ``format_version``, ``emgmm_version``,
+        ``covariance_type``, ``n_components``, ``n_features_in``, ``params``
+        (dict), ``params_dropped`` (list), ``feature_names_in`` (list or None),
+        ``n_iter``, ``converged``, ``lower_bound``, ``lower_bounds`` (list).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ModelFileError
+        If the file is not an emgmm model file or has another format version.
+    """
+    with _open(path) as f:
+        try:
+            return _header(f)
+        except (KeyError, ValueError) as exc:
+            raise ModelFileError(
+                f"{os.fspath(path)} is a damaged emgmm model file ({exc})"
+            ) from None
+
+
+def _header(f):
+    fit = f["fit"]
+    names = f.get("feature_names_in")
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "emgmm_version": str(f.attrs["emgmm_version"]),
+        "covariance_type": str(f.attrs["covariance_type"]),
+        "n_components": int(f.attrs["n_components"]),
+        "n_features_in": int(f.attrs["n_features_in"]),
+        "params": json.loads(f.attrs["params"]),
+        "params_dropped": json.loads(f.attrs["params_dropped"]),
+        "feature_names_in": None if names is None else list(names.asstr()[()]),
+        "n_iter": int(fit.attrs["n_iter"]),
+        "converged": bool(fit.attrs["converged"]),
+        "lower_bound": float(fit.attrs["lower_bound"]),
+        "lower_bounds": fit["lower_bounds"][()].tolist(),
+    }
+
+
+def _covariances_and_precisions(prec_chol, covariance_type):
+    """Recompute ``covariances_`` and ``precisions_`` from the precision Cholesky.
+
+    ``precisions = U @ U.T`` and ``covariances = inv(precisions) = V.T @ V``
+    with ``V = inv(U)`` for ``full`` and ``tied``; elementwise for ``diag``
+    and ``spherical``.
+    """
+    if covariance_type == "full":
+        precisions = prec_chol @ prec_chol.transpose(0, 2, 1)
+        eye = np.eye(prec_chol.shape[1])
+        covariances = np.empty_like(prec_chol)
+        for k, u in enumerate(prec_chol):
+            v = solve_triangular(u, eye, lower=False)
+            covariances[k] = v.T @ v
+    elif covariance_type == "tied":
+        precisions = prec_chol @ prec_chol.T
+        v = solve_triangular(prec_chol, np.eye(prec_chol.shape[0]), lower=False)
+        covariances = v.T @ v
+    else:
+        precisions = prec_chol**2
+        covariances = 1.0 / precisions
+    return covariances, precisions
+
+
+def _expected_chol_shape(covariance_type, n_components, n_features):
+    return {
+        "full": (n_components, n_features, n_features),
+        "tied": (n_features, n_features),
+        "diag": (n_components, n_features),
+        "spherical": (n_components,),
+    }[covariance_type]
+
+
+def load_model(path):
+    """Load a fitted :class:`emgmm.GaussianMixture` from an HDF5 model file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Model file written by :func:`save_model`.
+
+    Returns
+    -------
+    estimator : emgmm.GaussianMixture
+        Fitted estimator with ``weights_``, ``means_``,
+        ``precisions_cholesky_`` as stored (float64), ``covariances_`` and
+        ``precisions_`` recomputed from ``precisions_cholesky_``, the fit
+        metadata (``n_iter_``, ``converged_``, ``lower_bound_``,
+        ``lower_bounds_``), ``n_features_in_`` and, when stored,
+        ``feature_names_in_``. Constructor parameters listed in the file's
+        ``params_dropped`` attribute are left at their defaults.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ModelFileError
+        If the file is not an emgmm model file, has another format version,
+        or its arrays have inconsistent shapes.
+    """
+    from . import GaussianMixture
+
+    header = read_header(path)
+    with _open(path) as f:
+        try:
+            weights = f["weights"][()]
+            means = f["means"][()]
+            prec_chol = f["precisions_cholesky"][()]
+            arrays = {name: value[()] for name, value in f["params"].items()}
+        except KeyError as exc:
+            raise ModelFileError(
+                f"{os.fspath(path)} is a damaged emgmm model file ({exc})"
+            ) from None
+    cov_type = header["covariance_type"]
+    k, d = header["n_components"], header["n_features_in"]
+    if (
+        cov_type not in COVARIANCE_TYPES
+        or weights.shape != (k,)
+        or means.shape != (k, d)
+        or prec_chol.shape != _expected_chol_shape(cov_type, k, d)
+    ):
+        raise ModelFileError(f"{os.fspath(path)} has inconsistent model arrays")
+    params = dict(header["params"], **arrays)
+    for name in header["params_dropped"]:
+        params.pop(name, None)
+    estimator = GaussianMixture()
+    known = estimator.get_params(deep=False)
+    estimator.set_params(**{n: v for n, v in params.items() if n in known})
+    estimator.weights_ = weights
+    estimator.means_ = means
+    estimator.precisions_cholesky_ = prec_chol
+    estimator.covariances_, estimator.precisions_ = _covariances_and_precisions(
+        prec_chol, cov_type
+    )
+    estimator.n_features_in_ = d
+    if header["feature_names_in"] is not None:
+        estimator.feature_names_in_ = np.asarray(
+            header["feature_names_in"], dtype=object
+        )
+    estimator.n_iter_ = header["n_iter"]
+    estimator.converged_ = header["converged"]
+    estimator.lower_bound_ = header["lower_bound"]
+    estimator.lower_bounds_ = header["lower_bounds"]
+    return estimator
