@@ -1,0 +1,137 @@
+"""Progress reporting for long fits, driven by the estimator's ``callback``."""
+
+import sys
+import time
+
+
+def format_seconds(seconds):
+    """Format a duration as ``"1h02m"``, ``"3m05s"`` or ``"4.2s"``.
+
+    Parameters
+    ----------
+    seconds : float
+        Non-negative duration in seconds.
+
+    Returns
+    -------
+    text : str
+    """
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+    if seconds >= 60:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{seconds:.1f}s"
+
+
+class ProgressReporter:
+    """Print one line per EM iteration; pass an instance as ``callback``.
+
+    Each line shows the run (``init``) when ``n_init > 1``, the iteration,
+    the lower bound (mean log-likelihood per sample) and its change, the
+    seconds the iteration took and an estimate of the time left, assuming
+    every remaining run goes to ``max_iter`` iterations (an upper bound:
+    runs that converge stop earlier).
+
+    Parameters
+    ----------
+    max_iter : int
+        The estimator's ``max_iter``.
+    n_init : int, default=1
+        The estimator's ``n_init``.
+    stream : file-like, default=None
+        Where to write; ``None`` means ``sys.stderr`` at call time.
+    quiet : bool, default=False
+        Record the iterations (for :meth:`summary`) without printing.
+
+    Attributes
+    ----------
+    history : list of dict
+        Every dict received from the estimator, in order.
+    """
+
+    def __init__(self, max_iter, n_init=1, *, stream=None, quiet=False):
+        self.max_iter = max_iter
+        self.n_init = n_init
+        self.stream = stream
+        self.quiet = quiet
+        self.history = []
+        self._start = time.perf_counter()
+
+    def __call__(self, info):
+        """Record and print the progress dict of one EM iteration.
+
+        Parameters
+        ----------
+        info : dict
+            Keys ``n_iter`` (int, 1-based), ``lower_bound`` (float),
+            ``change`` (float, NaN or None on the first iteration),
+            ``seconds`` (float, duration of the iteration), ``init`` (int,
+            0-based index of the run).
+        """
+        self.history.append(dict(info))
+        if self.quiet:
+            return
+        seconds = [h["seconds"] for h in self.history]
+        per_iter = sum(seconds) / len(seconds)
+        runs_left = self.n_init - info["init"] - 1
+        iters_left = self.max_iter - info["n_iter"] + runs_left * self.max_iter
+        change = info.get("change")
+        change_text = "" if change is None else f"  change {change:+.3e}"
+        run_text = f"init {info['init'] + 1}/{self.n_init}  " if self.n_init > 1 else ""
+        width = len(str(self.max_iter))
+        print(
+            f"{run_text}iter {info['n_iter']:>{width}}/{self.max_iter}"
+            f"  lower bound {info['lower_bound']:.6g}{change_text}"
+            f"  {info['seconds']:.2f} s/iter"
+            f"  <= {format_seconds(iters_left * per_iter)} left",
+            file=self.stream or sys.stderr,
+            flush=True,
+        )
+
+    def summary(self, estimator):
+        """Summarise a finished fit.
+
+        Parameters
+        ----------
+        estimator : fitted GaussianMixture
+
+        Returns
+        -------
+        summary : dict
+            ``n_components``, ``covariance_type``, ``n_features``,
+            ``converged``, ``n_iter``, ``lower_bound``, ``seconds`` (wall
+            time since this reporter was created) and ``seconds_per_iter``
+            (mean over all reported iterations, ``None`` if none was
+            reported).
+        """
+        seconds = [h["seconds"] for h in self.history]
+        return {
+            "n_components": int(estimator.n_components),
+            "covariance_type": estimator.covariance_type,
+            "n_features": int(estimator.n_features_in_),
+            "converged": bool(estimator.converged_),
+            "n_iter": int(estimator.n_iter_),
+            "lower_bound": float(estimator.lower_bound_),
+            "seconds": time.perf_counter() - self._start,
+            "seconds_per_iter": sum(seconds) / len(seconds) if seconds else None,
+        }
+
+
+def format_summary(summary):
+    """One-line human-readable text of :meth:`ProgressReporter.summary`.
+
+    Parameters
+    ----------
+    summary : dict
+
+    Returns
+    -------
+    text : str
+    """
+    state = "converged" if summary["converged"] else "did not converge"
+    return (
+        f"{state} after {summary['n_iter']} iterations; lower bound "
+        f"{summary['lower_bound']:.6g}; {summary['n_components']} "
+        f"{summary['covariance_type']} components on {summary['n_features']} "
+        f"features; {format_seconds(summary['seconds'])} total"
+    )
