@@ -1,0 +1,609 @@
+"""The pure kernels of ``emgmm._kernels`` against independent oracles.
+
+Oracles:
+
+* ``scipy.stats.multivariate_normal(mean, cov).logpdf`` for log-densities (eigh-based in
+  scipy, a different algorithm from the Cholesky/triangular product in emgmm);
+* ``numpy.linalg.slogdet`` / ``numpy.linalg.inv`` for determinants and precisions;
+* plain numpy on the whole array (broadcasting + ``einsum``, no BLAS rank-k updates)
+  for the sufficient statistics;
+* ``np.average`` and ``np.cov(bias=True, aweights=r_k)`` for the M step.
+
+All inputs are made read-only, so a kernel that writes into its inputs fails (C15).
+
+float32 tolerances
+------------------
+float32 inputs are compared with the float64 oracle evaluated on the *same* float32
+values (cast to float64), so only the rounding done inside the kernel is measured.
+Tolerances are forward error bounds of the form ``c * u * S`` where ``u = 2**-24`` is
+the float32 unit roundoff and ``S`` is the same quantity evaluated on absolute values
+(so cancellation is accounted for), as in Higham, *Accuracy and Stability of Numerical
+Algorithms*, 2nd ed., ch. 3: a dot product of length ``m`` has error at most
+``gamma_m * sum |a_i b_i|`` with ``gamma_m = m u / (1 - m u)``. Where the contract
+promises float64 accumulation (sufficient statistics) the float32 part of the bound does
+*not* grow with the number of rows: only the per-element rounding of ``x - c`` and of
+the products is float32; the accumulation over ``n`` rows is charged ``gamma_n`` with the
+float64 roundoff.
+"""
+
+import functools
+import operator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.testing import assert_allclose, assert_array_equal
+from scipy.special import logsumexp
+from scipy.stats import multivariate_normal
+
+from conftest import COVARIANCE_TYPES, random_spd
+
+kernels = pytest.importorskip("emgmm._kernels")
+
+U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff 2**-24
+U64 = float(np.finfo(np.float64).eps) / 2  # 2**-53
+DTYPES = (np.float64, np.float32)
+
+
+def gamma(m, u):
+    return m * u / (1 - m * u)
+
+
+def ro(*arrays):
+    """Read-only copies (kernels must never write into their inputs)."""
+    out = []
+    for a in arrays:
+        a = np.array(a)
+        a.setflags(write=False)
+        out.append(a)
+    return out if len(out) > 1 else out[0]
+
+
+def upper_factor(precision):
+    """Independent upper factor: U = inv(chol(inv(P)))^T, so U U^T = P."""
+    cov = np.linalg.inv(precision)
+    L = np.linalg.cholesky(cov)
+    return np.linalg.inv(L).T
+
+
+def make_model(rng, K, d, covariance_type, dtype=np.float64, cond=10.0):
+    """Random weights, means and precisions; returns params + dense per-k precisions.
+
+    ``prec_dense[k]`` is the (d, d) precision of component k computed in float64 from the
+    (possibly float32-rounded) Cholesky factor actually passed to the kernel, so the oracle
+    sees exactly the kernel's input.
+    """
+    weights = rng.dirichlet(np.full(K, 3.0))
+    means = rng.normal(scale=3.0, size=(K, d))
+    if covariance_type == "full":
+        U = np.stack([upper_factor(random_spd(rng, d, cond=cond)) for _ in range(K)])
+    elif covariance_type == "tied":
+        U = upper_factor(random_spd(rng, d, cond=cond))
+    elif covariance_type == "diag":
+        U = np.sqrt(rng.uniform(0.3, 3.0, size=(K, d)))
+    else:
+        U = np.sqrt(rng.uniform(0.3, 3.0, size=K))
+    means = means.astype(dtype)
+    U = U.astype(dtype)
+    weights = weights.astype(dtype)
+    U64_ = U.astype(np.float64)
+    if covariance_type == "full":
+        dense = np.stack([u @ u.T for u in U64_])
+    elif covariance_type == "tied":
+        dense = np.stack([U64_ @ U64_.T] * K)
+    elif covariance_type == "diag":
+        dense = np.stack([np.diag(u**2) for u in U64_])
+    else:
+        dense = np.stack([np.eye(d) * u**2 for u in U64_])
+    return weights, means, U, dense
+
+
+def oracle_log_prob(X, means, prec_dense):
+    X = np.asarray(X, dtype=np.float64)
+    return np.stack(
+        [
+            multivariate_normal(m.astype(np.float64), np.linalg.inv(P)).logpdf(X).reshape(-1)
+            for m, P in zip(means, prec_dense)
+        ],
+        axis=1,
+    )
+
+
+def f32_log_prob_bound(X, means, prec_dense):
+    """Forward error bound of log N in float32 arithmetic (see module docstring).
+
+    The Mahalanobis term is a sum over d of squares of length-d dot products of
+    ``(x - mu)`` with columns of U; kernels may form ``x - mu`` directly or expand the
+    square around a shift inside the convex hull of the means, so the magnitudes are
+    taken as ``|x| + |mu_k| + max_j |mu_j|`` (elementwise). The log-determinant is a sum
+    of d logs of float32 entries.
+    """
+    X = np.abs(np.asarray(X, dtype=np.float64))
+    means = np.abs(np.asarray(means, dtype=np.float64))
+    d = X.shape[1]
+    mmax = means.max(axis=0)
+    out = np.empty((X.shape[0], len(means)))
+    for k, P in enumerate(prec_dense):
+        Uabs = np.abs(upper_factor(P))
+        a = X + means[k] + mmax
+        q = np.sum((a @ Uabs) ** 2, axis=1)
+        logdet = np.sum(np.abs(np.log(np.diag(np.linalg.cholesky(P)))))
+        out[:, k] = 0.5 * q + logdet + d
+    return 2 * gamma(2 * d + 8, U32) * out
+
+
+def data_for(rng, means, n, dtype):
+    K, d = means.shape
+    lab = rng.integers(K, size=n)
+    X = means.astype(np.float64)[lab] + rng.normal(size=(n, d))
+    return X.astype(dtype)
+
+
+# ------------------------------------------------------------------ log_det_cholesky
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("d", [1, 6])
+def test_log_det_cholesky(covariance_type, dtype, d):
+    rng = np.random.default_rng(10 + d)
+    K = 4
+    _, _, U, dense = make_model(rng, K, d, covariance_type, dtype)
+    got = np.asarray(kernels.log_det_cholesky(ro(U), covariance_type, d))
+    expected = np.array([0.5 * np.linalg.slogdet(P)[1] for P in dense])
+    if covariance_type == "tied":
+        # one shared precision: a scalar (sklearn's convention), equal for every k
+        assert got.shape in ((), (1,), (K,))
+    else:
+        assert got.shape == (K,)
+    # float64: slogdet (LU) vs sum of logs; float32: d logs of float32 entries, each
+    # with error <= u (1 + |log|) if evaluated in float32 (exact-ish if upcast).
+    if dtype == np.float64:
+        atol = 1e-12 * (1 + np.abs(expected).max())
+    else:
+        atol = (d + 1) * U32 * (1 + np.abs(expected).max()) * 2
+    assert_allclose(np.broadcast_to(got, expected.shape), expected, rtol=0, atol=atol)
+
+
+# ------------------------------------------------------------------ log_gaussian_prob
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("d", [1, 5, 20])
+def test_log_gaussian_prob(covariance_type, dtype, d):
+    rng = np.random.default_rng(100 + d)
+    K, n = 3, 200
+    weights, means, U, dense = make_model(rng, K, d, covariance_type, dtype)
+    X = data_for(rng, means, n, dtype)
+    X, means_ro, U_ro = ro(X, means, U)
+    got = kernels.log_gaussian_prob(X, means_ro, U_ro, covariance_type)
+    assert got.shape == (n, K)
+    expected = oracle_log_prob(X, means, dense)
+    if dtype == np.float64:
+        assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
+    else:
+        bound = f32_log_prob_bound(X, means, dense)
+        err = np.abs(got - expected)
+        assert np.all(err <= bound), f"max err/bound {np.max(err / bound):.3g}"
+        # the bound is not vacuous: a small fraction of |log p| (O(d u) with the
+        # magnitudes of x and the means, here ~1e-5 .. 1e-4)
+        assert np.median(bound / np.abs(expected)) < 1e-3
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_log_gaussian_prob_far_points_and_single_row(covariance_type):
+    """Rows very far from every mean (log p ~ -1e6) and a block of one row."""
+    rng = np.random.default_rng(7)
+    K, d = 3, 4
+    _, means, U, dense = make_model(rng, K, d, covariance_type)
+    X = np.vstack([means[0] + 1e3, means[1] - 2e3, means[2] + 0.5])
+    expected = oracle_log_prob(X, means, dense)
+    got = kernels.log_gaussian_prob(*ro(X, means, U), covariance_type)
+    assert_allclose(got, expected, rtol=1e-10)
+    one = kernels.log_gaussian_prob(*ro(X[2:3], means, U), covariance_type)
+    assert one.shape == (1, K)
+    assert_allclose(one, expected[2:3], rtol=1e-10)
+
+
+# ------------------------------------------------------------------ estimate_log_prob_resp
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_estimate_log_prob_resp(covariance_type, dtype):
+    rng = np.random.default_rng(3)
+    K, d, n = 4, 5, 300
+    weights, means, U, dense = make_model(rng, K, d, covariance_type, dtype)
+    X = data_for(rng, means, n, dtype)
+    # plus rows far away, where exp(log p) underflows: needs a real log-sum-exp
+    X = np.vstack([X, (means[:2].astype(np.float64) + 300.0).astype(dtype)])
+    log_norm, log_resp = kernels.estimate_log_prob_resp(*ro(X, weights, means, U), covariance_type)
+    assert log_norm.shape == (n + 2,) and log_resp.shape == (n + 2, K)
+    weighted = oracle_log_prob(X, means, dense) + np.log(weights.astype(np.float64))
+    exp_norm = logsumexp(weighted, axis=1)
+    exp_resp = weighted - exp_norm[:, None]
+    assert np.all(np.isfinite(log_norm)) and np.all(np.isfinite(log_resp))
+    if dtype == np.float64:
+        assert_allclose(log_norm, exp_norm, rtol=1e-10, atol=1e-10)
+        assert_allclose(log_resp, exp_resp, rtol=1e-10, atol=1e-9)
+        assert_allclose(np.exp(log_resp).sum(axis=1), 1.0, rtol=1e-12)
+    else:
+        # errors of log N (bound above) plus log of float32 weights (u each); the
+        # normalisation and the log-sum-exp cannot amplify an absolute error: both are
+        # 1-Lipschitz in the max-norm, log_resp = a - lse(a) at most doubles it.
+        b = f32_log_prob_bound(X, means, dense).max(axis=1) + 2 * U32
+        assert np.all(np.abs(log_norm - exp_norm) <= b)
+        assert np.all(np.abs(log_resp - exp_resp) <= 2 * b[:, None])
+        # responsibilities are normalised in float64 (returned float64)
+        assert_allclose(np.exp(log_resp).sum(axis=1), 1.0, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ block_statistics
+
+
+def oracle_stats(X, resp, centers, covariance_type):
+    """Whole-array numpy (broadcast + einsum) statistics; also |.| versions for bounds."""
+    X = np.asarray(X, dtype=np.float64)
+    r = np.asarray(resp, dtype=np.float64)
+    c = np.asarray(centers, dtype=np.float64)
+    diff = X[:, None, :] - c[None, :, :]  # (n, K, d)
+    mag = np.abs(X)[:, None, :] + np.abs(c)[None, :, :]
+    nk = r.sum(axis=0)
+    sum_x = np.einsum("ik,ikj->kj", r, diff)
+    scale_x = np.einsum("ik,ikj->kj", r, mag)
+    if covariance_type in ("full", "tied"):
+        sum_xx = np.einsum("ik,ikj,ikl->kjl", r, diff, diff)
+        scale_xx = np.einsum("ik,ikj,ikl->kjl", r, mag, mag)
+        if covariance_type == "tied":
+            sum_xx, scale_xx = sum_xx.sum(axis=0), scale_xx.sum(axis=0)
+    else:
+        sum_xx = np.einsum("ik,ikj->kj", r, diff**2)
+        scale_xx = np.einsum("ik,ikj->kj", r, mag**2)
+    return nk, sum_x, sum_xx, scale_x, scale_xx
+
+
+def stats_tolerances(X, dtype, scale_x, scale_xx, n):
+    """Absolute bounds for sum_x and sum_xx: float32 rounding of x - c and of the products
+    (a few u32 per element, independent of n) + float64 accumulation over n rows."""
+    per_elem = 8 * U32 if dtype == np.float32 else 8 * U64
+    acc = gamma(n + 2 * X.shape[1] + 8, U64)
+    return (per_elem + acc) * scale_x, (per_elem + acc) * scale_xx
+
+
+def assert_stats_match(stats, X, resp, centers, covariance_type):
+    n = X.shape[0]
+    nk, sum_x, sum_xx, scale_x, scale_xx = oracle_stats(X, resp, centers, covariance_type)
+    tol_x, tol_xx = stats_tolerances(X, X.dtype, scale_x, scale_xx, n)
+    got_nk = np.asarray(stats.nk)
+    assert got_nk.dtype == np.float64
+    assert np.asarray(stats.sum_x).dtype == np.float64
+    assert np.asarray(stats.sum_xx).dtype == np.float64
+    assert_allclose(got_nk, nk, rtol=gamma(n, U64) * 2, atol=0)
+    assert np.asarray(stats.sum_x).shape == sum_x.shape
+    assert np.all(np.abs(stats.sum_x - sum_x) <= tol_x)
+    got_xx = np.asarray(stats.sum_xx)
+    assert got_xx.shape == sum_xx.shape
+    if covariance_type in ("full", "tied"):
+        # emgmm documents that only the upper triangle of the full/tied second moment is
+        # meaningful (symmetrised in m_step); compare that triangle.
+        iu = np.triu_indices(X.shape[1])
+        got_xx = got_xx[..., iu[0], iu[1]]
+        sum_xx, tol_xx = sum_xx[..., iu[0], iu[1]], tol_xx[..., iu[0], iu[1]]
+    err = np.abs(got_xx - sum_xx)
+    worst = np.max(err / np.where(tol_xx > 0, tol_xx, np.inf), initial=0.0)
+    assert np.all(err <= tol_xx), f"max err/bound {worst:.3g}"
+
+
+def random_resp(rng, n, K, zero_frac=0.3):
+    resp = rng.dirichlet(np.full(K, 0.5), size=n)
+    resp[rng.random((n, K)) < zero_frac] = 0.0  # exact zeros (skipped rows) ...
+    resp[resp.sum(axis=1) == 0, 0] = 1.0
+    resp /= resp.sum(axis=1, keepdims=True)  # ... rows still sum to one
+    return resp
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_block_statistics(covariance_type, dtype):
+    rng = np.random.default_rng(11)
+    n, d, K = 2000, 4, 3
+    X = rng.normal(size=(n, d)).astype(dtype)
+    resp = random_resp(rng, n, K)
+    centers = rng.normal(scale=0.5, size=(K, d))
+    stats = kernels.block_statistics(*ro(X, resp, centers), covariance_type)
+    assert_stats_match(stats, X, resp, centers, covariance_type)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_block_statistics_float32_accumulates_in_float64(covariance_type):
+    """4096 identical float32 rows: float32 accumulation drifts by ~1e-5 relative
+    (systematic rounding of a growing partial sum); float64 accumulation does not."""
+    n, d, K = 4096, 3, 2
+    v = np.array([0.1, -0.3, 0.7], dtype=np.float32)
+    X = np.tile(v, (n, 1))
+    resp = np.zeros((n, K))
+    resp[:, 0] = 1.0
+    centers = np.array([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    stats = kernels.block_statistics(*ro(X, resp, centers), covariance_type)
+    assert_stats_match(stats, X, resp, centers, covariance_type)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_block_statistics_far_from_origin_float32(covariance_type):
+    """Data at 1e4 with spread 1, centres at the data mean: the centred statistics keep
+    the relative accuracy of the spread (no E[x^2] - mu^2 cancellation)."""
+    rng = np.random.default_rng(5)
+    n, d, K = 500, 2, 2
+    X = (1e4 + rng.normal(size=(n, d))).astype(np.float32)
+    resp = random_resp(rng, n, K, zero_frac=0.0)
+    centers = np.array(
+        [np.average(X.astype(np.float64), weights=resp[:, k], axis=0) for k in range(K)]
+    )
+    stats = kernels.block_statistics(*ro(X, resp, centers), covariance_type)
+    _, _, sum_xx, _, _ = oracle_stats(X, resp, centers, covariance_type)
+    got = np.asarray(stats.sum_xx)
+    if covariance_type in ("full", "tied"):
+        got, sum_xx = np.diagonal(got, axis1=-2, axis2=-1), np.diagonal(sum_xx, axis1=-2, axis2=-1)
+    # x - c is rounded once (|x| = 1e4, so absolute error ~ u * 1e4 ~ 6e-4 per row on a
+    # spread of 1): relative error of the second moment <= ~4 * 6e-4, not 1e8 * u.
+    assert_allclose(got, sum_xx, rtol=4 * U32 * 1e4 * 2)
+
+
+def _as_tuple(stats):
+    return (
+        np.array(stats.nk),
+        np.array(stats.sum_x),
+        np.array(stats.sum_xx),
+        float(stats.log_likelihood),
+    )
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_statistics_merge_equals_whole(covariance_type):
+    """Statistics of blocks, merged with ``+``, equal the statistics of the whole array;
+    ``+`` does not modify its operands; ``log_likelihood`` adds up."""
+    rng = np.random.default_rng(2)
+    n, d, K = 301, 3, 4
+    X = rng.normal(size=(n, d))
+    resp = random_resp(rng, n, K)
+    centers = rng.normal(size=(K, d))
+    X, resp, centers = ro(X, resp, centers)
+    whole = kernels.block_statistics(X, resp, centers, covariance_type)
+    bounds = [0, 1, 8, 150, 299, n]
+    parts = []
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        s = kernels.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
+        s.log_likelihood = float(i + 1)
+        parts.append(s)
+    before = [_as_tuple(p) for p in parts]
+    merged = functools.reduce(operator.add, parts)
+    for p, b in zip(parts, before):
+        for x, y in zip(_as_tuple(p), b):
+            assert_array_equal(x, y)
+    assert merged.log_likelihood == pytest.approx(sum(range(1, len(parts) + 1)))
+    assert_stats_match(merged, X, resp, centers, covariance_type)
+    assert_allclose(merged.nk, whole.nk, rtol=1e-13)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, 59), min_size=0, max_size=6, unique=True),
+    covariance_type=st.sampled_from(COVARIANCE_TYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_statistics_any_partition(cuts, covariance_type, seed):
+    """Any partition of the rows gives the same summed statistics (to rounding)."""
+    rng = np.random.default_rng(seed)
+    n, d, K = 60, 3, 3
+    X, resp, centers = ro(rng.normal(size=(n, d)), random_resp(rng, n, K), rng.normal(size=(K, d)))
+    bounds = [0] + sorted(cuts) + [n]
+    parts = [
+        kernels.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ]
+    merged = functools.reduce(operator.add, parts)
+    assert_stats_match(merged, X, resp, centers, covariance_type)
+
+
+# ------------------------------------------------------------------ m_step
+
+
+def oracle_m_step(X, resp, reg_covar, covariance_type):
+    """np.average / np.cov(bias=True, aweights=r_k) on the whole array."""
+    X = np.asarray(X, dtype=np.float64)
+    K, d = resp.shape[1], X.shape[1]
+    nk = resp.sum(axis=0)
+    weights = nk / nk.sum()
+    means = np.stack([np.average(X, axis=0, weights=resp[:, k]) for k in range(K)])
+    covs = np.stack(
+        [np.cov(X, rowvar=False, bias=True, aweights=resp[:, k]).reshape(d, d) for k in range(K)]
+    )
+    if covariance_type == "full":
+        cov = covs + reg_covar * np.eye(d)
+    elif covariance_type == "tied":
+        cov = np.einsum("k,kij->ij", nk, covs) / nk.sum() + reg_covar * np.eye(d)
+    elif covariance_type == "diag":
+        cov = np.diagonal(covs, axis1=1, axis2=2) + reg_covar
+    else:
+        cov = np.diagonal(covs, axis1=1, axis2=2).mean(axis=1) + reg_covar
+    return weights, means, cov
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_m_step(covariance_type, dtype):
+    rng = np.random.default_rng(4)
+    n, d, K = 1500, 4, 3
+    A = rng.normal(size=(d, d))
+    X = (rng.normal(size=(n, d)) @ A + 2.0).astype(dtype)
+    resp = random_resp(rng, n, K, zero_frac=0.2)
+    # centres: previous means, i.e. near but not at the weighted means
+    centers = np.stack(
+        [np.average(X.astype(np.float64), axis=0, weights=resp[:, k]) for k in range(K)]
+    ) + rng.normal(scale=0.1, size=(K, d))
+    reg = 1e-3
+    X, resp, centers = ro(X, resp, centers)
+    stats = kernels.block_statistics(X, resp, centers, covariance_type)
+    weights, means, cov = kernels.m_step(stats, centers, reg, covariance_type)
+    ew, em, ec = oracle_m_step(X, resp, reg, covariance_type)
+    assert cov.shape == ec.shape and means.shape == em.shape and weights.shape == ew.shape
+    assert_allclose(weights.sum(), 1.0, rtol=1e-14)
+    if dtype == np.float64:
+        assert_allclose(weights, ew, rtol=1e-12)
+        assert_allclose(means, em, rtol=1e-10, atol=1e-12)
+        assert_allclose(cov, ec, rtol=1e-10, atol=1e-12)
+    else:
+        # propagate the sufficient-statistics bounds: mean error <= tol_x / N_k,
+        # covariance error <= tol_xx / N_k + 2 |m| tol_x / N_k + (tol_x / N_k)^2 with m =
+        # s_k / N_k the shift from the centre (elementwise; averaged for tied/spherical).
+        _, sum_x, _, scale_x, scale_xx = oracle_stats(X, resp, centers, covariance_type)
+        tol_x, tol_xx = stats_tolerances(X, X.dtype, scale_x, scale_xx, n)
+        nk = resp.sum(axis=0)
+        em_err = tol_x / nk[:, None]
+        m = np.abs(sum_x) / nk[:, None]
+        assert np.all(np.abs(means - em) <= em_err + 1e-12)
+        if covariance_type == "full":
+            cov_err = tol_xx / nk[:, None, None] + 2 * m[:, :, None] * em_err[:, None, :] + em_err[:, :, None] * em_err[:, None, :] * 2
+        elif covariance_type == "tied":
+            per_k = 2 * np.einsum("k,ki,kj->ij", nk, m, em_err) + np.einsum("k,ki,kj->ij", nk, em_err, em_err)
+            cov_err = (tol_xx + per_k) / nk.sum()
+        else:
+            cov_err = tol_xx / nk[:, None] + 2 * m * em_err + em_err**2
+            if covariance_type == "spherical":
+                cov_err = cov_err.mean(axis=1)
+        assert np.all(np.abs(cov - ec) <= cov_err + 1e-12), np.max(np.abs(cov - ec) / cov_err)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_m_step_empty_component_keeps_its_centre(covariance_type):
+    """A component with no responsibility: mean = its centre (c + 0 / (10 eps)), covariance
+    = reg_covar, weight ~ 0, all finite."""
+    rng = np.random.default_rng(8)
+    n, d, K = 100, 3, 3
+    X = rng.normal(size=(n, d))
+    resp = random_resp(rng, n, K, zero_frac=0.0)
+    resp[:, 2] = 0.0
+    resp /= resp.sum(axis=1, keepdims=True)
+    centers = rng.normal(size=(K, d)) + 5.0
+    reg = 1e-2
+    stats = kernels.block_statistics(*ro(X, resp, centers), covariance_type)
+    weights, means, cov = kernels.m_step(stats, ro(centers), reg, covariance_type)
+    assert np.all(np.isfinite(weights)) and np.all(np.isfinite(means)) and np.all(np.isfinite(cov))
+    assert weights[2] < 1e-12
+    assert_allclose(means[2], centers[2], rtol=1e-14)
+    if covariance_type == "full":
+        assert_allclose(cov[2], reg * np.eye(d), rtol=1e-12, atol=1e-15)
+    elif covariance_type in ("diag", "spherical"):
+        assert_allclose(cov[2], reg, rtol=1e-12)
+    ew, em, ec = oracle_m_step(X, resp[:, :2], reg, covariance_type)
+    assert_allclose(means[:2], em, rtol=1e-10)
+
+
+# ------------------------------------------------------------------ precision factors
+
+
+def dense_covs(rng, K, d, covariance_type, cond=50.0):
+    if covariance_type == "full":
+        return np.stack([random_spd(rng, d, cond=cond) for _ in range(K)])
+    if covariance_type == "tied":
+        return random_spd(rng, d, cond=cond)
+    if covariance_type == "diag":
+        return rng.uniform(0.1, 5.0, size=(K, d))
+    return rng.uniform(0.1, 5.0, size=K)
+
+
+def as_dense(a, covariance_type, K, d):
+    a = np.asarray(a, dtype=np.float64)
+    if covariance_type == "full":
+        return a
+    if covariance_type == "tied":
+        return a[None]
+    if covariance_type == "diag":
+        return np.stack([np.diag(v) for v in a])
+    return np.stack([np.eye(d) * v for v in a])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_precisions_cholesky_from_covariances(covariance_type, dtype):
+    rng = np.random.default_rng(21)
+    K, d = 3, 6
+    cov = dense_covs(rng, K, d, covariance_type).astype(dtype)
+    U = kernels.precisions_cholesky_from_covariances(ro(cov), covariance_type)
+    assert U.shape == cov.shape and U.dtype == dtype
+    Ud = as_dense(U, covariance_type, K, d)
+    Cd = as_dense(cov, covariance_type, K, d)
+    for u, c in zip(Ud, Cd):
+        # upper triangular with a positive diagonal: the unique factor U U^T = inv(cov)
+        assert_array_equal(np.tril(u, -1), 0.0)
+        assert np.all(np.diag(u) > 0)
+        P = np.linalg.inv(c)
+        if dtype == np.float64:
+            assert_allclose(u @ u.T, P, rtol=1e-10, atol=1e-12 * np.abs(P).max())
+        else:
+            # Cholesky + triangular inverse are backward stable: the computed factor is
+            # exact for a covariance within ~d u |cov| of the input, so the precision
+            # error is <= c d u kappa(cov) |P| (Higham thm 10.3, 8.5); c = 8.
+            kappa = np.linalg.cond(c)
+            atol = 8 * d * U32 * kappa * np.abs(P).max()
+            assert_allclose(u @ u.T, P, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_precisions_cholesky_from_covariances_failure_names_component(covariance_type):
+    rng = np.random.default_rng(22)
+    K, d = 4, 3
+    cov = dense_covs(rng, K, d, covariance_type)
+    if covariance_type == "full":
+        cov[2] = np.diag([1.0, -1.0, 1.0])
+        match = r"(?i)component\W+2\b"
+    elif covariance_type == "tied":
+        cov = np.diag([1.0, 0.0, 1.0])
+        match = r"(?i)ill-defined empirical covariance"
+    elif covariance_type == "diag":
+        cov[2, 1] = 0.0
+        match = r"(?i)component\W+2\b"
+    else:
+        cov[2] = -1.0
+        match = r"(?i)component\W+2\b"
+    with pytest.raises(ValueError, match=match) as info:
+        kernels.precisions_cholesky_from_covariances(ro(cov), covariance_type)
+    assert "reg_covar" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_precisions_cholesky_from_precisions(covariance_type, dtype):
+    rng = np.random.default_rng(23)
+    K, d = 3, 5
+    P = dense_covs(rng, K, d, covariance_type).astype(dtype)
+    U = kernels.precisions_cholesky_from_precisions(ro(P), covariance_type)
+    assert U.shape == P.shape and U.dtype == dtype
+    for u, p in zip(as_dense(U, covariance_type, K, d), as_dense(P, covariance_type, K, d)):
+        assert_array_equal(np.tril(u, -1), 0.0)
+        assert np.all(np.diag(u) > 0)
+        if dtype == np.float64:
+            assert_allclose(u @ u.T, p, rtol=1e-12, atol=1e-13 * np.abs(p).max())
+        else:
+            # backward-stable Cholesky: |U U^T - P| <= gamma_{d+1} |U| |U|^T (Higham 10.1)
+            bound = 2 * gamma(d + 1, U32) * (np.abs(u) @ np.abs(u).T)
+            assert np.all(np.abs(u @ u.T - p) <= bound)
+    # round trip with the covariance route: inv(P) as covariance gives the same factor
+    if dtype == np.float64:
+        if covariance_type in ("full", "tied"):
+            C = np.linalg.inv(P)
+        else:
+            C = 1.0 / P
+        U2 = kernels.precisions_cholesky_from_covariances(ro(C), covariance_type)
+        assert_allclose(U2, U, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied"])
+def test_precisions_cholesky_from_precisions_not_pd(covariance_type):
+    P = np.diag([1.0, -2.0, 1.0])
+    if covariance_type == "full":
+        P = np.stack([np.eye(3), P])
+    with pytest.raises(ValueError):
+        kernels.precisions_cholesky_from_precisions(ro(P), covariance_type)
