@@ -1,0 +1,283 @@
+"""One EM run over a source: passes of fused E step + statistics, then the M step.
+
+Each iteration reads every row once. A task covers a fixed range of whole blocks; for
+each block it computes the log-likelihood, the responsibilities and the block's
+sufficient statistics, and keeps the rows the model explains worst (candidates for
+re-seeding a degenerate component). Tasks are reduced in their fixed order, so the
+result does not depend on the number of workers.
+"""
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import linalg
+
+from ._kernels import (
+    _ill_defined_message,
+    block_statistics,
+    estimate_log_prob_resp,
+    m_step,
+)
+from ._parallel import limit_blas
+
+
+@dataclass
+class Model:
+    """Mixture parameters in scikit-learn's shapes (covariances may be ``None``)."""
+
+    weights: np.ndarray
+    means: np.ndarray
+    covariances: np.ndarray
+    precisions_cholesky: np.ndarray
+    covariance_type: str
+
+
+@dataclass
+class Worst:
+    """The rows with the lowest log-likelihood seen so far (at most ``size``)."""
+
+    size: int
+    values: np.ndarray = field(default_factory=lambda: np.empty(0))
+    rows: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    data: np.ndarray = None
+
+    def update(self, values, first_row, X):
+        if self.size == 0:
+            return self
+        keep = np.argsort(values, kind="stable")[: self.size]
+        other = Worst(self.size, values[keep], first_row + keep, np.asarray(X[keep]))
+        return self.merge(other)
+
+    def merge(self, other):
+        if self.data is None:
+            return other
+        if other.data is None:
+            return self
+        values = np.concatenate([self.values, other.values])
+        rows = np.concatenate([self.rows, other.rows])
+        data = np.concatenate([self.data, other.data])
+        order = np.lexsort((rows, values))[: self.size]
+        return Worst(self.size, values[order], rows[order], data[order])
+
+
+def statistics_task(source, start, stop, block_size, model, compute_dtype,
+                    resp_threshold, n_worst, *, blas_threads):
+    """Sufficient statistics and worst-explained rows of rows ``start:stop``.
+
+    Returns
+    -------
+    stats : SufficientStatistics
+        Centred on ``model.means``, with the summed log-likelihood.
+    worst : Worst
+    """
+    with limit_blas(blas_threads):
+        total, worst = None, Worst(n_worst)
+        for b0 in range(start, stop, block_size):
+            b1 = min(b0 + block_size, stop)
+            X = source.read(b0, b1).astype(compute_dtype, copy=False)
+            log_prob_norm, log_resp = estimate_log_prob_resp(
+                X, model.weights, model.means, model.precisions_cholesky,
+                model.covariance_type,
+            )
+            resp = np.exp(log_resp, out=log_resp)
+            stats = block_statistics(X, resp, model.means, model.covariance_type,
+                                     resp_threshold)
+            stats.log_likelihood = float(log_prob_norm.sum())
+            if total is None:
+                total = stats
+            else:
+                total += stats
+            worst = worst.update(log_prob_norm, b0, X)
+    return total, worst
+
+
+def score_task(source, start, stop, block_size, model, compute_dtype, want_labels,
+               *, blas_threads):
+    """Summed log-likelihood (and labels if asked) of rows ``start:stop``."""
+    with limit_blas(blas_threads):
+        total = 0.0
+        labels = np.empty(stop - start, dtype=np.int64) if want_labels else None
+        for b0 in range(start, stop, block_size):
+            b1 = min(b0 + block_size, stop)
+            X = source.read(b0, b1).astype(compute_dtype, copy=False)
+            log_prob_norm, log_resp = estimate_log_prob_resp(
+                X, model.weights, model.means, model.precisions_cholesky,
+                model.covariance_type,
+            )
+            total += float(log_prob_norm.sum())
+            if want_labels:
+                labels[b0 - start:b1 - start] = log_resp.argmax(axis=1)
+    return total, labels
+
+
+def factorize(covariances, covariance_type):
+    """Precision Cholesky factors and the components whose covariance is not PD.
+
+    Returns
+    -------
+    precisions_cholesky : ndarray
+        Rows of bad components are left as NaN.
+    bad : list of int
+        For 'tied', ``[0]`` means the shared covariance failed.
+    """
+    if covariance_type in ("full", "tied"):
+        stack = covariances if covariance_type == "full" else covariances[np.newaxis]
+        out = np.full_like(stack, np.nan)
+        eye = np.eye(stack.shape[-1])
+        bad = []
+        for k, cov in enumerate(stack):
+            try:
+                chol = linalg.cholesky(cov, lower=True, check_finite=True)
+            except (linalg.LinAlgError, ValueError):
+                bad.append(k)
+                continue
+            out[k] = linalg.solve_triangular(chol, eye, lower=True).T
+        return (out if covariance_type == "full" else out[0]), bad
+    ok = covariances > 0.0
+    if covariance_type == "diag":
+        ok = ok.all(axis=1)
+    out = np.full_like(covariances, np.nan)
+    out[ok] = 1.0 / np.sqrt(covariances[ok])
+    return out, [int(k) for k in np.flatnonzero(~ok)]
+
+
+def reseed(weights, means, covariances, components, worst, covariance_type):
+    """Re-seed ``components`` on the worst-explained rows (in place).
+
+    A re-seeded component gets a worst-explained row as its mean, the weighted average
+    covariance of the healthy components and the weight ``1 / K`` before the weights
+    are renormalised.
+
+    Returns
+    -------
+    list of int
+        The components that could be re-seeded (as many as there are distinct rows).
+    """
+    K = len(weights)
+    healthy = np.setdiff1d(np.arange(K), components)
+    if covariance_type == "tied" or healthy.size == 0 or worst.data is None:
+        return []
+    done = []
+    hw = weights[healthy] / weights[healthy].sum()
+    pooled = np.tensordot(hw, covariances[healthy], axes=1)
+    for k, row in zip(components, worst.data):
+        means[k] = row
+        covariances[k] = pooled
+        weights[k] = 1.0 / K
+        done.append(int(k))
+    weights /= weights.sum()
+    return done
+
+
+@dataclass
+class RunResult:
+    model: Model
+    lower_bounds: list
+    n_iter: int
+    converged: bool
+    history: list
+
+
+def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_covar,
+           compute_dtype, resp_threshold, on_degenerate, min_count, callback=None,
+           init_index=0, start=None, on_iteration=None):
+    """Iterate EM from ``model`` until ``|change of mean log-likelihood| < tol``.
+
+    Parameters
+    ----------
+    executor : Executor
+    tasks : list of (start, stop)
+    block_size : int
+    model : Model
+        Starting parameters.
+    n_samples : int
+    max_iter, tol, reg_covar, compute_dtype, resp_threshold, on_degenerate
+        As the estimator's parameters.
+    min_count : float
+        A component whose ``N_k`` falls below this is degenerate.
+    callback : callable or None
+        Called with each iteration's history record.
+    init_index : int
+    start : RunResult or None
+        Resume from this state (checkpoint).
+    on_iteration : callable or None
+        ``on_iteration(run_result)`` after every iteration (checkpointing).
+
+    Returns
+    -------
+    RunResult
+    """
+    ct = model.covariance_type
+    K = model.means.shape[0]
+    if start is None:
+        state = RunResult(model, [], 0, False, [])
+    else:
+        state = start
+    lower_bound = state.lower_bounds[-1] if state.lower_bounds else -np.inf
+    while state.n_iter < max_iter and not state.converged:
+        tic = time.perf_counter()
+        n_iter = state.n_iter + 1
+        model = state.model
+        args = [(s, e, block_size, model, compute_dtype, resp_threshold, K)
+                for s, e in tasks]
+        stats, worst = None, None
+        for task_stats, task_worst in executor.map(statistics_task, args):
+            if stats is None:
+                stats, worst = task_stats, task_worst
+            else:
+                stats += task_stats
+                worst = worst.merge(task_worst)
+        prev, lower_bound = lower_bound, stats.log_likelihood / n_samples
+        weights, means, covariances = m_step(stats, model.means, reg_covar, ct)
+        u, bad = factorize(covariances, ct)
+        starved = [int(k) for k in np.flatnonzero(stats.nk < min_count)]
+        degenerate = sorted(set(bad) | set(starved))
+        reseeded = []
+        if degenerate:
+            if on_degenerate == "raise" or ct == "tied":
+                if bad:
+                    raise ValueError(_ill_defined_message(
+                        None if ct == "tied" else bad[0], compute_dtype))
+            else:
+                reseeded = reseed(weights, means, covariances, degenerate, worst, ct)
+                if reseeded:
+                    warnings.warn(
+                        f"EM iteration {n_iter}: components {reseeded} were degenerate "
+                        "(weight below the floor or covariance not positive definite) "
+                        "and were re-seeded on the worst-explained samples.",
+                        UserWarning,
+                    )
+                u, bad = factorize(covariances, ct)
+                if bad:
+                    raise ValueError(_ill_defined_message(bad[0], compute_dtype))
+        change = lower_bound - prev
+        record = {
+            "init": init_index,
+            "n_iter": n_iter,
+            "lower_bound": lower_bound,
+            "change": change,
+            "seconds": time.perf_counter() - tic,
+            "reseeded": reseeded,
+        }
+        state = RunResult(Model(weights, means, covariances, u, ct),
+                          state.lower_bounds + [lower_bound], n_iter,
+                          abs(change) < tol and not reseeded,
+                          state.history + [record])
+        if callback is not None:
+            callback(dict(record))
+        if on_iteration is not None:
+            on_iteration(state)
+    return state
+
+
+def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels):
+    """Mean log-likelihood of all rows (and their labels) under ``model``."""
+    args = [(s, e, block_size, model, compute_dtype, want_labels) for s, e in tasks]
+    total, parts = 0.0, []
+    for task_total, labels in executor.map(score_task, args):
+        total += task_total
+        parts.append(labels)
+    labels = np.concatenate(parts) if want_labels else None
+    return total, labels

@@ -1,0 +1,633 @@
+"""emgmm.GaussianMixture: scikit-learn's estimator, fitted by blocked single-pass EM."""
+
+import math
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn import get_config
+from sklearn.base import BaseEstimator, DensityMixin, _fit_context
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.mixture._gaussian_mixture import _check_means, _check_precisions, _check_weights
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from . import _kernels
+from ._em import Model, run_em, score_pass
+from ._init import initial_responsibilities, parameters_from_responsibilities, subsample_indices
+from ._memory import block_rows, check_model_fits, partition
+from ._parallel import Executor
+from ._sources import ArraySource, as_source, is_file_backed
+
+
+class GaussianMixture(DensityMixin, BaseEstimator):
+    """Gaussian mixture fitted by exact, blocked, out-of-core EM.
+
+    A drop-in for :class:`sklearn.mixture.GaussianMixture` (same parameters, defaults,
+    attributes and methods) that also reads ``np.memmap``, ``.npy`` and HDF5 data in
+    row blocks, never holding an array of ``n_samples`` rows in ``fit``, and runs the
+    blocks on joblib workers. One EM iteration reads ``X`` once: the E step (Bishop,
+    *Pattern Recognition and Machine Learning*, 2006, eq. 9.23) and the sufficient
+    statistics of the M step (eq. 9.24-9.27) are fused per block; the statistics are
+    accumulated in float64 around the previous means.
+
+    Parameters
+    ----------
+    n_components : int, default=1
+        Number of mixture components.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}, default='full'
+        'full': each component has its own covariance matrix; 'tied': one shared
+        matrix; 'diag': each its own diagonal; 'spherical': each its own variance.
+    tol : float, default=1e-3
+        Convergence threshold: EM stops when the absolute change of the mean
+        per-sample log-likelihood (nats per sample) between two iterations is below
+        ``tol``.
+    reg_covar : float, default=1e-6
+        Non-negative value added to the diagonal of every covariance.
+    max_iter : int, default=100
+        Number of EM iterations per initialisation.
+    n_init : int, default=1
+        Number of initialisations; the run whose final parameters have the highest
+        mean log-likelihood is kept.
+    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, default='kmeans'
+        How the initial responsibilities are found, as in scikit-learn, computed on a
+        random subsample of at most ``init_max_samples`` rows (all rows when there are
+        no more than that; then the initialisation equals scikit-learn's).
+    weights_init : array-like of shape (n_components,), default=None
+        Initial weights.
+    means_init : array-like of shape (n_components, n_features), default=None
+        Initial means.
+    precisions_init : array-like, default=None
+        Initial precisions (inverse covariances), shaped like ``precisions_``.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the initialisation, the subsample and :meth:`sample`.
+    warm_start : bool, default=False
+        Start the next ``fit`` from the current parameters (``n_init`` is then 1). A
+        warm start always runs at least two iterations: the first change is measured
+        from minus infinity, not from the previous data's lower bound.
+    verbose : int, default=0
+        1 prints each initialisation and iteration; 2 also times and lower bounds.
+    verbose_interval : int, default=10
+        Iterations between two messages.
+    n_jobs : int or None, default=None
+        Workers for the blocked passes, with joblib's meaning (``None`` follows
+        ``joblib.parallel_config``, else 1; ``-1`` all cores). Process workers read
+        the data through files: an in-memory array is written once per fit to
+        joblib's temporary folder (removed at the end of the fit).
+    working_memory : float or None, default=None
+        Memory for one block's working set, in MiB, per worker. ``None`` uses
+        ``sklearn.get_config()["working_memory"]`` (1024 by default).
+    block_size : int or None, default=None
+        Rows per block; overrides ``working_memory``.
+    memory_limit : float or None, default=None
+        Budget in MiB for the copies of the model held by the parent and its
+        workers; ``fit`` raises ``MemoryError`` up front when the estimate exceeds
+        it. ``None`` uses the physical memory available when ``fit`` starts.
+    init_max_samples : int, default=100_000
+        Rows in the initialisation subsample.
+    compute_dtype : {'float32', 'float64'} or None, default=None
+        Dtype of the heavy products of the E step and of the 'full' statistics.
+        ``None`` follows the data (float32 data computes in float32). Sums are
+        accumulated in float64 in every case.
+    resp_threshold : float, default=0.0
+        For 'full', rows whose responsibility for a component is at most this are
+        left out of that component's second-moment statistic. ``0.0`` skips only exact
+        zeros, which changes nothing.
+    on_degenerate : {'reinit', 'raise'}, default='reinit'
+        What to do with a component whose covariance is not positive definite after
+        ``reg_covar`` or whose weight falls below one sample (``N_k < 1``): 'reinit'
+        re-seeds it on the worst-explained sample of the same pass, warns naming the
+        component and records it in ``history_``; 'raise' raises scikit-learn's
+        ``ValueError`` naming the component (starved components are then kept).
+    callback : callable or None, default=None
+        Called after every EM iteration with a dict (``init``, ``n_iter``,
+        ``lower_bound``, ``change``, ``seconds``, ``reseeded``).
+
+    Attributes
+    ----------
+    weights_ : ndarray of shape (n_components,)
+        Mixture weights, summing to 1.
+    means_ : ndarray of shape (n_components, n_features)
+    covariances_ : ndarray
+        (n_components, n_features, n_features) 'full'; (n_features, n_features)
+        'tied'; (n_components, n_features) 'diag'; (n_components,) 'spherical'.
+    precisions_ : ndarray
+        Inverses of the covariances, same shapes.
+    precisions_cholesky_ : ndarray
+        Upper-triangular factors ``U`` of the precisions: ``U @ U.T == precisions_``
+        for 'full' (per component) and 'tied'; for 'diag' and 'spherical' the
+        elementwise square roots of the precisions. Same shapes.
+    converged_ : bool
+        Whether the kept run met ``tol``.
+    n_iter_ : int
+        EM iterations of the kept run.
+    lower_bound_ : float
+        Mean log-likelihood of the training data under the returned parameters
+        (equals ``score(X)``). scikit-learn reports the value before the last M step.
+    lower_bounds_ : list of float
+        ``lower_bounds_[i]`` is the mean log-likelihood computed in the E step of
+        iteration ``i + 1`` of the kept run, i.e. of the parameters entering it
+        (scikit-learn's meaning).
+    history_ : list of dict
+        One record per iteration of the kept run (see ``callback``).
+    n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Only when ``X`` has string feature names.
+
+    Notes
+    -----
+    Data sources accepted by every method taking ``X``: array-likes, ``np.memmap``,
+    a path to a ``.npy`` file (memory-mapped read-only), an ``h5py.Dataset`` and the
+    string ``"file.h5:/path/to/dataset"``. Files are only read.
+    """
+
+    _parameter_constraints: dict = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
+        "tol": [Interval(Real, 0.0, None, closed="left")],
+        "reg_covar": [Interval(Real, 0.0, None, closed="left")],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
+        "n_init": [Interval(Integral, 1, None, closed="left")],
+        "init_params": [StrOptions({"kmeans", "random", "random_from_data", "k-means++"})],
+        "weights_init": ["array-like", None],
+        "means_init": ["array-like", None],
+        "precisions_init": ["array-like", None],
+        "random_state": ["random_state"],
+        "warm_start": ["boolean"],
+        "verbose": ["verbose"],
+        "verbose_interval": [Interval(Integral, 1, None, closed="left")],
+        "n_jobs": [Integral, None],
+        "working_memory": [Interval(Real, 0, None, closed="neither"), None],
+        "block_size": [Interval(Integral, 1, None, closed="left"), None],
+        "memory_limit": [Interval(Real, 0, None, closed="neither"), None],
+        "init_max_samples": [Interval(Integral, 1, None, closed="left")],
+        "compute_dtype": [StrOptions({"float32", "float64"}), None],
+        "resp_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
+        "on_degenerate": [StrOptions({"reinit", "raise"})],
+        "callback": [callable, None],
+    }
+
+    def __init__(
+        self,
+        n_components=1,
+        *,
+        covariance_type="full",
+        tol=1e-3,
+        reg_covar=1e-6,
+        max_iter=100,
+        n_init=1,
+        init_params="kmeans",
+        weights_init=None,
+        means_init=None,
+        precisions_init=None,
+        random_state=None,
+        warm_start=False,
+        verbose=0,
+        verbose_interval=10,
+        n_jobs=None,
+        working_memory=None,
+        block_size=None,
+        memory_limit=None,
+        init_max_samples=100_000,
+        compute_dtype=None,
+        resp_threshold=0.0,
+        on_degenerate="reinit",
+        callback=None,
+    ):
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.tol = tol
+        self.reg_covar = reg_covar
+        self.max_iter = max_iter
+        self.n_init = n_init
+        self.init_params = init_params
+        self.weights_init = weights_init
+        self.means_init = means_init
+        self.precisions_init = precisions_init
+        self.random_state = random_state
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.verbose_interval = verbose_interval
+        self.n_jobs = n_jobs
+        self.working_memory = working_memory
+        self.block_size = block_size
+        self.memory_limit = memory_limit
+        self.init_max_samples = init_max_samples
+        self.compute_dtype = compute_dtype
+        self.resp_threshold = resp_threshold
+        self.on_degenerate = on_degenerate
+        self.callback = callback
+
+    # ------------------------------------------------------------------ input
+
+    def _source(self, X, *, reset):
+        """Validate ``X`` and wrap it in a Source (sklearn validation for arrays)."""
+        if is_file_backed(X):
+            source = as_source(X)
+            n, d = source.shape
+            if reset:
+                if n < 2:
+                    raise ValueError(
+                        f"Found array with {n} sample(s) (shape={source.shape}) while a "
+                        f"minimum of 2 is required by {type(self).__name__} "
+                        f"({source.description})."
+                    )
+                if d < 1:
+                    raise ValueError(
+                        f"Found array with 0 feature(s) (shape={source.shape}) while a "
+                        f"minimum of 1 is required by {type(self).__name__} "
+                        f"({source.description})."
+                    )
+                self.n_features_in_ = d
+                if hasattr(self, "feature_names_in_"):
+                    del self.feature_names_in_
+            else:
+                if n < 1:
+                    raise ValueError(
+                        f"Found array with 0 sample(s) (shape={source.shape}) while a "
+                        f"minimum of 1 is required ({source.description})."
+                    )
+                if d != self.n_features_in_:
+                    raise ValueError(
+                        f"X has {d} features, but {type(self).__name__} is expecting "
+                        f"{self.n_features_in_} features as input ({source.description})."
+                    )
+            return source
+        X = validate_data(
+            self, X, dtype=[np.float64, np.float32], reset=reset,
+            ensure_min_samples=2 if reset else 1,
+        )
+        return ArraySource(X)
+
+    def _compute_dtype(self, source):
+        if self.compute_dtype is None:
+            return source.compute_dtype
+        return np.dtype(self.compute_dtype).type
+
+    def _block_size(self, source):
+        if self.block_size is not None:
+            return int(min(self.block_size, max(source.n_samples, 1)))
+        budget = self.working_memory
+        if budget is None:
+            budget = get_config()["working_memory"]
+        return block_rows(
+            source.n_samples, source.n_features, self.n_components,
+            np.dtype(self._compute_dtype(source)).itemsize, budget,
+            source.chunk_rows, source.description,
+        )
+
+    # ------------------------------------------------------------ parameters
+
+    def _check_initial_parameters(self, n_features):
+        """Validated copies of the *_init parameters (never stored on self)."""
+        weights = means = precisions = None
+        if self.weights_init is not None:
+            weights = _check_weights(self.weights_init, self.n_components, xp=np)
+        if self.means_init is not None:
+            means = _check_means(self.means_init, self.n_components, n_features, xp=np)
+        if self.precisions_init is not None:
+            precisions = _check_precisions(
+                self.precisions_init, self.covariance_type, self.n_components,
+                n_features, xp=np,
+            )
+        return weights, means, precisions
+
+    def _initial_model(self, source, random_state, inits, block_size):
+        weights_init, means_init, precisions_init = inits
+        weights = means = covariances = None
+        if weights_init is None or means_init is None or precisions_init is None:
+            if isinstance(source, ArraySource) and source.n_samples <= self.init_max_samples:
+                sample = source.array
+            else:
+                idx = subsample_indices(source.n_samples, self.init_max_samples,
+                                        random_state)
+                if idx is None:
+                    idx = np.arange(source.n_samples)
+                sample = source.take(idx, block_size)
+            if sample.shape[0] < self.n_components:
+                raise ValueError(
+                    "Expected n_samples >= n_components but got n_components = "
+                    f"{self.n_components}, n_samples = {sample.shape[0]}"
+                )
+            resp = initial_responsibilities(sample, self.n_components, self.init_params,
+                                            random_state)
+            weights, means, covariances = parameters_from_responsibilities(
+                sample, resp, self.reg_covar, self.covariance_type
+            )
+        if weights_init is not None:
+            weights = np.asarray(weights_init, dtype=np.float64)
+        if means_init is not None:
+            means = np.asarray(means_init, dtype=np.float64)
+        if precisions_init is None:
+            u = _kernels.precisions_cholesky_from_covariances(covariances, self.covariance_type)
+        else:
+            u = _kernels.precisions_cholesky_from_precisions(
+                np.asarray(precisions_init, dtype=np.float64), self.covariance_type
+            )
+            covariances = _kernels.covariances_from_cholesky(u, self.covariance_type)
+        return Model(weights, means, covariances, u, self.covariance_type)
+
+    def _current_model(self):
+        return Model(
+            np.asarray(self.weights_, dtype=np.float64),
+            np.asarray(self.means_, dtype=np.float64),
+            np.asarray(self.covariances_, dtype=np.float64),
+            np.asarray(self.precisions_cholesky_, dtype=np.float64),
+            self.covariance_type,
+        )
+
+    def _set_model(self, model, dtype):
+        self.weights_ = model.weights.astype(dtype)
+        self.means_ = model.means.astype(dtype)
+        self.covariances_ = model.covariances.astype(dtype)
+        self.precisions_cholesky_ = model.precisions_cholesky.astype(dtype)
+        self.precisions_ = _kernels.precisions_from_cholesky(
+            self.precisions_cholesky_, self.covariance_type
+        )
+
+    # -------------------------------------------------------------------- fit
+
+    def fit(self, X, y=None):
+        """Estimate the parameters with EM, keeping the best of ``n_init`` runs.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str, PathLike or h5py.Dataset
+            Training data: in memory, memory-mapped, a ``.npy`` path, an
+            ``h5py.Dataset`` or ``"file.h5:/path/to/dataset"``. float64 and float32
+            are used as they are; integer data is cast per block.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        self : GaussianMixture
+
+        Raises
+        ------
+        ValueError
+            Invalid parameters or data (NaN/inf, names the row for files), or an
+            ill-defined covariance with ``on_degenerate='raise'``.
+        MemoryError
+            When the model cannot fit ``memory_limit``.
+        OSError
+            When the data cannot be shared with the workers (temporary folder full).
+        """
+        self._fit(X, want_labels=False)
+        return self
+
+    def fit_predict(self, X, y=None):
+        """Fit, then return the labels of ``X`` from a final E step.
+
+        ``fit_predict(X)`` equals ``fit(X).predict(X)``.
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,), int64
+        """
+        return self._fit(X, want_labels=True)
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def _fit(self, X, want_labels):
+        saved = dict(self.__dict__)
+        try:
+            return self._fit_unsafe(X, want_labels)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
+
+    def _fit_unsafe(self, X, want_labels):
+        source = self._source(X, reset=True)
+        try:
+            n, d = source.shape
+            if n < self.n_components:
+                raise ValueError(
+                    "Expected n_samples >= n_components but got n_components = "
+                    f"{self.n_components}, n_samples = {n}"
+                )
+            inits = self._check_initial_parameters(d)
+            compute_dtype = self._compute_dtype(source)
+            block_size = self._block_size(source)
+            tasks = partition(n, block_size)
+            do_init = not (self.warm_start and hasattr(self, "converged_"))
+            n_init = self.n_init if do_init else 1
+            random_state = check_random_state(self.random_state)
+            with Executor(source, self.n_jobs) as executor:
+                check_model_fits(self.n_components, d, self.covariance_type,
+                                 executor.n_workers, self.memory_limit)
+                best = None
+                for init in range(n_init):
+                    if self.verbose:
+                        print(f"Initialization {init}")
+                    model = (self._initial_model(source, random_state, inits, block_size)
+                             if do_init else self._current_model())
+                    run = run_em(
+                        executor, tasks, block_size, model, n,
+                        max_iter=self.max_iter, tol=self.tol, reg_covar=self.reg_covar,
+                        compute_dtype=compute_dtype, resp_threshold=self.resp_threshold,
+                        on_degenerate=self.on_degenerate, min_count=1.0,
+                        callback=self._iteration_callback, init_index=init,
+                    )
+                    total, labels = score_pass(executor, tasks, block_size, run.model,
+                                               compute_dtype, want_labels)
+                    score = total / n
+                    if self.verbose:
+                        status = "converged" if run.converged else "did not converge"
+                        print(f"Initialization {status}. lower bound {score:.5f}.")
+                    if best is None or score > best[0]:
+                        best = (score, run, labels)
+        finally:
+            source.close()
+        score, run, labels = best
+        if not run.converged and self.max_iter > 0:
+            warnings.warn(
+                "Best performing initialization did not converge. Try different init "
+                "parameters, or increase max_iter, tol, or check for degenerate data.",
+                ConvergenceWarning,
+            )
+        dtype = np.float32 if compute_dtype == np.float32 and source.dtype == np.float32 \
+            else np.float64
+        self._set_model(run.model, dtype)
+        self.converged_ = run.converged
+        self.n_iter_ = run.n_iter
+        self.lower_bound_ = score
+        self.lower_bounds_ = run.lower_bounds
+        self.history_ = run.history
+        return labels
+
+    def _iteration_callback(self, record):
+        if self.verbose and record["n_iter"] % self.verbose_interval == 0:
+            if self.verbose >= 2:
+                print(f"  Iteration {record['n_iter']}\t time lapse "
+                      f"{record['seconds']:.5f}s\t ll change {record['change']:.5f}")
+            else:
+                print(f"  Iteration {record['n_iter']}")
+        if self.callback is not None:
+            self.callback(record)
+
+    # ---------------------------------------------------------------- predict
+
+    def _per_block(self, X, func):
+        """Apply ``func(block) -> array`` over the blocks of X and stack the results."""
+        check_is_fitted(self)
+        source = self._source(X, reset=False)
+        try:
+            block_size = self._block_size(source)
+            parts = [func(block) for _, _, block in source.blocks(block_size)]
+        finally:
+            source.close()
+        return np.concatenate(parts)
+
+    def _log_prob_resp(self, block):
+        return _kernels.estimate_log_prob_resp(
+            block, self.weights_, self.means_, self.precisions_cholesky_,
+            self.covariance_type,
+        )
+
+    def score_samples(self, X):
+        """Log-likelihood of each sample, ``log sum_k w_k N(x | mu_k, Sigma_k)``.
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+
+        Returns
+        -------
+        log_prob : ndarray of shape (n_samples,), float64
+        """
+        return self._per_block(X, lambda b: self._log_prob_resp(b)[0])
+
+    def score(self, X, y=None):
+        """Mean per-sample log-likelihood of ``X`` (nats per sample).
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        float
+        """
+        return float(np.mean(self.score_samples(X)))
+
+    def predict(self, X):
+        """Label of the most responsible component for each sample.
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,), int64
+        """
+        return self._per_block(X, lambda b: self._log_prob_resp(b)[1].argmax(axis=1))
+
+    def predict_proba(self, X):
+        """Responsibilities ``r_ik`` of every component for each sample.
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+
+        Returns
+        -------
+        resp : ndarray of shape (n_samples, n_components), float64
+            Rows sum to 1.
+        """
+        return self._per_block(X, lambda b: np.exp(self._log_prob_resp(b)[1]))
+
+    def sample(self, n_samples=1):
+        """Draw samples from the fitted mixture (as scikit-learn draws them).
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+
+        Returns
+        -------
+        X : ndarray of shape (n_samples, n_features)
+        y : ndarray of shape (n_samples,), int64
+            Component of each sample.
+
+        Raises
+        ------
+        ValueError
+            If ``n_samples < 1``.
+        """
+        check_is_fitted(self)
+        if n_samples < 1:
+            raise ValueError(
+                f"Invalid value for 'n_samples': {n_samples} . The sampling requires at "
+                "least one sample."
+            )
+        _, n_features = self.means_.shape
+        rng = check_random_state(self.random_state)
+        counts = rng.multinomial(n_samples, self.weights_)
+        if self.covariance_type == "full":
+            parts = [rng.multivariate_normal(m, c, int(s))
+                     for m, c, s in zip(self.means_, self.covariances_, counts)]
+        elif self.covariance_type == "tied":
+            parts = [rng.multivariate_normal(m, self.covariances_, int(s))
+                     for m, s in zip(self.means_, counts)]
+        else:
+            parts = [m + rng.standard_normal(size=(s, n_features)) * np.sqrt(c)
+                     for m, c, s in zip(self.means_, self.covariances_, counts)]
+        X = np.vstack(parts).astype(np.float64)
+        y = np.concatenate([np.full(int(s), k, dtype=np.int64) for k, s in enumerate(counts)])
+        return X, y
+
+    # ---------------------------------------------------------- model choice
+
+    def _n_parameters(self):
+        """Free parameters of the model."""
+        _, d = self.means_.shape
+        K = self.n_components
+        cov = {"full": K * d * (d + 1) / 2.0, "diag": K * d,
+               "tied": d * (d + 1) / 2.0, "spherical": K}[self.covariance_type]
+        return int(cov + d * K + K - 1)
+
+    def _n_and_score(self, X):
+        log_prob = self.score_samples(X)
+        return log_prob.shape[0], float(log_prob.mean())
+
+    def bic(self, X):
+        """Bayesian information criterion, ``-2 log L + p log n`` (Schwarz, 1978).
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+
+        Returns
+        -------
+        float
+            The lower the better.
+        """
+        n, score = self._n_and_score(X)
+        return -2 * score * n + self._n_parameters() * math.log(n)
+
+    def aic(self, X):
+        """Akaike information criterion, ``-2 log L + 2 p`` (Akaike, 1974).
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+
+        Returns
+        -------
+        float
+            The lower the better.
+        """
+        n, score = self._n_and_score(X)
+        return -2 * score * n + 2 * self._n_parameters()
+

@@ -1,0 +1,113 @@
+"""Initial parameters from a bounded random subsample, as scikit-learn computes them.
+
+scikit-learn initialises from responsibilities over the whole of ``X``
+(``sklearn.mixture._base.BaseMixture._initialize_parameters``). emgmm does the same on
+a subsample of at most ``init_max_samples`` rows, drawn with the estimator's random
+state and read in increasing row order (one sequential pass at most). When ``X`` has
+no more rows than that, the subsample is ``X`` itself and no random numbers are drawn
+for it, so every ``init_params`` gives exactly scikit-learn's initialisation.
+"""
+
+import numpy as np
+from sklearn.cluster import KMeans, kmeans_plusplus
+
+from ._kernels import block_statistics, m_step
+
+
+def subsample_indices(n_samples, max_samples, random_state):
+    """Sorted row indices of the initialisation subsample, or ``None`` for all rows.
+
+    Parameters
+    ----------
+    n_samples, max_samples : int
+    random_state : numpy.random.RandomState
+
+    Returns
+    -------
+    ndarray of int or None
+    """
+    if n_samples <= max_samples:
+        return None
+    return np.sort(random_state.choice(n_samples, size=max_samples, replace=False))
+
+
+def initial_responsibilities(X, n_components, init_params, random_state):
+    """Responsibilities the initialisation starts from (scikit-learn's four methods).
+
+    Parameters
+    ----------
+    X : ndarray of shape (m, d)
+        The subsample.
+    n_components : int
+    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}
+    random_state : numpy.random.RandomState
+        Consumed exactly as scikit-learn consumes it.
+
+    Returns
+    -------
+    resp : ndarray of shape (m, n_components), float64
+    """
+    m = X.shape[0]
+    resp = np.zeros((m, n_components), dtype=np.float64)
+    if init_params == "kmeans":
+        labels = (
+            KMeans(n_clusters=n_components, n_init=1, random_state=random_state)
+            .fit(X)
+            .labels_
+        )
+        resp[np.arange(m), labels] = 1
+    elif init_params == "random":
+        resp = random_state.uniform(size=(m, n_components))
+        resp /= resp.sum(axis=1)[:, np.newaxis]
+    elif init_params == "random_from_data":
+        indices = random_state.choice(m, size=n_components, replace=False)
+        resp[indices, np.arange(n_components)] = 1
+    else:  # "k-means++"
+        _, indices = kmeans_plusplus(X, n_components, random_state=random_state)
+        resp[indices, np.arange(n_components)] = 1
+    return resp
+
+
+def parameters_from_responsibilities(X, resp, reg_covar, covariance_type):
+    """Weights, means and covariances from responsibilities on an in-memory sample.
+
+    Follows ``sklearn.mixture._gaussian_mixture._estimate_gaussian_parameters``:
+    ``N_k = sum_i r_ik + 10 eps``, ``w_k = N_k / m`` (not renormalised, as in
+    scikit-learn's initialisation), means ``sum_i r_ik x_i / N_k``. Statistics are
+    centred on those means. For 'tied', scikit-learn pools
+    ``(X^T X - sum_k N_k mu_k mu_k^T) / sum_k N_k`` even when rows of ``resp`` do not
+    sum to one (k-means++ and random_from_data); that value is reproduced, computed
+    around the sample mean.
+
+    Parameters
+    ----------
+    X : ndarray of shape (m, d)
+    resp : ndarray of shape (m, K)
+    reg_covar : float
+    covariance_type : str
+
+    Returns
+    -------
+    weights : ndarray of shape (K,)
+    means : ndarray of shape (K, d)
+    covariances : ndarray
+    """
+    X64 = np.asarray(X, dtype=np.float64)
+    m = X64.shape[0]
+    nk = resp.sum(axis=0) + 10 * np.finfo(np.float64).eps
+    means = (resp.T @ X64) / nk[:, np.newaxis]
+    if covariance_type == "tied":
+        g = X64.mean(axis=0)
+        y = X64 - g
+        cg = means - g
+        a = nk @ cg
+        n_total = nk.sum()
+        cov = y.T @ y + (m - n_total) * np.outer(g, g)
+        cov -= (cg.T * nk) @ cg + np.outer(g, a) + np.outer(a, g)
+        cov /= n_total
+        covariances = 0.5 * (cov + cov.T)
+        covariances[np.diag_indices_from(covariances)] += reg_covar
+    else:
+        stats = block_statistics(X64, resp, means, covariance_type)
+        _, _, covariances = m_step(stats, means, reg_covar, covariance_type)
+    return nk / m, means, covariances

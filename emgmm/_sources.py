@@ -1,0 +1,389 @@
+"""Data sources: one interface over in-memory arrays, memory maps, .npy and HDF5 files.
+
+A :class:`Source` knows the shape and dtype of a 2-D data set and reads row ranges
+from it. File-backed sources hold only a description of the file (path, dataset name,
+offset); they open the file lazily, read-only, in the process that reads, so they can
+be sent to worker processes by reference. Every block that is read is checked: a
+non-numeric dtype, NaN or infinity raises a ``ValueError`` that names the first
+offending row and the file.
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+HDF5_SEPARATOR = ":"
+_HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def _check_numeric_dtype(dtype, where):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "c":
+        raise ValueError(f"Complex data not supported: {where} has dtype {dtype}.")
+    if dtype.kind not in "fiub":
+        raise ValueError(
+            f"{where} has dtype {dtype}; emgmm needs real numbers "
+            "(float, integer or boolean data)."
+        )
+
+
+def _check_shape(shape, where):
+    if len(shape) != 2:
+        raise ValueError(
+            f"Expected 2D array, got {len(shape)}D array instead: {where} has shape "
+            f"{tuple(shape)}. Reshape your data either using array.reshape(-1, 1) if "
+            "your data has a single feature or array.reshape(1, -1) if it contains a "
+            "single sample."
+        )
+
+
+def check_block_finite(block, start, where):
+    """Raise ``ValueError`` naming the first row of ``block`` with NaN or infinity.
+
+    Parameters
+    ----------
+    block : ndarray of shape (n, d)
+    start : int
+        Index of the block's first row in the data set.
+    where : str
+        How to name the data set in the message.
+    """
+    if block.dtype.kind != "f" or np.isfinite(block.sum(dtype=np.float64)):
+        if block.dtype.kind != "f" or np.isfinite(block).all():
+            return
+    bad = ~np.isfinite(block)
+    row, col = np.argwhere(bad)[0]
+    kind = "NaN" if np.isnan(block[row, col]) else (
+        f"infinity or a value too large for {block.dtype!r}"
+    )
+    raise ValueError(
+        f"Input X contains {kind}: {where}, row {start + row}, column {col}."
+    )
+
+
+class Source:
+    """A 2-D data set read in row blocks.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        ``(n_samples, n_features)``.
+    dtype : numpy.dtype
+        The stored dtype.
+    description : str
+        How messages name the data set.
+    chunk_rows : int or None
+        Rows per storage chunk (HDF5), for aligned block reads.
+    """
+
+    chunk_rows = None
+
+    @property
+    def n_samples(self):
+        return self.shape[0]
+
+    @property
+    def n_features(self):
+        return self.shape[1]
+
+    @property
+    def compute_dtype(self):
+        """float32 for float32 data, float64 for everything else."""
+        return np.float32 if self.dtype == np.float32 else np.float64
+
+    def _read(self, start, stop):
+        raise NotImplementedError
+
+    def read(self, start, stop):
+        """Rows ``start:stop`` as a float array, checked for NaN and infinity.
+
+        Parameters
+        ----------
+        start, stop : int
+
+        Returns
+        -------
+        block : ndarray of shape (stop - start, n_features)
+            float32 or float64 (:attr:`compute_dtype`); integer and boolean data are
+            cast. Never a writable view of the user's data.
+
+        Raises
+        ------
+        ValueError
+            If the block holds NaN or infinity (names the row and column).
+        """
+        block = np.asarray(self._read(start, stop))
+        if block.dtype != self.compute_dtype:
+            block = block.astype(self.compute_dtype)
+        check_block_finite(block, start, self.description)
+        return block
+
+    def take(self, indices, block_size):
+        """Rows at sorted ``indices``, read block by block in increasing order.
+
+        Parameters
+        ----------
+        indices : ndarray of int, sorted increasing
+        block_size : int
+
+        Returns
+        -------
+        rows : ndarray of shape (len(indices), n_features)
+        """
+        out = np.empty((len(indices), self.n_features), dtype=self.compute_dtype)
+        pos = 0
+        for start in range(0, self.n_samples, block_size):
+            stop = min(start + block_size, self.n_samples)
+            hi = np.searchsorted(indices, stop)
+            if hi > pos:
+                block = self.read(start, stop)
+                out[pos:hi] = block[indices[pos:hi] - start]
+                pos = hi
+            if pos == len(indices):
+                break
+        return out
+
+    def blocks(self, block_size):
+        """Yield ``(start, stop, block)`` over all rows.
+
+        Parameters
+        ----------
+        block_size : int
+            Rows per block (the last may be shorter).
+        """
+        for start in range(0, self.n_samples, block_size):
+            stop = min(start + block_size, self.n_samples)
+            yield start, stop, self.read(start, stop)
+
+    def close(self):
+        """Release open file handles (reopened on the next read)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class ArraySource(Source):
+    """An in-memory array (already validated by scikit-learn)."""
+
+    def __init__(self, array, description="X"):
+        self.array = array
+        self.shape = array.shape
+        self.dtype = array.dtype
+        self.description = description
+
+    def _read(self, start, stop):
+        block = self.array[start:stop]
+        block = block.view()
+        block.flags.writeable = False
+        return block
+
+
+class MemmapSource(Source):
+    """A raw memory-mapped file (``np.memmap`` or ``.npy``), reopened read-only."""
+
+    def __init__(self, filename, dtype, shape, offset, order, description):
+        self.filename = os.fspath(filename)
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(shape)
+        self.offset = offset
+        self.order = order
+        self.description = description
+        self._map = None
+
+    @classmethod
+    def from_memmap(cls, mm):
+        order = "F" if (mm.flags.f_contiguous and not mm.flags.c_contiguous) else "C"
+        if not (mm.flags.c_contiguous or mm.flags.f_contiguous) or mm.filename is None:
+            return None
+        base = mm
+        while isinstance(base.base, np.memmap):
+            base = base.base
+        if base is not mm:
+            return None  # a slice of a larger map: treat as an in-memory array
+        return cls(mm.filename, mm.dtype, mm.shape, mm.offset, order,
+                   f"memmap {mm.filename}")
+
+    @classmethod
+    def from_npy(cls, path):
+        path = os.fspath(path)
+        try:
+            mm = np.load(path, mmap_mode="r", allow_pickle=False)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"No such .npy file: {path}") from None
+        except ValueError as exc:
+            raise ValueError(f"Cannot read {path} as a .npy array: {exc}") from None
+        if not isinstance(mm, np.memmap):
+            raise ValueError(f"{path} is not a plain .npy array file.")
+        _check_numeric_dtype(mm.dtype, path)
+        _check_shape(mm.shape, path)
+        expected = mm.offset + mm.dtype.itemsize * int(np.prod(mm.shape))
+        if os.path.getsize(path) < expected:
+            raise ValueError(f"{path} is truncated: expected {expected} bytes.")
+        order = "F" if (mm.flags.f_contiguous and not mm.flags.c_contiguous) else "C"
+        return cls(path, mm.dtype, mm.shape, mm.offset, order, path)
+
+    def _open(self):
+        if self._map is None:
+            self._map = np.memmap(self.filename, dtype=self.dtype, mode="r",
+                                  offset=self.offset, shape=self.shape, order=self.order)
+        return self._map
+
+    def _read(self, start, stop):
+        return np.array(self._open()[start:stop], order="C")
+
+    def close(self):
+        self._map = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_map"] = None
+        return state
+
+
+def _hdf5_error(filename, exc):
+    text = str(exc)
+    if "lock" in text.lower():
+        return OSError(
+            f"Cannot open HDF5 file {filename} read-only because it is locked "
+            f"({text}). Another process may have it open for writing; if the file "
+            "system does not support locking, set HDF5_USE_FILE_LOCKING=FALSE in the "
+            "environment of this process and its workers."
+        )
+    return OSError(f"Cannot open HDF5 file {filename}: {text}")
+
+
+class HDF5Source(Source):
+    """A 2-D dataset in an HDF5 file, opened read-only and lazily in each process."""
+
+    def __init__(self, filename, dataset):
+        import h5py
+
+        self.filename = os.fspath(filename)
+        self.dataset = dataset
+        self.description = f"{self.filename}:{dataset}"
+        self._file = None
+        if not os.path.exists(self.filename):
+            raise FileNotFoundError(f"No such HDF5 file: {self.filename}")
+        ds = self._dataset()
+        if not isinstance(ds, h5py.Dataset):
+            self.close()
+            raise ValueError(f"{self.description} is not an HDF5 dataset.")
+        _check_numeric_dtype(ds.dtype, self.description)
+        _check_shape(ds.shape, self.description)
+        self.shape = tuple(ds.shape)
+        self.dtype = ds.dtype
+        if ds.chunks is not None:
+            self.chunk_rows = int(ds.chunks[0])
+            self.chunk_cols = int(ds.chunks[1])
+
+    def _dataset(self):
+        import h5py
+
+        if self._file is None:
+            try:
+                self._file = h5py.File(self.filename, "r")
+            except OSError as exc:
+                raise _hdf5_error(self.filename, exc) from None
+        try:
+            return self._file[self.dataset]
+        except KeyError:
+            self.close()
+            raise KeyError(
+                f"HDF5 file {self.filename} has no dataset {self.dataset!r}."
+            ) from None
+
+    def _read(self, start, stop):
+        return self._dataset()[start:stop]
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_file"] = None
+        return state
+
+
+def split_hdf5_spec(spec):
+    """Split ``"file.h5:/group/dataset"`` into its file name and dataset path.
+
+    Returns ``None`` when ``spec`` does not name an existing or HDF5-suffixed file
+    followed by a dataset path.
+    """
+    text = os.fspath(spec)
+    idx = text.rfind(HDF5_SEPARATOR + "/")
+    if idx <= 0:
+        return None
+    filename, dataset = text[:idx], text[idx + 1:]
+    if os.path.isfile(filename) or filename.lower().endswith(_HDF5_SUFFIXES):
+        return filename, dataset
+    return None
+
+
+def as_source(X):
+    """Wrap any supported input in a :class:`Source`.
+
+    Parameters
+    ----------
+    X : ndarray, np.memmap, h5py.Dataset, str or os.PathLike
+        A path is a ``.npy`` file (memory-mapped read-only) or
+        ``"file.h5:/path/to/dataset"``. Other array-likes are not handled here: the
+        estimator validates them with scikit-learn first and passes the result.
+
+    Returns
+    -------
+    Source
+
+    Raises
+    ------
+    FileNotFoundError
+        A path that does not exist.
+    KeyError
+        An HDF5 file without the named dataset.
+    ValueError
+        A data set that is not 2-D or not numeric, or a truncated .npy file.
+    OSError
+        An HDF5 file that cannot be opened (e.g. locked by a writer).
+    """
+    if isinstance(X, Source):
+        return X
+    if isinstance(X, (str, os.PathLike)):
+        spec = split_hdf5_spec(X)
+        if spec is not None:
+            return HDF5Source(*spec)
+        path = Path(X)
+        if path.suffix.lower() in _HDF5_SUFFIXES:
+            raise ValueError(
+                f"{path} is an HDF5 file: name the dataset too, as '{path}:/dataset'."
+            )
+        if not path.exists():
+            raise FileNotFoundError(f"No such file: {path}")
+        return MemmapSource.from_npy(path)
+    if is_hdf5_dataset(X):
+        # the user's handle is not used: reopened read-only by name in each process
+        return HDF5Source(X.file.filename, X.name)
+    if isinstance(X, np.memmap):
+        src = MemmapSource.from_memmap(X)
+        if src is not None:
+            _check_numeric_dtype(src.dtype, src.description)
+            _check_shape(src.shape, src.description)
+            return src
+    raise TypeError(f"as_source cannot wrap {type(X).__name__}")
+
+
+def is_hdf5_dataset(X):
+    """True for an ``h5py.Dataset`` (without importing h5py when it isn't one)."""
+    return type(X).__module__.startswith("h5py") and hasattr(X, "file")
+
+
+def is_file_backed(X):
+    """True when ``X`` is read through a file-backed :class:`Source`."""
+    if isinstance(X, (str, os.PathLike)) or is_hdf5_dataset(X):
+        return True
+    return isinstance(X, np.memmap) and MemmapSource.from_memmap(X) is not None

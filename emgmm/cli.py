@@ -1,0 +1,320 @@
+"""The ``emgmm`` command line: fit, score, predict, sample, info, demo.
+
+Data arguments (``DATA``) are a ``.npy`` file or an HDF5 dataset written as
+``file.h5:/path/to/dataset``; they are read in blocks and never modified.
+Every output is written under a temporary name in the destination directory
+and renamed when complete, so a failed run leaves no partial file. Errors are
+reported as one line on stderr with exit status 1 (the traceback only with
+``--debug``).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+from numpy.lib.format import open_memmap
+from sklearn import get_config
+
+from . import demo
+from ._model_io import atomic_output, load_model, read_header, save_model
+from ._progress import ProgressReporter, format_summary
+from ._sources import as_source
+
+#: (flag, estimator parameter, argparse keywords) for every parameter of
+#: ``emgmm.GaussianMixture`` settable from ``emgmm fit``. ``warm_start`` is
+#: ``--warm-start MODEL`` and ``callback`` is the progress reporter.
+_ESTIMATOR_FLAGS = [
+    (("-k", "--n-components"), "n_components", dict(type=int)),
+    (
+        ("--covariance-type",),
+        "covariance_type",
+        dict(choices=["full", "tied", "diag", "spherical"]),
+    ),
+    (("--tol",), "tol", dict(type=float)),
+    (("--reg-covar",), "reg_covar", dict(type=float)),
+    (("--max-iter",), "max_iter", dict(type=int)),
+    (("--n-init",), "n_init", dict(type=int)),
+    (
+        ("--init-params",),
+        "init_params",
+        dict(choices=["kmeans", "k-means++", "random", "random_from_data"]),
+    ),
+    (("--weights-init",), "weights_init", dict(metavar="NPY")),
+    (("--means-init",), "means_init", dict(metavar="NPY")),
+    (("--precisions-init",), "precisions_init", dict(metavar="NPY")),
+    (("--random-state",), "random_state", dict(type=int)),
+    (("--verbose",), "verbose", dict(type=int)),
+    (("--verbose-interval",), "verbose_interval", dict(type=int)),
+    (("--n-jobs",), "n_jobs", dict(type=int)),
+    (("--working-memory",), "working_memory", dict(type=float, metavar="MIB")),
+    (("--block-size",), "block_size", dict(type=int, metavar="ROWS")),
+    (("--init-max-samples",), "init_max_samples", dict(type=int)),
+    (("--compute-dtype",), "compute_dtype", dict(choices=["float32", "float64"])),
+    (("--schedule",), "schedule", dict(choices=["auto", "rows", "components"])),
+    (("--on-degenerate",), "on_degenerate", dict(choices=["reinit", "raise"])),
+    (("--checkpoint",), "checkpoint", dict(metavar="PATH")),
+]
+_INIT_ARRAYS = ("weights_init", "means_init", "precisions_init")
+
+
+class CommandError(Exception):
+    """A user error detected by the command line itself."""
+
+
+def _data_shape(spec, n_features=None):
+    """Open ``spec`` (checked 2-D and numeric by ``as_source``); return its shape.
+
+    Raises
+    ------
+    CommandError
+        If ``n_features`` is given and the dataset has another number of columns.
+    """
+    with as_source(spec) as source:
+        shape = tuple(source.shape)
+    if n_features is not None and shape[1] != n_features:
+        raise CommandError(
+            f"DATA {spec} has {shape[1]} features but the model was fitted "
+            f"on {n_features}"
+        )
+    return shape
+
+
+def _check_output_dir(path):
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise CommandError(f"output directory does not exist: {directory}")
+
+
+def _cmd_fit(args):
+    from . import GaussianMixture
+
+    params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
+    for name in _INIT_ARRAYS:
+        if name in params:
+            params[name] = np.load(params[name], allow_pickle=False)
+    _check_output_dir(args.output)
+    if args.warm_start is not None:
+        estimator = load_model(args.warm_start)
+        estimator.set_params(warm_start=True, **params)
+        _data_shape(args.data, estimator.n_features_in_)
+    else:
+        estimator = GaussianMixture(**params)
+        _data_shape(args.data)
+    reporter = ProgressReporter(estimator.max_iter, estimator.n_init, quiet=args.quiet)
+    estimator.set_params(callback=reporter)
+    estimator.fit(args.data)
+    estimator.set_params(callback=None)
+    save_model(estimator, args.output)
+    summary = dict(reporter.summary(estimator), data=args.data, model=args.output)
+    if not args.quiet:
+        print(f"{format_summary(summary)}; model written to {args.output}",
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _cmd_score(args):
+    model = load_model(args.model)
+    n_samples, _ = _data_shape(args.data, model.n_features_in_)
+    score = float(model.score(args.data))
+    if args.json:
+        print(json.dumps({"score": score, "n_samples": n_samples}))
+    else:
+        print(repr(score))
+    return 0
+
+
+def _default_block_rows(n_features, n_components):
+    """Rows per block so one block and its K-column outputs fit working_memory."""
+    budget = get_config()["working_memory"] * 2**20
+    return max(1, int(budget // (8 * (n_features + 2 * n_components))))
+
+
+def _cmd_predict(args):
+    model = load_model(args.model)
+    n_samples, n_features = _data_shape(args.data, model.n_features_in_)
+    rows = args.block_size or _default_block_rows(n_features, model.n_components)
+    if args.proba:
+        shape, dtype, method = (n_samples, model.n_components), np.float64, model.predict_proba
+    else:
+        shape, dtype, method = (n_samples,), np.int64, model.predict
+    with atomic_output(args.output) as tmp_path:
+        out = open_memmap(tmp_path, mode="w+", dtype=dtype, shape=shape)
+        with as_source(args.data) as source:
+            for start, stop, block in source.blocks(rows):
+                out[start:stop] = method(block)
+        out.flush()
+        del out
+    return 0
+
+
+def _save_npy(path, array):
+    with atomic_output(path) as tmp_path:
+        with open(tmp_path, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+
+
+def _cmd_sample(args):
+    model = load_model(args.model)
+    if args.n_samples < 1:
+        raise CommandError(f"-n must be at least 1, got {args.n_samples}")
+    model.random_state = args.random_state
+    samples, labels = model.sample(args.n_samples)
+    _save_npy(args.output, samples)
+    if args.labels is not None:
+        _save_npy(args.labels, labels)
+    return 0
+
+
+def _cmd_info(args):
+    header = read_header(args.model)
+    model = load_model(args.model)
+    if args.json:
+        print(json.dumps(dict(header, weights=model.weights_.tolist())))
+        return 0
+    state = "converged" if header["converged"] else "not converged"
+    params = ", ".join(
+        f"{k}={v!r}" for k, v in sorted(header["params"].items()) if v is not None
+    )
+    lines = [
+        ("model file", args.model),
+        ("format", f"{header['format']} v{header['format_version']} "
+                   f"(written by emgmm {header['emgmm_version']})"),
+        ("covariance type", header["covariance_type"]),
+        ("components", header["n_components"]),
+        ("features", header["n_features_in"]),
+        ("fit", f"{state} after {header['n_iter']} iterations, "
+                f"lower bound {header['lower_bound']:.6g}"),
+        ("weights", f"min {model.weights_.min():.4g}, max {model.weights_.max():.4g}"),
+        ("parameters", params),
+    ]
+    if header["feature_names_in"] is not None:
+        lines.append(("feature names", ", ".join(header["feature_names_in"])))
+    for label, value in lines:
+        print(f"{label:<16} {value}")
+    return 0
+
+
+def build_parser():
+    """Build the argument parser of the ``emgmm`` command.
+
+    Returns
+    -------
+    parser : argparse.ArgumentParser
+    """
+    from . import GaussianMixture
+
+    defaults = GaussianMixture().get_params()
+    parser = argparse.ArgumentParser(
+        prog="emgmm",
+        description="Exact out-of-core, parallel EM for Gaussian mixtures.",
+    )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback on errors")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    data_help = "a .npy file or an HDF5 dataset as file.h5:/path/to/dataset"
+
+    fit = sub.add_parser("fit", parents=[common], help="fit a mixture to DATA",
+                         description="Fit a Gaussian mixture to DATA and save it.")
+    fit.add_argument("data", metavar="DATA", help=data_help)
+    fit.add_argument("-o", "--output", required=True, metavar="MODEL",
+                     help="model file to write (HDF5)")
+    for flags, name, kwargs in _ESTIMATOR_FLAGS:
+        fit.add_argument(*flags, dest=name, default=argparse.SUPPRESS,
+                         help=f"GaussianMixture({name}=...); default "
+                              f"{defaults[name]!r}", **kwargs)
+    fit.add_argument("--warm-start", metavar="MODEL", default=None,
+                     help="start from the parameters of a saved model "
+                          "(warm_start=True)")
+    fit.add_argument("-q", "--quiet", action="store_true",
+                     help="no progress or summary on stderr")
+    fit.add_argument("--json", action="store_true",
+                     help="print the summary as JSON on stdout")
+    fit.set_defaults(func=_cmd_fit)
+
+    score = sub.add_parser("score", parents=[common],
+                           help="mean log-likelihood per sample of DATA")
+    score.add_argument("model", metavar="MODEL")
+    score.add_argument("data", metavar="DATA", help=data_help)
+    score.add_argument("--json", action="store_true", help="print JSON")
+    score.set_defaults(func=_cmd_score)
+
+    predict = sub.add_parser("predict", parents=[common],
+                             help="component labels (or responsibilities) of DATA")
+    predict.add_argument("model", metavar="MODEL")
+    predict.add_argument("data", metavar="DATA", help=data_help)
+    predict.add_argument("-o", "--output", required=True, metavar="NPY",
+                         help="output .npy file: int64 labels (n_samples,)")
+    predict.add_argument("--proba", action="store_true",
+                         help="write float64 responsibilities "
+                              "(n_samples, n_components) instead")
+    predict.add_argument("--block-size", type=int, default=None, metavar="ROWS",
+                         help="rows read per block (default: from "
+                              "sklearn's working_memory)")
+    predict.set_defaults(func=_cmd_predict)
+
+    sample = sub.add_parser("sample", parents=[common],
+                            help="draw samples from a model")
+    sample.add_argument("model", metavar="MODEL")
+    sample.add_argument("-n", "--n-samples", type=int, required=True)
+    sample.add_argument("-o", "--output", required=True, metavar="NPY",
+                        help="output .npy file (n_samples, n_features)")
+    sample.add_argument("--labels", metavar="NPY", default=None,
+                        help="also write the component of each sample")
+    sample.add_argument("--random-state", type=int, default=None)
+    sample.set_defaults(func=_cmd_sample)
+
+    info = sub.add_parser("info", parents=[common], help="describe a model file")
+    info.add_argument("model", metavar="MODEL")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(func=_cmd_info)
+
+    demo_parser = sub.add_parser("demo", parents=[common],
+                                 help=demo.SUMMARY, description=demo.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_arguments(demo_parser)
+    demo_parser.set_defaults(func=demo.run)
+    return parser
+
+
+def _one_line(exc):
+    if isinstance(exc, KeyError) and exc.args:
+        text = str(exc.args[0])
+    else:
+        text = str(exc)
+    text = " ".join(text.split())
+    return text or type(exc).__name__
+
+
+def main(argv=None):
+    """Run the ``emgmm`` command.
+
+    Parameters
+    ----------
+    argv : list of str, default=None
+        Arguments without the program name; ``None`` means ``sys.argv[1:]``.
+
+    Returns
+    -------
+    status : int
+        0 on success, 1 on an error (reported as one line on stderr, or
+        re-raised with ``--debug``), 130 when interrupted. Usage errors exit
+        with status 2 through ``SystemExit``, as argparse does.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("emgmm: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"emgmm {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
