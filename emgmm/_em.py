@@ -180,9 +180,32 @@ class RunResult:
     history: list
 
 
+def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
+                         resp_threshold, n_worst):
+    """Row-sharded schedule: every task computes all components over its rows.
+
+    Returns
+    -------
+    stats : SufficientStatistics
+        Summed over all tasks in their fixed order.
+    worst : Worst
+    """
+    args = [(s, e, block_size, model, compute_dtype, resp_threshold, n_worst)
+            for s, e in tasks]
+    stats, worst = None, None
+    for task_stats, task_worst in executor.map(statistics_task, args):
+        if stats is None:
+            stats, worst = task_stats, task_worst
+        else:
+            stats += task_stats
+            worst = worst.merge(task_worst)
+    return stats, worst
+
+
 def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_covar,
            compute_dtype, resp_threshold, on_degenerate, min_count, callback=None,
-           init_index=0, start=None, on_iteration=None):
+           init_index=0, start=None, on_iteration=None,
+           statistics_pass=rows_statistics_pass):
     """Iterate EM from ``model`` until ``|change of mean log-likelihood| < tol``.
 
     Parameters
@@ -204,6 +227,9 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
         Resume from this state (checkpoint).
     on_iteration : callable or None
         ``on_iteration(run_result)`` after every iteration (checkpointing).
+    statistics_pass : callable
+        The schedule: ``(executor, tasks, block_size, model, compute_dtype,
+        resp_threshold, n_worst) -> (SufficientStatistics, Worst)``.
 
     Returns
     -------
@@ -220,15 +246,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
         tic = time.perf_counter()
         n_iter = state.n_iter + 1
         model = state.model
-        args = [(s, e, block_size, model, compute_dtype, resp_threshold, K)
-                for s, e in tasks]
-        stats, worst = None, None
-        for task_stats, task_worst in executor.map(statistics_task, args):
-            if stats is None:
-                stats, worst = task_stats, task_worst
-            else:
-                stats += task_stats
-                worst = worst.merge(task_worst)
+        stats, worst = statistics_pass(executor, tasks, block_size, model,
+                                       compute_dtype, resp_threshold, K)
         prev, lower_bound = lower_bound, stats.log_likelihood / n_samples
         weights, means, covariances = m_step(stats, model.means, reg_covar, ct)
         u, bad = factorize(covariances, ct)
