@@ -124,7 +124,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     if chunk_rows:
         if rows >= chunk_rows:
             rows = rows // chunk_rows * chunk_rows
-        elif chunk_rows > 4 * rows and chunk_rows < n_samples:
+        elif chunk_rows > 4 * rows and n_samples > rows:
             warnings.warn(
                 f"{description} is stored in chunks of {chunk_rows} rows, "
                 f"{chunk_rows / rows:.0f}x the {rows} rows a block may hold within "
