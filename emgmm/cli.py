@@ -5,13 +5,14 @@ Data arguments (``DATA``) are a ``.npy`` file or an HDF5 dataset written as
 Every output is written under a temporary name in the destination directory
 and renamed when complete, so a failed run leaves no partial file. Errors are
 reported as one line on stderr with exit status 1 (the traceback only with
-``--debug``).
+``--debug``); warnings are shown as one line each.
 """
 
 import argparse
 import json
 import os
 import sys
+import warnings
 
 import numpy as np
 from numpy.lib.format import open_memmap
@@ -50,11 +51,11 @@ _ESTIMATOR_FLAGS = [
     (("--n-jobs",), "n_jobs", dict(type=int)),
     (("--working-memory",), "working_memory", dict(type=float, metavar="MIB")),
     (("--block-size",), "block_size", dict(type=int, metavar="ROWS")),
+    (("--memory-limit",), "memory_limit", dict(type=float, metavar="MIB")),
     (("--init-max-samples",), "init_max_samples", dict(type=int)),
     (("--compute-dtype",), "compute_dtype", dict(choices=["float32", "float64"])),
-    (("--schedule",), "schedule", dict(choices=["auto", "rows", "components"])),
+    (("--resp-threshold",), "resp_threshold", dict(type=float)),
     (("--on-degenerate",), "on_degenerate", dict(choices=["reinit", "raise"])),
-    (("--checkpoint",), "checkpoint", dict(metavar="PATH")),
 ]
 _INIT_ARRAYS = ("weights_init", "means_init", "precisions_init")
 
@@ -136,6 +137,8 @@ def _default_block_rows(n_features, n_components):
 def _cmd_predict(args):
     model = load_model(args.model)
     n_samples, n_features = _data_shape(args.data, model.n_features_in_)
+    if args.block_size is not None and args.block_size < 1:
+        raise CommandError(f"--block-size must be at least 1, got {args.block_size}")
     rows = args.block_size or _default_block_rows(n_features, model.n_components)
     if args.proba:
         shape, dtype, method = (n_samples, model.n_components), np.float64, model.predict_proba
@@ -308,8 +311,15 @@ def main(argv=None):
         with status 2 through ``SystemExit``, as argparse does.
     """
     args = build_parser().parse_args(argv)
+
+    def show_warning(message, category, *_args, **_kwargs):
+        print(f"emgmm {args.command}: {category.__name__}: {_one_line(message)}",
+              file=sys.stderr)
+
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            return args.func(args)
     except KeyboardInterrupt:
         print("emgmm: interrupted", file=sys.stderr)
         return 130

@@ -1,0 +1,277 @@
+"""The ``emgmm`` command line, run in-process (and once as ``python -m emgmm``)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import emgmm
+from emgmm import cli
+from emgmm._model_io import load_model
+
+from conftest import file_fingerprint, make_blobs_data
+
+REPO_ROOT = Path(emgmm.__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def data(tmp_path):
+    """300 x 3 blobs as a .npy file and as an HDF5 dataset; returns (X, npy, h5 spec)."""
+    X = make_blobs_data(300, 3, 3, seed=2)
+    npy = tmp_path / "X.npy"
+    np.save(npy, X)
+    h5 = tmp_path / "X.h5"
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("group/X", data=X, chunks=(32, 3))
+    return X, str(npy), f"{h5}:/group/X"
+
+
+@pytest.fixture
+def model_path(tmp_path, data):
+    path = tmp_path / "model.h5"
+    assert cli.main(["fit", data[1], "-k", "3", "--random-state", "0",
+                     "-o", str(path), "--quiet"]) == 0
+    return str(path)
+
+
+def _reference(X, **params):
+    return emgmm.GaussianMixture(**params).fit(X)
+
+
+def test_fit_writes_a_model_equal_to_the_estimator(tmp_path, data, capsys):
+    X, npy, _ = data
+    out = tmp_path / "m.h5"
+    before = file_fingerprint(npy)
+    assert cli.main(["fit", npy, "-k", "3", "--covariance-type", "diag",
+                     "--random-state", "0", "-o", str(out)]) == 0
+    model = load_model(out)
+    ref = _reference(X, n_components=3, covariance_type="diag", random_state=0)
+    np.testing.assert_allclose(model.means_, ref.means_, rtol=1e-12)
+    np.testing.assert_array_equal(model.predict(X), ref.predict(X))
+    assert file_fingerprint(npy) == before  # the input file is untouched
+
+    err = capsys.readouterr().err.splitlines()
+    iteration_lines = [line for line in err if line.startswith("iter ")]
+    assert len(iteration_lines) == model.n_iter_
+    assert "lower bound" in iteration_lines[-1] and "s/iter" in iteration_lines[-1]
+    assert "left" in iteration_lines[0]
+    assert f"after {model.n_iter_} iterations" in err[-1]
+    assert str(out) in err[-1]
+
+
+def test_fit_warnings_are_one_line(tmp_path, data, capsys):
+    assert cli.main(["fit", data[1], "-k", "3", "--max-iter", "1", "--random-state", "0",
+                     "-o", str(tmp_path / "m.h5"), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("emgmm fit: ConvergenceWarning: ")
+    assert err.count("\n") == 1
+
+
+def test_fit_quiet_and_json(tmp_path, data, capsys):
+    X, _, spec = data
+    out = tmp_path / "m.h5"
+    assert cli.main(["fit", spec, "-k", "2", "--random-state", "1", "-o", str(out),
+                     "--quiet", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    summary = json.loads(captured.out)
+    ref = _reference(X, n_components=2, random_state=1)
+    assert summary["n_iter"] == ref.n_iter_
+    assert summary["converged"] == ref.converged_
+    assert summary["lower_bound"] == pytest.approx(ref.lower_bound_, rel=1e-12)
+    assert summary["model"] == str(out) and summary["data"] == spec
+    assert summary["n_features"] == 3 and summary["covariance_type"] == "full"
+
+
+def test_every_estimator_parameter_has_a_flag():
+    params = set(emgmm.GaussianMixture().get_params())
+    flagged = {name for _, name, _ in cli._ESTIMATOR_FLAGS}
+    # warm_start is --warm-start MODEL, callback is the progress reporter
+    assert flagged == params - {"warm_start", "callback"}
+    parser = cli.build_parser()
+    fit_parser = parser._subparsers._group_actions[0].choices["fit"]
+    dests = {action.dest for action in fit_parser._actions}
+    assert params - {"callback"} <= dests
+
+
+def test_fit_flags_reach_the_estimator(tmp_path, data):
+    X, npy, _ = data
+    means_init = tmp_path / "means.npy"
+    np.save(means_init, X[[0, 100, 200]])
+    out = tmp_path / "m.h5"
+    argv = ["fit", npy, "-o", str(out), "-q", "-k", "3", "--covariance-type", "tied",
+            "--tol", "1e-4", "--reg-covar", "1e-5", "--max-iter", "50", "--n-init", "1",
+            "--init-params", "random_from_data", "--means-init", str(means_init),
+            "--random-state", "3", "--verbose-interval", "5", "--n-jobs", "1",
+            "--working-memory", "64", "--block-size", "50", "--init-max-samples", "1000",
+            "--compute-dtype", "float64", "--memory-limit", "4096",
+            "--resp-threshold", "1e-12", "--on-degenerate", "raise"]
+    assert cli.main(argv) == 0
+    model = load_model(out)
+    expected = dict(n_components=3, covariance_type="tied", tol=1e-4, reg_covar=1e-5,
+                    max_iter=50, init_params="random_from_data", random_state=3,
+                    verbose_interval=5, n_jobs=1, working_memory=64.0, block_size=50,
+                    init_max_samples=1000, compute_dtype="float64", memory_limit=4096.0,
+                    resp_threshold=1e-12, on_degenerate="raise")
+    params = model.get_params()
+    assert {k: params[k] for k in expected} == expected
+    np.testing.assert_array_equal(params["means_init"], X[[0, 100, 200]])
+    ref = _reference(X, **expected, means_init=X[[0, 100, 200]])
+    np.testing.assert_allclose(model.means_, ref.means_, rtol=1e-12)
+
+
+def test_fit_warm_start_continues_from_a_model(tmp_path, data, model_path):
+    X, npy, _ = data
+    out = tmp_path / "continued.h5"
+    assert cli.main(["fit", npy, "--warm-start", model_path, "--max-iter", "2",
+                     "--tol", "0", "-o", str(out), "-q"]) == 0
+    first, continued = load_model(model_path), load_model(out)
+    ref = load_model(model_path).set_params(warm_start=True, max_iter=2, tol=0).fit(X)
+    assert continued.n_components == 3 and continued.n_iter_ == 2
+    assert continued.lower_bound_ >= first.lower_bound_ - 1e-12
+    np.testing.assert_allclose(continued.means_, ref.means_, rtol=1e-12)
+
+
+def test_score(data, model_path, capsys):
+    X, npy, spec = data
+    model = load_model(model_path)
+    for source in (npy, spec):
+        assert cli.main(["score", model_path, source]) == 0
+        assert float(capsys.readouterr().out) == pytest.approx(model.score(X), rel=1e-12)
+    assert cli.main(["score", model_path, spec, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n_samples"] == 300
+    assert result["score"] == pytest.approx(model.score(X), rel=1e-12)
+
+
+@pytest.mark.parametrize("block_size", [None, 7])
+def test_predict_labels_and_proba(tmp_path, data, model_path, block_size):
+    X, npy, spec = data
+    model = load_model(model_path)
+    extra = [] if block_size is None else ["--block-size", str(block_size)]
+    labels, proba = tmp_path / "labels.npy", tmp_path / "proba.npy"
+    assert cli.main(["predict", model_path, spec, "-o", str(labels)] + extra) == 0
+    assert cli.main(["predict", model_path, npy, "-o", str(proba), "--proba"] + extra) == 0
+    got = np.load(labels)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, model.predict(X))
+    np.testing.assert_allclose(np.load(proba), model.predict_proba(X), rtol=1e-12,
+                               atol=1e-15)
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["X.npy", "X.h5", "model.h5", "labels.npy", "proba.npy"])
+
+
+def test_sample(tmp_path, model_path):
+    model = load_model(model_path)
+    out, labels = tmp_path / "s.npy", tmp_path / "y.npy"
+    assert cli.main(["sample", model_path, "-n", "500", "-o", str(out),
+                     "--labels", str(labels), "--random-state", "4"]) == 0
+    samples, y = np.load(out), np.load(labels)
+    assert samples.shape == (500, 3) and y.shape == (500,)
+    expected = model.set_params(random_state=4).sample(500)
+    np.testing.assert_array_equal(samples, expected[0])
+    np.testing.assert_array_equal(y, expected[1])
+
+
+def test_info(model_path, capsys):
+    model = load_model(model_path)
+    assert cli.main(["info", model_path]) == 0
+    text = capsys.readouterr().out
+    assert "covariance type  full" in text
+    assert "components       3" in text
+    assert f"after {model.n_iter_} iterations" in text
+    assert f"emgmm {emgmm.__version__}" in text
+    assert cli.main(["info", model_path, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["n_components"] == 3 and info["n_features_in"] == 3
+    np.testing.assert_allclose(info["weights"], model.weights_)
+
+
+def test_python_m_emgmm_subprocess(tmp_path, data):
+    _, _, spec = data
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    out = tmp_path / "sub.h5"
+    run = subprocess.run(
+        [sys.executable, "-m", "emgmm", "fit", spec, "-k", "2", "--random-state", "0",
+         "-o", str(out), "--json", "--quiet"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["n_iter"] == load_model(out).n_iter_
+    bad = subprocess.run([sys.executable, "-m", "emgmm", "info", str(tmp_path / "no.h5")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 1
+    assert bad.stderr.count("\n") == 1 and "model file not found" in bad.stderr
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _bad_inputs(tmp_path, data, model_path):
+    X, npy, spec = data
+    h5 = spec.split(":/")[0]
+    with h5py.File(tmp_path / "odd.h5", "w") as f:
+        f["one_d"] = np.arange(10.0)
+        f["text"] = np.array([b"a", b"b", b"c", b"d"]).reshape(2, 2)
+    np.save(tmp_path / "wide.npy", np.zeros((20, 5)))
+    odd = tmp_path / "odd.h5"
+    return {
+        "missing data": (["score", model_path, str(tmp_path / "none.npy")], "none.npy"),
+        "missing hdf5": (["fit", f"{tmp_path}/none.h5:/X", "-o", "m.h5"], "none.h5"),
+        "no dataset": (["fit", f"{h5}:/nothing", "-o", "m.h5"], "nothing"),
+        "1-D dataset": (["fit", f"{odd}:/one_d", "-o", "m.h5"], "2D"),
+        "non-numeric": (["fit", f"{odd}:/text", "-o", "m.h5"], "dtype"),
+        "not a model": (["predict", h5, npy, "-o", "out.npy"], "not an emgmm model"),
+        "npy as model": (["info", npy], "not an emgmm model"),
+        "features": (["predict", model_path, str(tmp_path / "wide.npy"), "-o", "out.npy"],
+                     "5 features but the model was fitted on 3"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing data", "missing hdf5", "no dataset",
+                                  "1-D dataset", "non-numeric", "not a model",
+                                  "npy as model", "features"])
+def test_bad_input_one_line_error(tmp_path, data, model_path, capsys, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    argv, needle = _bad_inputs(tmp_path, data, model_path)[case]
+    listing = sorted(os.listdir(tmp_path))
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith(f"emgmm {argv[0]}: error: ")
+    assert needle in captured.err
+    assert "Traceback" not in captured.err
+    assert sorted(os.listdir(tmp_path)) == listing  # no output, no temp file
+    with pytest.raises(Exception):
+        cli.main(argv + ["--debug"])
+
+
+def test_failure_mid_stream_leaves_no_partial_output(tmp_path, model_path, capsys):
+    X = make_blobs_data(300, 3, 3, seed=2)
+    X[250, 1] = np.nan  # found only when the last block is read
+    np.save(tmp_path / "nan.npy", X)
+    listing = sorted(os.listdir(tmp_path))
+    assert cli.main(["predict", model_path, str(tmp_path / "nan.npy"), "-o",
+                     str(tmp_path / "labels.npy"), "--block-size", "100"]) == 1
+    assert "row 250" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == listing
+
+
+def test_fit_to_missing_directory_fails_before_fitting(tmp_path, data, capsys):
+    assert cli.main(["fit", data[1], "-o", str(tmp_path / "no" / "m.h5"), "-q"]) == 1
+    assert "output directory does not exist" in capsys.readouterr().err
+
+
+def test_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["fit", "x.npy", "-o", "m.h5", "--covariance-type", "bogus"])
+    assert exc.value.code == 2
