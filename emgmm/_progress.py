@@ -1,5 +1,6 @@
 """Progress reporting for long fits, driven by the estimator's ``callback``."""
 
+import math
 import sys
 import time
 
@@ -64,9 +65,11 @@ class ProgressReporter:
         ----------
         info : dict
             Keys ``n_iter`` (int, 1-based), ``lower_bound`` (float),
-            ``change`` (float, NaN or None on the first iteration),
+            ``change`` (float; not shown when None or not finite, as on
+            the first iteration),
             ``seconds`` (float, duration of the iteration), ``init`` (int,
-            0-based index of the run).
+            0-based index of the run) and optionally ``reseeded`` (list of
+            the components re-seeded in this iteration).
         """
         self.history.append(dict(info))
         if self.quiet:
@@ -76,14 +79,17 @@ class ProgressReporter:
         runs_left = self.n_init - info["init"] - 1
         iters_left = self.max_iter - info["n_iter"] + runs_left * self.max_iter
         change = info.get("change")
-        change_text = "" if change is None else f"  change {change:+.3e}"
+        finite = change is not None and math.isfinite(change)
+        change_text = f"  change {change:+.3e}" if finite else ""
         run_text = f"init {info['init'] + 1}/{self.n_init}  " if self.n_init > 1 else ""
+        reseeded = info.get("reseeded")
+        reseeded_text = f"  re-seeded components {list(reseeded)}" if reseeded else ""
         width = len(str(self.max_iter))
         print(
             f"{run_text}iter {info['n_iter']:>{width}}/{self.max_iter}"
             f"  lower bound {info['lower_bound']:.6g}{change_text}"
             f"  {info['seconds']:.2f} s/iter"
-            f"  <= {format_seconds(iters_left * per_iter)} left",
+            f"  <= {format_seconds(iters_left * per_iter)} left{reseeded_text}",
             file=self.stream or sys.stderr,
             flush=True,
         )
