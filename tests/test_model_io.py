@@ -1,0 +1,172 @@
+"""HDF5 model files: round trips, metadata, atomic writes and bad files."""
+
+import json
+import os
+import pickle
+import shutil
+
+import h5py
+import joblib
+import numpy as np
+import pytest
+
+import emgmm
+from emgmm._model_io import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    ModelFileError,
+    load_model,
+    read_header,
+    save_model,
+)
+
+from conftest import COVARIANCE_TYPES
+
+
+def _fit(X, covariance_type, **kwargs):
+    return emgmm.GaussianMixture(
+        3, covariance_type=covariance_type, random_state=0, **kwargs
+    ).fit(X)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_round_trip_gives_identical_predictions(tmp_path, blobs, covariance_type):
+    model = _fit(blobs, covariance_type)
+    path = tmp_path / "model.h5"
+    save_model(model, path)
+    loaded = load_model(path)
+
+    assert type(loaded) is emgmm.GaussianMixture
+    np.testing.assert_array_equal(loaded.predict(blobs), model.predict(blobs))
+    np.testing.assert_array_equal(loaded.predict_proba(blobs), model.predict_proba(blobs))
+    np.testing.assert_array_equal(loaded.score_samples(blobs), model.score_samples(blobs))
+    for name in ("weights_", "means_", "precisions_cholesky_"):
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(model, name))
+    # recomputed from the Cholesky factor, checked against the fitted values
+    np.testing.assert_allclose(loaded.covariances_, model.covariances_, rtol=1e-10)
+    np.testing.assert_allclose(loaded.precisions_, model.precisions_, rtol=1e-10)
+    assert loaded.n_iter_ == model.n_iter_
+    assert loaded.converged_ == model.converged_
+    assert loaded.lower_bound_ == model.lower_bound_
+    assert list(loaded.lower_bounds_) == list(model.lower_bounds_)
+    assert loaded.n_features_in_ == blobs.shape[1]
+    assert not hasattr(loaded, "feature_names_in_")
+    assert loaded.get_params() == model.get_params()
+
+
+def test_full_covariances_are_inverse_of_precisions(tmp_path, blobs):
+    model = _fit(blobs, "full")
+    save_model(model, tmp_path / "m.h5")
+    loaded = load_model(tmp_path / "m.h5")
+    for cov, prec, chol in zip(loaded.covariances_, loaded.precisions_,
+                               loaded.precisions_cholesky_):
+        np.testing.assert_allclose(chol @ chol.T, prec, rtol=1e-12)
+        np.testing.assert_allclose(cov @ prec, np.eye(3), atol=1e-10)
+        np.testing.assert_array_equal(cov, cov.T)
+
+
+def test_header_records_metadata(tmp_path, blobs):
+    model = _fit(blobs, "diag", max_iter=7, tol=1e-5)
+    save_model(model, tmp_path / "m.h5")
+    header = read_header(tmp_path / "m.h5")
+    assert header["format"] == FORMAT_NAME
+    assert header["format_version"] == FORMAT_VERSION
+    assert header["emgmm_version"] == emgmm.__version__
+    assert header["covariance_type"] == "diag"
+    assert (header["n_components"], header["n_features_in"]) == (3, 3)
+    assert header["params"]["max_iter"] == 7
+    assert header["params"]["tol"] == 1e-5
+    assert header["n_iter"] == model.n_iter_
+    with h5py.File(tmp_path / "m.h5", "r") as f:
+        assert json.loads(f.attrs["params"])["random_state"] == 0
+        assert f["means"].shape == (3, 3)
+
+
+def test_feature_names_and_array_params_round_trip(tmp_path, blobs):
+    means_init = blobs[[0, 200, 400]]
+    model = _fit(blobs, "tied", means_init=means_init)
+    # as set by a fit on a DataFrame with string column names
+    model.feature_names_in_ = np.array(["a", "b", "é"], dtype=object)
+    save_model(model, tmp_path / "m.h5")
+    loaded = load_model(tmp_path / "m.h5")
+    assert list(loaded.feature_names_in_) == ["a", "b", "é"]
+    np.testing.assert_array_equal(loaded.means_init, means_init)
+    assert loaded.weights_init is None
+
+
+def test_unpicklable_params_are_dropped_and_listed(tmp_path, blobs):
+    seen = []
+    model = _fit(blobs, "spherical", callback=seen.append)
+    assert seen, "callback was not called"
+    save_model(model, tmp_path / "m.h5")
+    header = read_header(tmp_path / "m.h5")
+    assert header["params_dropped"] == ["callback"]
+    assert load_model(tmp_path / "m.h5").callback is None
+
+
+def test_failed_save_keeps_existing_file_and_leaves_no_temp(tmp_path, blobs):
+    path = tmp_path / "m.h5"
+    path.write_bytes(b"previous content")
+    model = _fit(blobs, "full")
+    model.lower_bounds_ = ["not a number"]
+    with pytest.raises(ValueError):
+        save_model(model, path)
+    assert path.read_bytes() == b"previous content"
+    assert os.listdir(tmp_path) == ["m.h5"]
+
+
+def test_unfitted_estimator_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unfitted"):
+        save_model(emgmm.GaussianMixture(2), tmp_path / "m.h5")
+    assert os.listdir(tmp_path) == []
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model file not found"):
+        load_model(tmp_path / "nope.h5")
+
+
+@pytest.mark.parametrize("kind", ["text", "npy", "hdf5_data"])
+def test_not_a_model_file(tmp_path, kind):
+    path = tmp_path / "thing"
+    if kind == "text":
+        path.write_text("hello\n")
+    elif kind == "npy":
+        with open(path, "wb") as f:
+            np.save(f, np.zeros((3, 2)))
+    else:
+        with h5py.File(path, "w") as f:
+            f["X"] = np.zeros((3, 2))
+    with pytest.raises(ModelFileError, match="not an emgmm model file"):
+        load_model(path)
+    assert issubclass(ModelFileError, ValueError)
+
+
+def test_incompatible_format_version(tmp_path, blobs):
+    save_model(_fit(blobs, "full"), tmp_path / "m.h5")
+    with h5py.File(tmp_path / "m.h5", "r+") as f:
+        f.attrs["format_version"] = FORMAT_VERSION + 1
+    with pytest.raises(ModelFileError, match=f"version {FORMAT_VERSION + 1}"):
+        load_model(tmp_path / "m.h5")
+
+
+def test_damaged_model_file(tmp_path, blobs):
+    save_model(_fit(blobs, "full"), tmp_path / "m.h5")
+    with h5py.File(tmp_path / "m.h5", "r+") as f:
+        del f["means"]
+    with pytest.raises(ModelFileError, match="damaged"):
+        load_model(tmp_path / "m.h5")
+    shutil.copy(tmp_path / "m.h5", tmp_path / "n.h5")
+    with h5py.File(tmp_path / "n.h5", "r+") as f:
+        f["means"] = np.zeros((2, 3))  # wrong number of components
+    with pytest.raises(ModelFileError, match="inconsistent"):
+        load_model(tmp_path / "n.h5")
+
+
+def test_pickle_and_joblib_still_work(tmp_path, blobs):
+    model = _fit(blobs, "full")
+    again = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(again.score_samples(blobs), model.score_samples(blobs))
+    joblib.dump(model, tmp_path / "m.joblib")
+    again = joblib.load(tmp_path / "m.joblib")
+    np.testing.assert_array_equal(again.predict(blobs), model.predict(blobs))
