@@ -266,6 +266,8 @@ def add_arguments(parser):
 
 
 def _fit_emgmm(train, init, args, reporter):
+    from sklearn.exceptions import ConvergenceWarning
+
     from . import GaussianMixture
 
     weights, means, precisions = init
@@ -280,7 +282,9 @@ def _fit_emgmm(train, init, args, reporter):
             n_jobs=args.n_jobs, callback=reporter,
         )
         start = time.perf_counter()
-        model.fit(f"{h5_path}:/patches")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(f"{h5_path}:/patches")
         seconds = time.perf_counter() - start
     model.set_params(callback=None)
     return model, seconds

@@ -1,0 +1,119 @@
+"""``emgmm demo`` at its smallest size, and the pieces it is built from."""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from emgmm import cli, demo
+
+SMALL = ["demo", "--n-patches", "800", "--n-test", "300", "-k", "4", "--max-iter", "4",
+         "--tol", "0", "--n-jobs", "1", "--quiet"]
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """Point tempfile at an empty folder to see what the demo leaves behind."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_demo_smallest_size_matches_sklearn(tmp_path, private_tmp, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert cli.main(SMALL + ["--output-dir", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["n_train"], result["n_test"], result["sklearn_n_train"]) == (800, 300, 800)
+    assert result["images"] == ["china.jpg", "flower.jpg"]
+    # same data, same initialisation, tol=0: emgmm and scikit-learn run the same 4 steps
+    assert result["emgmm"]["n_iter"] == result["sklearn"]["n_iter"] == 4
+    assert result["emgmm"]["heldout_score"] == pytest.approx(
+        result["sklearn"]["heldout_score"], rel=1e-7)
+    assert result["emgmm"]["train_lower_bound"] == pytest.approx(
+        result["sklearn"]["train_lower_bound"], rel=1e-9)
+    assert result["score_difference"] < 1e-5
+    png = out / "emgmm_demo_components.png"
+    assert result["png"] == str(png)
+    with Image.open(png) as img:
+        assert img.mode == "L"
+        assert img.size == (4 * (6 * 26 + 6), 26 + 2)  # 4 groups of mean + 5 eigenvectors
+    assert os.listdir(out) == ["emgmm_demo_components.png"]
+    assert os.listdir(private_tmp) == []  # temporary HDF5 file removed
+
+
+def test_demo_table_and_sklearn_subsample(tmp_path, private_tmp, capsys):
+    assert cli.main(SMALL + ["--output-dir", str(tmp_path), "--sklearn-patches", "500"]) == 0
+    text = capsys.readouterr().out
+    assert "800 training patches" in text and "300 held-out patches" in text
+    assert "scikit-learn was fitted on a random subsample of 500" in text
+    assert "emgmm (HDF5 on disk, n_jobs=1)" in text and "scikit-learn (in memory)" in text
+
+
+def test_demo_failure_removes_temporary_files(tmp_path, private_tmp, monkeypatch, capsys):
+    def broken(*args):
+        raise RuntimeError("scikit-learn exploded")
+
+    monkeypatch.setattr(demo, "_fit_sklearn", broken)
+    assert cli.main(SMALL + ["--output-dir", str(tmp_path)]) == 1
+    assert "scikit-learn exploded" in capsys.readouterr().err
+    assert os.listdir(private_tmp) == []
+    assert [p for p in os.listdir(tmp_path) if p != "tmp"] == []  # no PNG
+
+
+def test_demo_bad_options(tmp_path, capsys):
+    assert cli.main(SMALL + ["--output-dir", str(tmp_path / "missing")]) == 1
+    assert "output directory does not exist" in capsys.readouterr().err
+    assert cli.main(["demo", "-k", "0", "--output-dir", str(tmp_path)]) == 1
+    assert "--n-components must be at least 1" in capsys.readouterr().err
+
+
+def test_gray_images_and_patches():
+    images = demo.gray_images()
+    assert sorted(images) == ["china.jpg", "flower.jpg"]
+    for image in images.values():
+        assert image.shape == (427, 640)
+        assert 0 <= image.min() and image.max() <= 1
+    image = np.arange(5 * 6, dtype=float).reshape(5, 6)
+    patches = demo.extract_patches(image, 3)
+    assert patches.shape == (3 * 4, 9)
+    np.testing.assert_array_equal(patches[5], image[1:4, 1:4].ravel())  # row 1, col 1
+
+
+def test_train_test_patches_are_disjoint_and_centred():
+    # an image whose pixels are unique, so patches identify their position
+    image = np.arange(50 * 40, dtype=float).reshape(50, 40)
+    train, test = demo.train_test_patches([image], 100, 30, size=4, random_state=0)
+    assert train.shape == (100, 16) and test.shape == (30, 16)
+    np.testing.assert_allclose(train.mean(axis=1), 0, atol=1e-9)
+    np.testing.assert_allclose(test.mean(axis=1), 0, atol=1e-9)
+    # with the DC removed, the position is lost; check the split on raw patches instead
+    raw_train = demo.extract_patches(image[:40], 4)
+    raw_test = demo.extract_patches(image[40:], 4)
+    assert raw_train.max() < raw_test.min()
+    assert len(raw_test) == 7 * 37
+
+
+def test_kmeans_init_is_a_valid_start():
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(size=(200, 3)), rng.normal(size=(100, 3)) + 20])
+    weights, means, precisions = demo.kmeans_init(X, 2, reg_covar=1e-6, random_state=0)
+    order = np.argsort(means[:, 0])
+    np.testing.assert_allclose(weights[order], [2 / 3, 1 / 3])
+    np.testing.assert_allclose(means[order[1]], X[200:].mean(axis=0))
+    cov = np.cov(X[200:].T, bias=True) + 1e-6 * np.eye(3)
+    np.testing.assert_allclose(precisions[order[1]], np.linalg.inv(cov), rtol=1e-10)
+    np.testing.assert_array_equal(precisions, precisions.transpose(0, 2, 1))
+
+
+def test_tile_scaling():
+    vector = np.linspace(-1, 3, 16)
+    pixels = demo.tile(vector, 4, scale=2)
+    assert pixels.shape == (8, 8) and pixels.dtype == np.uint8
+    assert (pixels.min(), pixels.max()) == (0, 255)
+    symmetric = demo.tile(vector, 4, scale=1, symmetric=True)
+    assert symmetric.max() == 255 and symmetric.min() == round(255 * (0.5 - 0.5 / 3))
