@@ -14,9 +14,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import _kernels
-from ._em import Model, run_em, score_pass
+from ._component_schedule import component_statistics_pass
+from ._em import Model, rows_statistics_pass, run_em, score_pass
 from ._init import initial_responsibilities, parameters_from_responsibilities, subsample_indices
-from ._memory import block_rows, check_model_fits, partition
+from ._memory import block_rows, choose_schedule, partition
 from ._parallel import Executor
 from ._sources import ArraySource, as_source, is_file_backed
 
@@ -84,6 +85,17 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         Budget in MiB for the copies of the model held by the parent and its
         workers; ``fit`` raises ``MemoryError`` up front when the estimate exceeds
         it. ``None`` uses the physical memory available when ``fit`` starts.
+    schedule : {'auto', 'rows', 'components'}, default='auto'
+        How a pass shares the work. 'rows': a task is a range of rows and all
+        components (one read of ``X`` per iteration; every worker holds the whole
+        model and its statistics). 'components': a task is a slice of components and
+        a range of rows; workers hold only their slice, exchanging
+        log-probabilities through a memory-mapped buffer in joblib's temporary
+        folder (``X`` read twice per iteration). 'auto' picks 'components' when
+        there are several workers and one task's statistics,
+        ``K d (d + 1) / 2 * 8`` bytes for 'full', exceed 64 MiB, or when only it
+        fits ``memory_limit`` (see ``emgmm._memory.choose_schedule``). Both give
+        the same model to 1e-12 relative.
     init_max_samples : int, default=100_000
         Rows in the initialisation subsample.
     compute_dtype : {'float32', 'float64'} or None, default=None
@@ -161,6 +173,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         "working_memory": [Interval(Real, 0, None, closed="neither"), None],
         "block_size": [Interval(Integral, 1, None, closed="left"), None],
         "memory_limit": [Interval(Real, 0, None, closed="neither"), None],
+        "schedule": [StrOptions({"auto", "rows", "components"})],
         "init_max_samples": [Interval(Integral, 1, None, closed="left")],
         "compute_dtype": [StrOptions({"float32", "float64"}), None],
         "resp_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
@@ -189,6 +202,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         working_memory=None,
         block_size=None,
         memory_limit=None,
+        schedule="auto",
         init_max_samples=100_000,
         compute_dtype=None,
         resp_threshold=0.0,
@@ -213,6 +227,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.working_memory = working_memory
         self.block_size = block_size
         self.memory_limit = memory_limit
+        self.schedule = schedule
         self.init_max_samples = init_max_samples
         self.compute_dtype = compute_dtype
         self.resp_threshold = resp_threshold
@@ -420,9 +435,14 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             do_init = not (self.warm_start and hasattr(self, "converged_"))
             n_init = self.n_init if do_init else 1
             random_state = check_random_state(self.random_state)
-            with Executor(source, self.n_jobs) as executor:
-                check_model_fits(self.n_components, d, self.covariance_type,
-                                 executor.n_workers, self.memory_limit)
+            executor = Executor(source, self.n_jobs)
+            # refuse before writing X for the workers or starting them
+            schedule, _ = choose_schedule(self.schedule, self.n_components, d,
+                                          self.covariance_type, executor.n_workers,
+                                          self.memory_limit)
+            statistics_pass = (component_statistics_pass if schedule == "components"
+                               else rows_statistics_pass)
+            with executor:
                 best = None
                 for init in range(n_init):
                     if self.verbose:
@@ -435,6 +455,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                         compute_dtype=compute_dtype, resp_threshold=self.resp_threshold,
                         on_degenerate=self.on_degenerate, min_count=1.0,
                         callback=self._iteration_callback, init_index=init,
+                        statistics_pass=statistics_pass,
                     )
                     total, labels = score_pass(executor, tasks, block_size, run.model,
                                                compute_dtype, want_labels)

@@ -5,6 +5,15 @@ a centred copy, a float64 copy for the first-order statistics, and a few ``B x K
 float64 arrays (log-probabilities, responsibilities). Per process, the model holds
 the parameters, the factors and one set of sufficient statistics, each about
 ``K d^2`` float64 values for 'full'.
+
+Two schedules share the work of a pass (:func:`choose_schedule`):
+
+- ``"rows"``: a task is a range of rows and all components; every worker holds the
+  whole model and one full set of sufficient statistics.
+- ``"components"``: a task is a slice of components and a range of rows
+  (:func:`component_slices`); a worker holds only its slice's factors and
+  statistics, and the log-probabilities are exchanged through a memory-mapped
+  buffer of ``buffer_rows x K`` float64 values (:func:`buffer_rows`).
 """
 
 import os
@@ -61,41 +70,152 @@ def available_memory():
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def check_model_fits(n_components, n_features, covariance_type, n_workers,
-                     memory_limit_mib=None):
-    """Refuse up front when the model itself cannot fit in memory.
+def _mib(nbytes):
+    """``nbytes`` in MiB for messages (3 significant digits below 100 MiB)."""
+    mib = nbytes / _MIB
+    return f"{mib:,.0f}" if mib >= 100 else f"{mib:.3g}"
+
+
+SCHEDULES = ("rows", "components")
+
+#: Per-task sufficient statistics above this size make ``schedule="auto"`` pick the
+#: component-sharded schedule when there are several workers (K=200, d=64 'full':
+#: 3.3 MB -> rows; K=200, d=900: 649 MB -> components).
+COMPONENT_SCHEDULE_MIN_BYTES = 64 * _MIB
+
+#: Factor bytes a component slice may hold (slices are at least ``MIN_SLICES``).
+SLICE_BYTES = 32 * _MIB
+MIN_SLICES = 16
+
+#: Bytes of the shared log-probability buffer of the component schedule.
+BUFFER_BYTES = 256 * _MIB
+
+
+def statistics_nbytes(n_components, n_features, covariance_type):
+    """Bytes of one task's second-moment statistics, float64.
+
+    ``K d (d + 1) / 2 * 8`` for 'full' (the distinct entries of ``K`` symmetric
+    ``d x d`` sums), ``d (d + 1) / 2 * 8`` for 'tied', ``K d * 8`` for 'diag' and
+    'spherical'.
 
     Parameters
     ----------
     n_components, n_features : int
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+
+    Returns
+    -------
+    int
+    """
+    K, d = n_components, n_features
+    per = {"full": K * d * (d + 1) // 2, "tied": d * (d + 1) // 2,
+           "diag": K * d, "spherical": K * d}
+    return 8 * per[covariance_type]
+
+
+def component_slices(n_components, n_features, covariance_type):
+    """Fixed split of the components into slices for the component schedule.
+
+    Each slice holds at most ``SLICE_BYTES`` of precision factors, and there are at
+    least ``min(K, MIN_SLICES)`` slices so that many workers have work. The split
+    depends only on ``K``, ``d`` and the covariance type (never on the number of
+    workers), so the results do not depend on ``n_jobs``. 'tied' keeps one slice:
+    its statistic is pooled over the components of each row.
+
+    Returns
+    -------
+    list of (k0, k1)
+    """
+    K, d = n_components, n_features
+    if covariance_type == "tied":
+        return [(0, K)]
+    per_component = 8 * (d * d if covariance_type == "full" else d)
+    by_size = -(-K * per_component // SLICE_BYTES)
+    n_slices = int(min(K, max(by_size, MIN_SLICES)))
+    bounds = np.linspace(0, K, n_slices + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def buffer_rows(n_samples, n_components, block_size):
+    """Rows of the shared log-probability buffer: whole blocks, ``<= BUFFER_BYTES``.
+
+    At least one block; at most ``n_samples``.
+    """
+    rows = BUFFER_BYTES // (8 * max(n_components, 1))
+    rows = max(block_size, rows // block_size * block_size)
+    return int(min(rows, max(n_samples, 1)))
+
+
+def schedule_nbytes(schedule, n_components, n_features, covariance_type, n_workers):
+    """Memory the model takes over the parent and its workers under a schedule.
+
+    "rows": ``1 + n_workers`` copies of :func:`model_nbytes` (one when in process).
+    "components": one copy in the parent, and each worker the largest slice.
+
+    Returns
+    -------
+    int
+    """
+    whole = model_nbytes(n_components, n_features, covariance_type)
+    if n_workers <= 1:
+        return whole
+    if schedule == "rows":
+        return (1 + n_workers) * whole
+    slices = component_slices(n_components, n_features, covariance_type)
+    largest = max(b - a for a, b in slices)
+    return whole + n_workers * model_nbytes(largest, n_features, covariance_type)
+
+
+def choose_schedule(schedule, n_components, n_features, covariance_type, n_workers,
+                    memory_limit_mib=None):
+    """Pick the schedule of the passes and check that the model fits the budget.
+
+    ``"auto"`` picks "components" when there are several workers and one task's
+    statistics (:func:`statistics_nbytes`) exceed ``COMPONENT_SCHEDULE_MIN_BYTES``,
+    or when only the component schedule fits the budget; else "rows".
+
+    Parameters
+    ----------
+    schedule : {'auto', 'rows', 'components'}
+    n_components, n_features : int
     covariance_type : str
     n_workers : int
-        Processes holding a copy of the model (the parent and the workers).
     memory_limit_mib : float or None
         The budget in MiB; ``None`` means the memory available now.
 
     Returns
     -------
-    int
-        The estimate in bytes.
+    schedule : {'rows', 'components'}
+    estimate : int
+        Bytes of the model over the parent and its workers.
 
     Raises
     ------
     MemoryError
-        With the estimate and the budget in the message.
+        When the model does not fit the budget under the schedule (the message has
+        the estimate, the budget and what to change).
     """
-    copies = 1 + (n_workers if n_workers > 1 else 0)
-    need = copies * model_nbytes(n_components, n_features, covariance_type)
     budget = available_memory() if memory_limit_mib is None else memory_limit_mib * _MIB
-    if need > budget:
+
+    def need(name):
+        return schedule_nbytes(name, n_components, n_features, covariance_type, n_workers)
+
+    if schedule == "auto":
+        big = statistics_nbytes(n_components, n_features, covariance_type) \
+            > COMPONENT_SCHEDULE_MIN_BYTES
+        schedule = "components" if n_workers > 1 and (big or need("rows") > budget) \
+            else "rows"
+    estimate = need(schedule)
+    if estimate > budget:
         raise MemoryError(
-            f"The model needs about {need / _MIB:,.0f} MiB ({copies} copies of "
-            f"{n_components} '{covariance_type}' components of {n_features} features, "
-            f"float64), more than the budget of {budget / _MIB:,.0f} MiB. Use fewer "
-            "components or features, a cheaper covariance_type ('diag'), fewer "
-            "n_jobs, or raise memory_limit."
+            f"The model needs about {_mib(estimate)} MiB under the '{schedule}' "
+            f"schedule with {n_workers} worker(s) ({n_components} '{covariance_type}' "
+            f"components of {n_features} features, float64), more than the budget of "
+            f"{_mib(budget)} MiB. Use fewer components or features, a cheaper "
+            "covariance_type ('diag'), fewer n_jobs, schedule='components', or raise "
+            "memory_limit."
         )
-    return need
+    return schedule, estimate
 
 
 def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib,

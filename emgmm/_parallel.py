@@ -4,7 +4,9 @@ Workers never receive the data by value: file-backed sources travel as their
 description (path, dataset name) and reopen the file read-only; an in-memory array is
 written once per fit to a ``.npy`` file in joblib's temporary folder and travels as
 that file's path. The folder is removed when the fit ends, also when it raises.
-BLAS threads per worker are limited so that workers x threads <= cores.
+BLAS threads per worker are limited so that workers x threads <= cores, counting the
+cores this process may use: all of them at the top level, the BLAS budget joblib gave
+it when it is itself a worker (e.g. emgmm inside ``GridSearchCV(n_jobs=2)``).
 """
 
 import os
@@ -15,9 +17,9 @@ import uuid
 from contextlib import nullcontext
 
 import numpy as np
-from joblib import Parallel, delayed, effective_n_jobs
+from joblib import Parallel, cpu_count, delayed, effective_n_jobs
 from joblib.parallel import get_active_backend
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from ._sources import ArraySource, MemmapSource
 
@@ -61,6 +63,54 @@ def remove_stray_folders(parent):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
+_HOW_TO_MOVE = (
+    "Point joblib elsewhere with the JOBLIB_TEMP_FOLDER environment variable or "
+    "joblib.parallel_config(temp_folder=...), or use n_jobs=1 or a file-backed "
+    "source (.npy or HDF5)."
+)
+
+
+def make_temp_folder(parent, nbytes, what):
+    """Create ``parent/emgmm-<pid>-<id>`` after checking ``parent`` has ``nbytes`` free.
+
+    The name carries the creating process id, so :func:`remove_stray_folders` can
+    recognise folders left by a process that was killed.
+
+    Parameters
+    ----------
+    parent : str
+    nbytes : int
+        Bytes that will be written into the folder.
+    what : str
+        What the bytes are for (named in the error message).
+
+    Returns
+    -------
+    str
+        The new folder.
+
+    Raises
+    ------
+    OSError
+        If ``parent`` is unusable or lacks the space (names the folder and how to
+        change it).
+    """
+    remove_stray_folders(parent)
+    try:
+        free = shutil.disk_usage(parent).free
+    except OSError as exc:
+        raise OSError(f"Temporary folder {parent} is not usable ({exc}). {_HOW_TO_MOVE}") \
+            from None
+    if free < nbytes + 2**20:
+        raise OSError(
+            f"Temporary folder {parent} has {free / 2**20:,.0f} MiB free; {what} "
+            f"needs {nbytes / 2**20:,.0f} MiB. {_HOW_TO_MOVE}"
+        )
+    folder = os.path.join(parent, f"{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    os.makedirs(folder)
+    return folder
+
+
 def dump_array(array, parent):
     """Write ``array`` once to ``parent/emgmm-<pid>-<id>/X.npy``.
 
@@ -75,40 +125,52 @@ def dump_array(array, parent):
     OSError
         If ``parent`` lacks the space (names the folder and how to change it).
     """
-    remove_stray_folders(parent)
-    how = (
-        "Point joblib elsewhere with the JOBLIB_TEMP_FOLDER environment variable or "
-        "joblib.parallel_config(temp_folder=...), or use n_jobs=1 or a file-backed "
-        "source (.npy or HDF5)."
-    )
-    try:
-        free = shutil.disk_usage(parent).free
-    except OSError as exc:
-        raise OSError(f"Temporary folder {parent} is not usable ({exc}). {how}") from None
-    if free < array.nbytes + 2**20:
-        raise OSError(
-            f"Temporary folder {parent} has {free / 2**20:,.0f} MiB free; sharing X "
-            f"with the workers needs {array.nbytes / 2**20:,.0f} MiB. {how}"
-        )
-    folder = os.path.join(parent, f"{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
-    os.makedirs(folder)
+    folder = make_temp_folder(parent, array.nbytes, "sharing X with the workers")
     path = os.path.join(folder, "X.npy")
     try:
         np.save(path, np.ascontiguousarray(array), allow_pickle=False)
     except OSError as exc:
         shutil.rmtree(folder, ignore_errors=True)
-        raise OSError(f"Writing X to temporary folder {parent} failed ({exc}). {how}") from None
+        raise OSError(f"Writing X to temporary folder {parent} failed ({exc}). "
+                      f"{_HOW_TO_MOVE}") from None
     return folder, MemmapSource.from_npy(path)
+
+
+def core_budget(backend):
+    """Cores the passes of this process may keep busy.
+
+    At the top level, the cores joblib sees (``joblib.cpu_count()``: affinity and
+    cgroup quotas). Inside a joblib worker (``backend.nesting_level > 0``, e.g. a
+    ``GridSearchCV(n_jobs=2)`` fit), the BLAS threads joblib left to this worker
+    (it sets them to ``cores // outer workers``), so nested parallelism does not
+    oversubscribe the machine.
+    """
+    cores = cpu_count()
+    if getattr(backend, "nesting_level", 0) > 0:
+        blas = [info["num_threads"] for info in threadpool_info()
+                if info.get("user_api") == "blas"]
+        if blas:
+            return max(1, min(cores, max(blas)))
+    return max(1, cores)
 
 
 class Executor:
     """Runs lists of tasks over a source, in process or with joblib workers.
 
+    The backend is whatever ``joblib.parallel_config`` selects (loky processes by
+    default, threads, or dask). With process workers an in-memory array is written
+    once to the temporary folder (:func:`dump_array`); file-backed sources travel as
+    their description. BLAS threads: each process worker limits itself to
+    ``blas_threads`` while it runs a task; with thread workers the limit is set once
+    for this process while the executor is open (threadpoolctl limits are
+    process-wide, so per-thread limits would race).
+
     Parameters
     ----------
     source : Source
     n_jobs : int or None
-        joblib's meaning; ``None`` follows ``joblib.parallel_config``.
+        joblib's meaning; ``None`` follows ``joblib.parallel_config``. Capped by
+        :func:`core_budget` when this process is itself a joblib worker.
 
     Attributes
     ----------
@@ -116,27 +178,39 @@ class Executor:
     worker_source : Source
         What the tasks receive: never an in-memory array for process workers.
     blas_threads : int
-        BLAS threads each worker may use.
+        BLAS threads each worker may use, ``max(1, core_budget // n_workers)``.
+    uses_threads : bool
+        Whether the workers are threads of this process (set on entering).
     """
 
     def __init__(self, source, n_jobs):
         self.source = source
         self.n_jobs = n_jobs
-        self.n_workers = max(1, effective_n_jobs(n_jobs))
-        self.blas_threads = max(1, (os.cpu_count() or 1) // self.n_workers)
+        backend, _ = get_active_backend()
+        budget = core_budget(backend)
+        n_workers = max(1, effective_n_jobs(n_jobs))
+        if getattr(backend, "nesting_level", 0) > 0:
+            n_workers = min(n_workers, budget)
+        self.n_workers = n_workers
+        self.blas_threads = max(1, budget // self.n_workers)
+        self.uses_threads = False
         self.worker_source = source
         self._folder = None
         self._parallel = None
+        self._limits = None
 
     def __enter__(self):
         if self.n_workers > 1:
             backend, _ = get_active_backend()
-            threads = getattr(backend, "uses_threads", False)
+            self.uses_threads = bool(getattr(backend, "uses_threads", False))
             try:
-                if isinstance(self.source, ArraySource) and not threads:
+                if isinstance(self.source, ArraySource) and not self.uses_threads:
                     self._folder, self.worker_source = dump_array(
                         self.source.array, joblib_temp_folder()
                     )
+                if self.uses_threads:
+                    self._limits = threadpool_limits(limits=self.blas_threads,
+                                                     user_api="blas")
                 self._parallel = Parallel(n_jobs=self.n_jobs, return_as="generator")
                 self._parallel.__enter__()
             except BaseException:
@@ -159,8 +233,9 @@ class Executor:
         """
         if self._parallel is None:
             return (func(self.worker_source, *args, blas_threads=None) for args in task_args)
+        blas_threads = None if self.uses_threads else self.blas_threads
         return self._parallel(
-            delayed(func)(self.worker_source, *args, blas_threads=self.blas_threads)
+            delayed(func)(self.worker_source, *args, blas_threads=blas_threads)
             for args in task_args
         )
 
@@ -168,6 +243,9 @@ class Executor:
         if self._parallel is not None:
             self._parallel.__exit__(None, None, None)
             self._parallel = None
+        if self._limits is not None:
+            self._limits.restore_original_limits()
+            self._limits = None
         if self.worker_source is not self.source:
             self.worker_source.close()
         if self._folder is not None:

@@ -1,0 +1,237 @@
+"""Component-sharded schedule of the statistics pass.
+
+A task is a slice of components and a range of rows; a worker holds only its slice's
+means, factors and statistics, never the whole model. The rows are processed in
+ranges of whole blocks (:func:`emgmm._memory.buffer_rows`) so that the shared buffer
+holds ``range rows x K`` float64 values whatever ``n``. For every range:
+
+1. *log-probabilities*: each (slice, rows) task writes ``log N(x_i | mu_k,
+   Lambda_k) + log w_k`` of its components into the buffer, a memory-mapped file in
+   ``emgmm-<pid>-<id>`` under joblib's temporary folder;
+2. *normalisation*: each rows task subtracts ``log p(x_i)`` (log-sum-exp over the
+   row) in place and returns the block log-likelihoods and its worst-explained rows;
+3. *statistics*: each (slice, rows) task reads its columns of the normalised
+   log-responsibilities and accumulates its components' sufficient statistics.
+
+``X`` is read twice per iteration by each slice. The component split and the row
+split depend only on ``K``, ``d``, ``n`` and the block size, and the parent reduces
+in a fixed order, so the result does not depend on ``n_jobs``; it equals the
+row-sharded schedule up to the order of the floating-point sums (1e-12 relative).
+The folder is removed at the end of the pass, also when a task raises.
+"""
+
+import os
+import shutil
+
+import numpy as np
+from scipy.special import logsumexp
+
+from ._em import Model, Worst
+from ._kernels import SufficientStatistics, block_statistics, log_gaussian_prob
+from ._memory import buffer_rows, component_slices, partition
+from ._parallel import joblib_temp_folder, limit_blas, make_temp_folder
+
+
+class SharedBuffer:
+    """A float64 ``(rows, K)`` file mapped by every process that uses it.
+
+    Pickles as its path and shape; each task maps it itself and unmaps it when done.
+    """
+
+    def __init__(self, path, shape):
+        self.path = path
+        self.shape = tuple(shape)
+
+    @classmethod
+    def create(cls, folder, shape):
+        """Allocate the file (``posix_fallocate``, so a full disk raises ``OSError``
+        here instead of ``SIGBUS`` on a later write)."""
+        path = os.path.join(folder, "log_resp.dat")
+        nbytes = 8 * shape[0] * shape[1]
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, nbytes)
+            else:  # pragma: no cover - not on Linux
+                os.ftruncate(fd, nbytes)
+        finally:
+            os.close(fd)
+        return cls(path, shape)
+
+    def open(self, writable):
+        return np.memmap(self.path, dtype=np.float64, mode="r+" if writable else "r",
+                         shape=self.shape)
+
+
+def _slice_model(model, k0, k1):
+    """The slice's parameters (no covariances: the tasks only need the factors)."""
+    u = model.precisions_cholesky if model.covariance_type == "tied" \
+        else model.precisions_cholesky[k0:k1]
+    return Model(model.weights[k0:k1], model.means[k0:k1], None, u,
+                 model.covariance_type)
+
+
+def log_prob_task(source, r0, start, stop, block_size, model, k0, buffer, compute_dtype,
+                  *, blas_threads):
+    """Write ``log N + log w`` of components ``k0:k1`` for rows ``start:stop``."""
+    with limit_blas(blas_threads):
+        buf = buffer.open(writable=True)
+        k1 = k0 + model.means.shape[0]
+        with np.errstate(divide="ignore"):
+            log_weights = np.log(model.weights)
+        for b0 in range(start, stop, block_size):
+            b1 = min(b0 + block_size, stop)
+            X = source.read(b0, b1).astype(compute_dtype, copy=False)
+            weighted = log_gaussian_prob(X, model.means, model.precisions_cholesky,
+                                         model.covariance_type, model.weights)
+            weighted += log_weights
+            buf[b0 - r0:b1 - r0, k0:k1] = weighted
+        buf.flush()
+        del buf
+
+
+def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, *, blas_threads):
+    """Normalise rows ``start:stop`` of the buffer to log-responsibilities in place.
+
+    Returns
+    -------
+    log_likelihoods : list of float
+        ``sum log p(x_i)`` of each block, in order.
+    values, rows : ndarray
+        The (at most ``n_worst``) lowest ``log p(x_i)`` and their rows, ordered by
+        value then row.
+    """
+    buf = buffer.open(writable=True)
+    sums = []
+    values, rows = np.empty(0), np.empty(0, dtype=np.int64)
+    for b0 in range(start, stop, block_size):
+        b1 = min(b0 + block_size, stop)
+        weighted = np.array(buf[b0 - r0:b1 - r0])
+        log_prob_norm = logsumexp(weighted, axis=1)
+        with np.errstate(under="ignore", invalid="ignore"):
+            weighted -= log_prob_norm[:, np.newaxis]
+        buf[b0 - r0:b1 - r0] = weighted
+        sums.append(float(log_prob_norm.sum()))
+        if n_worst:
+            keep = np.argsort(log_prob_norm, kind="stable")[:n_worst]
+            values = np.concatenate([values, log_prob_norm[keep]])
+            rows = np.concatenate([rows, b0 + keep])
+            order = np.lexsort((rows, values))[:n_worst]
+            values, rows = values[order], rows[order]
+    buf.flush()
+    del buf
+    return sums, values, rows
+
+
+def component_statistics_task(source, r0, start, stop, block_size, model, k0, buffer,
+                              compute_dtype, resp_threshold, *, blas_threads):
+    """Sufficient statistics of components ``k0:k1`` over rows ``start:stop``."""
+    with limit_blas(blas_threads):
+        buf = buffer.open(writable=False)
+        k1 = k0 + model.means.shape[0]
+        total = None
+        for b0 in range(start, stop, block_size):
+            b1 = min(b0 + block_size, stop)
+            X = source.read(b0, b1).astype(compute_dtype, copy=False)
+            resp = np.exp(buf[b0 - r0:b1 - r0, k0:k1])
+            stats = block_statistics(X, resp, model.means, model.covariance_type,
+                                     resp_threshold)
+            if total is None:
+                total = stats
+            else:
+                total += stats
+        del buf
+    return total
+
+
+def _worst_rows(source, values, rows, n_worst, compute_dtype):
+    """The worst-explained rows with their data, read one by one in the parent."""
+    if n_worst == 0 or rows.size == 0:
+        return Worst(n_worst)
+    order = np.lexsort((rows, values))[:n_worst]
+    values, rows = values[order], rows[order]
+    data = np.concatenate([source.read(int(r), int(r) + 1) for r in rows])
+    return Worst(n_worst, values, rows, data.astype(compute_dtype, copy=False))
+
+
+def _concatenate(parts, covariance_type, n_samples, log_likelihood):
+    """Join per-slice statistics along the component axis ('tied' has one slice)."""
+    if covariance_type == "tied":
+        stats = parts[0]
+    else:
+        stats = SufficientStatistics(
+            np.concatenate([p.nk for p in parts]),
+            np.concatenate([p.sum_x for p in parts]),
+            np.concatenate([p.sum_xx for p in parts]),
+            0.0, n_samples,
+        )
+    stats.log_likelihood = log_likelihood
+    stats.n_samples = n_samples
+    return stats
+
+
+def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
+                              resp_threshold, n_worst):
+    """Component-sharded schedule of one statistics pass (see the module notes).
+
+    Same signature, semantics and result as :func:`emgmm._em.rows_statistics_pass`:
+    the statistics are centred on ``model.means``, the log-likelihood is the sum over
+    all rows, and ``worst`` holds the ``n_worst`` rows of lowest log-likelihood.
+    ``tasks`` gives the rows (their union); the row split of this schedule is
+    ``buffer_rows`` ranges of whole blocks, each cut by :func:`partition`.
+
+    Returns
+    -------
+    stats : SufficientStatistics
+    worst : Worst
+
+    Raises
+    ------
+    OSError
+        If the temporary folder lacks the space for the buffer.
+    """
+    n_samples = tasks[-1][1] if tasks else 0
+    K, d = model.means.shape
+    ct = model.covariance_type
+    slices = component_slices(K, d, ct)
+    models = [_slice_model(model, k0, k1) for k0, k1 in slices]
+    range_rows = buffer_rows(n_samples, K, block_size)
+    pieces_per_range = max(1, 64 // len(slices))
+    folder = make_temp_folder(joblib_temp_folder(), 8 * range_rows * K,
+                              "the log-responsibility buffer of the component schedule")
+    try:
+        buffer = SharedBuffer.create(folder, (range_rows, K))
+        parts = [None] * len(slices)
+        log_likelihood = 0.0
+        values, rows = np.empty(0), np.empty(0, dtype=np.int64)
+        for r0 in range(0, n_samples, range_rows):
+            r1 = min(r0 + range_rows, n_samples)
+            pieces = [(r0 + a, r0 + b) for a, b in
+                      partition(r1 - r0, block_size, max_tasks=pieces_per_range)]
+            for _ in executor.map(log_prob_task, [
+                    (r0, a, b, block_size, m, k0, buffer, compute_dtype)
+                    for (k0, _k1), m in zip(slices, models) for a, b in pieces]):
+                pass
+            for sums, v, r in executor.map(normalize_task, [
+                    (r0, a, b, block_size, buffer, n_worst) for a, b in pieces]):
+                for s in sums:
+                    log_likelihood += s
+                values = np.concatenate([values, v])
+                rows = np.concatenate([rows, r])
+                order = np.lexsort((rows, values))[:n_worst]
+                values, rows = values[order], rows[order]
+            results = executor.map(component_statistics_task, [
+                (r0, a, b, block_size, m, k0, buffer, compute_dtype, resp_threshold)
+                for (k0, _k1), m in zip(slices, models) for a, b in pieces])
+            for j in range(len(slices)):
+                for _ in pieces:
+                    stats = next(results)
+                    if parts[j] is None:
+                        parts[j] = stats
+                    else:
+                        parts[j] += stats
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    stats = _concatenate(parts, ct, n_samples, log_likelihood)
+    worst = _worst_rows(executor.source, values, rows, n_worst, compute_dtype)
+    return stats, worst
