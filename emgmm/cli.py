@@ -55,6 +55,7 @@ _ESTIMATOR_FLAGS = [
     (("--init-max-samples",), "init_max_samples", dict(type=int)),
     (("--compute-dtype",), "compute_dtype", dict(choices=["float32", "float64"])),
     (("--resp-threshold",), "resp_threshold", dict(type=float)),
+    (("--schedule",), "schedule", dict(choices=["auto", "rows", "components"])),
     (("--on-degenerate",), "on_degenerate", dict(choices=["reinit", "raise"])),
 ]
 _INIT_ARRAYS = ("weights_init", "means_init", "precisions_init")
