@@ -9,6 +9,8 @@ result does not depend on the number of workers.
 
 import time
 import warnings
+from concurrent.futures import BrokenExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +22,13 @@ from ._kernels import (
     estimate_log_prob_resp,
     m_step,
 )
+from ._memory import available_memory
 from ._parallel import limit_blas
+
+_MIB = 2**20
+# Errors of a worker pool whose worker process died: loky's TerminatedWorkerError and
+# BrokenProcessPool derive from BrokenExecutor; dask reports KilledWorker.
+_WORKER_DEATH_NAMES = ("KilledWorker",)
 
 
 @dataclass
@@ -112,8 +120,20 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
     return total, labels
 
 
-def factorize(covariances, covariance_type):
+def factorize(covariances, covariance_type, dtype=np.float64):
     """Precision Cholesky factors and the components whose covariance is not PD.
+
+    A component also counts as not positive definite when its factor is so large that
+    its precision matrix would overflow ``dtype`` (a covariance within rounding of
+    singular, possible with ``reg_covar=0``).
+
+    Parameters
+    ----------
+    covariances : ndarray
+        sklearn's shapes, float64.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    dtype : numpy dtype, default=float64
+        The dtype the fitted precisions are stored in.
 
     Returns
     -------
@@ -122,6 +142,9 @@ def factorize(covariances, covariance_type):
     bad : list of int
         For 'tied', ``[0]`` means the shared covariance failed.
     """
+    d = covariances.shape[-1] if covariance_type in ("full", "tied", "diag") else 1
+    # |U_ij| below this keeps every entry of U U^T (a sum of d products) finite
+    limit = np.sqrt(np.finfo(dtype).max / d)
     if covariance_type in ("full", "tied"):
         stack = covariances if covariance_type == "full" else covariances[np.newaxis]
         out = np.full_like(stack, np.nan)
@@ -133,39 +156,108 @@ def factorize(covariances, covariance_type):
             except (linalg.LinAlgError, ValueError):
                 bad.append(k)
                 continue
-            out[k] = linalg.solve_triangular(chol, eye, lower=True).T
+            u = linalg.solve_triangular(chol, eye, lower=True).T
+            if not np.all(np.abs(u) < limit):
+                bad.append(k)
+                continue
+            out[k] = u
         return (out if covariance_type == "full" else out[0]), bad
-    ok = covariances > 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = 1.0 / np.sqrt(covariances)
+    ok = (covariances > 0.0) & (u < limit)
     if covariance_type == "diag":
         ok = ok.all(axis=1)
     out = np.full_like(covariances, np.nan)
-    out[ok] = 1.0 / np.sqrt(covariances[ok])
+    out[ok] = u[ok]
     return out, [int(k) for k in np.flatnonzero(~ok)]
 
 
-def reseed(weights, means, covariances, components, worst, covariance_type):
+def initial_factors(covariances, covariance_type, on_degenerate, dtype=np.float64):
+    """Precision factors of an initial model, applying the degenerate policy.
+
+    An initialisation can give a component a covariance that is not positive definite
+    (a k-means cluster of fewer than ``d + 1`` distinct points with ``reg_covar=0``).
+    With 'reinit' such a component keeps its mean and weight and gets the pooled
+    covariance of the healthy components (there is no pass yet to re-seed it from);
+    with 'raise', or when no component is healthy, scikit-learn's error is raised.
+
+    Parameters
+    ----------
+    covariances : ndarray
+        Modified in place for the repaired components.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    on_degenerate : {'reinit', 'raise'}
+    dtype : numpy dtype
+
+    Returns
+    -------
+    precisions_cholesky : ndarray
+
+    Raises
+    ------
+    ValueError
+        scikit-learn's ill-defined covariance message naming the component.
+    """
+    u, bad = factorize(covariances, covariance_type, dtype)
+    if not bad:
+        return u
+    healthy = np.setdiff1d(np.arange(len(covariances)), bad)
+    if on_degenerate == "raise" or covariance_type == "tied" or healthy.size == 0:
+        raise ValueError(_ill_defined_message(
+            None if covariance_type == "tied" else bad[0], dtype))
+    covariances[bad] = covariances[healthy].mean(axis=0)
+    warnings.warn(
+        f"Initialisation: components {bad} had a covariance that is not positive "
+        "definite; they start from the mean covariance of the other components. "
+        "Increase reg_covar to avoid this.",
+        UserWarning,
+    )
+    u, _ = factorize(covariances, covariance_type, dtype)
+    return u
+
+
+def reseed(weights, means, covariances, components, worst, covariance_type, used_rows):
     """Re-seed ``components`` on the worst-explained rows (in place).
 
     A re-seeded component gets a worst-explained row as its mean, the weighted average
-    covariance of the healthy components and the weight ``1 / K`` before the weights
-    are renormalised.
+    covariance of the healthy components ('tied': the shared covariance is kept) and
+    the weight ``1 / K`` before the weights are renormalised. Rows already used for a
+    re-seed in this run come last, so that a row no component can hold (a singleton
+    with ``reg_covar=0``) does not capture a component again and again.
+
+    Parameters
+    ----------
+    weights, means, covariances : ndarray
+        The M step's parameters, modified in place.
+    components : list of int
+        The degenerate components.
+    worst : Worst
+        Candidate rows from the pass.
+    covariance_type : str
+    used_rows : list of int
+        Rows used by earlier re-seeds of this run; the rows used now are appended.
 
     Returns
     -------
     list of int
-        The components that could be re-seeded (as many as there are distinct rows).
+        The components that could be re-seeded (as many as there are candidate rows).
     """
     K = len(weights)
     healthy = np.setdiff1d(np.arange(K), components)
-    if covariance_type == "tied" or healthy.size == 0 or worst.data is None:
+    if healthy.size == 0 or worst.data is None:
         return []
+    used = set(used_rows)
+    order = sorted(range(len(worst.rows)), key=lambda i: int(worst.rows[i]) in used)
     done = []
-    hw = weights[healthy] / weights[healthy].sum()
-    pooled = np.tensordot(hw, covariances[healthy], axes=1)
-    for k, row in zip(components, worst.data):
-        means[k] = row
-        covariances[k] = pooled
+    if covariance_type != "tied":
+        hw = weights[healthy] / weights[healthy].sum()
+        pooled = np.tensordot(hw, covariances[healthy], axes=1)
+    for k, i in zip(components, order):
+        means[k] = worst.data[i]
+        if covariance_type != "tied":
+            covariances[k] = pooled
         weights[k] = 1.0 / K
+        used_rows.append(int(worst.rows[i]))
         done.append(int(k))
     weights /= weights.sum()
     return done
@@ -178,6 +270,7 @@ class RunResult:
     n_iter: int
     converged: bool
     history: list
+    reseed_rows: list = field(default_factory=list)
 
 
 def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
@@ -226,7 +319,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
     start : RunResult or None
         Resume from this state (checkpoint).
     on_iteration : callable or None
-        ``on_iteration(run_result)`` after every iteration (checkpointing).
+        ``on_iteration(run_result)`` after every iteration (checkpointing), before
+        ``callback``.
     statistics_pass : callable
         The schedule: ``(executor, tasks, block_size, model, compute_dtype,
         resp_threshold, n_worst) -> (SufficientStatistics, Worst)``.
@@ -246,31 +340,36 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
         tic = time.perf_counter()
         n_iter = state.n_iter + 1
         model = state.model
+        used_rows = list(state.reseed_rows)
+        n_worst = min(K + len(used_rows), 2 * K)
         stats, worst = statistics_pass(executor, tasks, block_size, model,
-                                       compute_dtype, resp_threshold, K)
+                                       compute_dtype, resp_threshold, n_worst)
         prev, lower_bound = lower_bound, stats.log_likelihood / n_samples
         weights, means, covariances = m_step(stats, model.means, reg_covar, ct)
-        u, bad = factorize(covariances, ct)
+        u, bad = factorize(covariances, ct, compute_dtype)
         starved = [int(k) for k in np.flatnonzero(stats.nk < min_count)]
-        degenerate = sorted(set(bad) | set(starved))
         reseeded = []
-        if degenerate:
-            if on_degenerate == "raise" or ct == "tied":
-                if bad:
-                    raise ValueError(_ill_defined_message(
-                        None if ct == "tied" else bad[0], compute_dtype))
-            else:
-                reseeded = reseed(weights, means, covariances, degenerate, worst, ct)
-                if reseeded:
-                    warnings.warn(
-                        f"EM iteration {n_iter}: components {reseeded} were degenerate "
-                        "(weight below the floor or covariance not positive definite) "
-                        "and were re-seeded on the worst-explained samples.",
-                        UserWarning,
-                    )
-                u, bad = factorize(covariances, ct)
-                if bad:
-                    raise ValueError(_ill_defined_message(bad[0], compute_dtype))
+        if on_degenerate == "raise" or (ct == "tied" and bad):
+            if bad:
+                raise ValueError(_ill_defined_message(
+                    None if ct == "tied" else bad[0], compute_dtype))
+        elif bad or starved:
+            degenerate = sorted(set(bad) | set(starved))
+            reseeded = reseed(weights, means, covariances, degenerate, worst, ct,
+                              used_rows)
+            if reseeded:
+                warnings.warn(
+                    f"EM iteration {n_iter}: components {reseeded} were degenerate "
+                    "(weight below one sample or covariance not positive definite) "
+                    "and were re-seeded on the worst-explained samples. If this "
+                    f"repeats, increase reg_covar (now {reg_covar}): a component on "
+                    "a flat cluster or on fewer distinct points than features has no "
+                    "positive definite covariance without it.",
+                    UserWarning,
+                )
+                u, bad = factorize(covariances, ct, compute_dtype)
+            if bad:
+                raise ValueError(_ill_defined_message(bad[0], compute_dtype))
         change = lower_bound - prev
         record = {
             "init": init_index,
@@ -283,11 +382,11 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
         state = RunResult(Model(weights, means, covariances, u, ct),
                           state.lower_bounds + [lower_bound], n_iter,
                           abs(change) < tol and not reseeded,
-                          state.history + [record])
-        if callback is not None:
-            callback(dict(record))
+                          state.history + [record], used_rows)
         if on_iteration is not None:
             on_iteration(state)
+        if callback is not None:
+            callback(dict(record))
     return state
 
 
@@ -300,3 +399,45 @@ def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels):
         parts.append(labels)
     labels = np.concatenate(parts) if want_labels else None
     return total, labels
+
+
+@contextmanager
+def explain_worker_loss(model_nbytes, block_nbytes, n_workers):
+    """Turn the death of a worker process into a ``MemoryError`` with the estimate.
+
+    A worker that disappears (loky's ``TerminatedWorkerError``, any
+    ``BrokenExecutor``, dask's ``KilledWorker``) was most often killed by the
+    out-of-memory killer. The estimator enters this context outside its executor, so
+    the pool and the temporary files are gone when the error is raised.
+
+    Parameters
+    ----------
+    model_nbytes : int
+        Bytes of the model over the parent and the workers (the memory model's
+        estimate for the chosen schedule).
+    block_nbytes : int
+        Working memory of one block in one worker.
+    n_workers : int
+
+    Raises
+    ------
+    MemoryError
+        Chained to the pool's error; names the likely cause and the estimate.
+    """
+    try:
+        yield
+    except Exception as exc:
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        if not (isinstance(exc, BrokenExecutor) or names & set(_WORKER_DEATH_NAMES)):
+            raise
+        total = model_nbytes + n_workers * block_nbytes
+        raise MemoryError(
+            f"A worker process died during the fit ({type(exc).__name__}). The likely "
+            "cause is the operating system's out-of-memory killer. The fit needs about "
+            f"{total / _MIB:,.1f} MiB: {model_nbytes / _MIB:,.1f} MiB for the model "
+            f"(parent and {n_workers} worker(s)) and {block_nbytes / _MIB:,.1f} MiB of "
+            f"block working memory per worker; {available_memory() / _MIB:,.0f} MiB "
+            "are available now. Lower n_jobs, working_memory or block_size, use a "
+            "cheaper covariance_type, or set memory_limit to what this machine can "
+            "spare."
+        ) from exc

@@ -1,6 +1,7 @@
 """emgmm.GaussianMixture: scikit-learn's estimator, fitted by blocked single-pass EM."""
 
 import math
+import os
 import warnings
 from numbers import Integral, Real
 
@@ -14,10 +15,18 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import _kernels
+from ._checkpoint import open_checkpointer
 from ._component_schedule import component_statistics_pass
-from ._em import Model, rows_statistics_pass, run_em, score_pass
+from ._em import (
+    Model,
+    explain_worker_loss,
+    initial_factors,
+    rows_statistics_pass,
+    run_em,
+    score_pass,
+)
 from ._init import initial_responsibilities, parameters_from_responsibilities, subsample_indices
-from ._memory import block_rows, choose_schedule, partition
+from ._memory import block_rows, bytes_per_row, choose_schedule, partition
 from ._parallel import Executor
 from ._sources import ArraySource, as_source, is_file_backed
 
@@ -115,6 +124,19 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     callback : callable or None, default=None
         Called after every EM iteration with a dict (``init``, ``n_iter``,
         ``lower_bound``, ``change``, ``seconds``, ``reseeded``).
+    checkpoint : str, os.PathLike or None, default=None
+        Path of a checkpoint file (``.npz``, no pickle). After EM iterations the
+        state of the fit (parameters, iteration, lower bounds, history, random
+        state, best earlier initialisation) is written to it atomically (temporary
+        file in the same folder, then ``os.replace``). A fit started with an
+        existing checkpoint for the same data and parameters resumes from it and
+        ends with the same model as an uninterrupted fit; a checkpoint of other data
+        or parameters raises ``ValueError`` saying what differs. The file is
+        removed when ``fit`` completes and kept when it raises. The data are
+        identified by shape, dtype and a hash of 16 rows at fixed positions.
+    checkpoint_interval : float, default=0.0
+        Minimum seconds between two checkpoint writes; 0 writes after every
+        iteration.
 
     Attributes
     ----------
@@ -179,6 +201,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         "resp_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
         "on_degenerate": [StrOptions({"reinit", "raise"})],
         "callback": [callable, None],
+        "checkpoint": [str, os.PathLike, None],
+        "checkpoint_interval": [Interval(Real, 0.0, None, closed="left")],
     }
 
     def __init__(
@@ -208,6 +232,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         resp_threshold=0.0,
         on_degenerate="reinit",
         callback=None,
+        checkpoint=None,
+        checkpoint_interval=0.0,
     ):
         self.n_components = n_components
         self.covariance_type = covariance_type
@@ -233,6 +259,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.resp_threshold = resp_threshold
         self.on_degenerate = on_degenerate
         self.callback = callback
+        self.checkpoint = checkpoint
+        self.checkpoint_interval = checkpoint_interval
 
     # ------------------------------------------------------------------ input
 
@@ -335,7 +363,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         if means_init is not None:
             means = np.asarray(means_init, dtype=np.float64)
         if precisions_init is None:
-            u = _kernels.precisions_cholesky_from_covariances(covariances, self.covariance_type)
+            u = initial_factors(covariances, self.covariance_type, self.on_degenerate)
         else:
             u = _kernels.precisions_cholesky_from_precisions(
                 np.asarray(precisions_init, dtype=np.float64), self.covariance_type
@@ -385,7 +413,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             Invalid parameters or data (NaN/inf, names the row for files), or an
             ill-defined covariance with ``on_degenerate='raise'``.
         MemoryError
-            When the model cannot fit ``memory_limit``.
+            When the model cannot fit ``memory_limit``, or when a worker process died
+            (most likely killed for memory); the message gives the estimate. The
+            estimator then keeps its previous state.
         OSError
             When the data cannot be shared with the workers (temporary folder full).
         """
@@ -437,25 +467,42 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             random_state = check_random_state(self.random_state)
             executor = Executor(source, self.n_jobs)
             # refuse before writing X for the workers or starting them
-            schedule, _ = choose_schedule(self.schedule, self.n_components, d,
-                                          self.covariance_type, executor.n_workers,
-                                          self.memory_limit)
+            schedule, estimate = choose_schedule(self.schedule, self.n_components, d,
+                                                 self.covariance_type, executor.n_workers,
+                                                 self.memory_limit)
             statistics_pass = (component_statistics_pass if schedule == "components"
                                else rows_statistics_pass)
-            with executor:
-                best = None
-                for init in range(n_init):
+            checkpointer = open_checkpointer(self, source, compute_dtype, random_state,
+                                             None if do_init else self._current_model())
+            resume = None if checkpointer is None else checkpointer.resume
+            block_nbytes = block_size * bytes_per_row(
+                d, self.n_components, np.dtype(compute_dtype).itemsize)
+            with explain_worker_loss(estimate, block_nbytes, executor.n_workers), executor:
+                best, first = None, 0
+                if resume is not None:
+                    first = resume.init_index
+                    if resume.best_run is not None:
+                        best = (resume.best_score, resume.best_run, None)
+                for init in range(first, n_init):
                     if self.verbose:
                         print(f"Initialization {init}")
-                    model = (self._initial_model(source, random_state, inits, block_size)
-                             if do_init else self._current_model())
+                    start = None
+                    if resume is not None and init == first:
+                        random_state.set_state(resume.rng_state)
+                        model, start = resume.run.model, resume.run
+                    elif do_init:
+                        model = self._initial_model(source, random_state, inits, block_size)
+                    else:
+                        model = self._current_model()
                     run = run_em(
                         executor, tasks, block_size, model, n,
                         max_iter=self.max_iter, tol=self.tol, reg_covar=self.reg_covar,
                         compute_dtype=compute_dtype, resp_threshold=self.resp_threshold,
                         on_degenerate=self.on_degenerate, min_count=1.0,
                         callback=self._iteration_callback, init_index=init,
-                        statistics_pass=statistics_pass,
+                        statistics_pass=statistics_pass, start=start,
+                        on_iteration=(None if checkpointer is None
+                                      else checkpointer.saver(init, random_state, best)),
                     )
                     total, labels = score_pass(executor, tasks, block_size, run.model,
                                                compute_dtype, want_labels)
@@ -465,6 +512,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                         print(f"Initialization {status}. lower bound {score:.5f}.")
                     if best is None or score > best[0]:
                         best = (score, run, labels)
+                if want_labels and best[2] is None:  # best run restored from checkpoint
+                    _, labels = score_pass(executor, tasks, block_size, best[1].model,
+                                           compute_dtype, True)
+                    best = best[:2] + (labels,)
         finally:
             source.close()
         score, run, labels = best
@@ -482,6 +533,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.lower_bound_ = score
         self.lower_bounds_ = run.lower_bounds
         self.history_ = run.history
+        if checkpointer is not None:
+            checkpointer.remove()
         return labels
 
     def _iteration_callback(self, record):

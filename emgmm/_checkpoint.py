@@ -1,0 +1,349 @@
+"""Checkpoint and resume of a fit: the EM state in one ``.npz`` file, written atomically.
+
+The file holds the state after an EM iteration: the index of the current
+initialisation, its parameters, iteration count, lower bounds, history and re-seeded
+rows, the state of the ``RandomState`` right after that initialisation was drawn, and
+the best finished run of the earlier initialisations. It also holds a fingerprint of
+the data (shape, dtype and a SHA-256 of 16 rows at fixed positions) and of every
+parameter that changes the result, so that a fit never resumes from another problem.
+
+Writing goes to a temporary file in the checkpoint's folder, flushed and fsync'ed,
+then renamed over the checkpoint (``os.replace``, atomic on POSIX and Windows): a fit
+killed at any moment leaves the previous checkpoint or the new one, never half of
+one. Only plain arrays and a JSON string are stored; loading never unpickles.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._em import Model, RunResult
+
+FORMAT = "emgmm-checkpoint"
+VERSION = 1
+_N_FINGERPRINT_ROWS = 16
+_MODEL_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
+
+
+def _sha256(*arrays):
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def data_fingerprint(source):
+    """Shape, dtype and a hash of 16 rows at fixed positions (first and last included).
+
+    Parameters
+    ----------
+    source : Source
+
+    Returns
+    -------
+    dict
+        JSON-serialisable. Reads at most 16 single rows.
+    """
+    n, d = source.shape
+    positions = np.unique(np.linspace(0, n - 1, min(n, _N_FINGERPRINT_ROWS)).astype(int))
+    rows = [source.read(int(i), int(i) + 1) for i in positions]
+    return {
+        "n_samples": int(n),
+        "n_features": int(d),
+        "dtype": np.dtype(source.dtype).str,
+        "rows_sha256": _sha256(positions, *rows),
+    }
+
+
+def _value_fingerprint(value):
+    if value is None:
+        return None
+    return _sha256(np.asarray(value, dtype=np.float64))
+
+
+def params_fingerprint(estimator, compute_dtype, random_state, warm_model):
+    """The parameters that change the result of a fit, as a JSON-serialisable dict.
+
+    ``n_jobs``, ``working_memory``, ``block_size``, ``verbose`` and the callbacks are
+    left out: they do not change the result beyond rounding.
+
+    Parameters
+    ----------
+    estimator : GaussianMixture
+    compute_dtype : numpy dtype
+    random_state : numpy.random.RandomState
+        As the fit starts (before any draw). ``random_state=None`` is recorded as
+        ``None``: the global generator cannot be recreated, so any state resumes.
+    warm_model : Model or None
+        The parameters a warm start continues from.
+    """
+    if estimator.random_state is None:
+        rng = None
+    else:
+        _, keys, pos, has_gauss, cached = random_state.get_state()
+        rng = _sha256(keys, np.array([pos, has_gauss]), np.array([cached]))
+    warm = None
+    if warm_model is not None:
+        warm = _sha256(*(getattr(warm_model, f) for f in _MODEL_FIELDS))
+    return {
+        "n_components": int(estimator.n_components),
+        "covariance_type": estimator.covariance_type,
+        "tol": float(estimator.tol),
+        "reg_covar": float(estimator.reg_covar),
+        "max_iter": int(estimator.max_iter),
+        "n_init": int(estimator.n_init),
+        "init_params": estimator.init_params,
+        "weights_init": _value_fingerprint(estimator.weights_init),
+        "means_init": _value_fingerprint(estimator.means_init),
+        "precisions_init": _value_fingerprint(estimator.precisions_init),
+        "random_state": rng,
+        "warm_start_from": warm,
+        "init_max_samples": int(estimator.init_max_samples),
+        "compute_dtype": np.dtype(compute_dtype).name,
+        "resp_threshold": float(estimator.resp_threshold),
+        "on_degenerate": estimator.on_degenerate,
+    }
+
+
+@dataclass
+class ResumeState:
+    """Where a fit stands after an EM iteration.
+
+    Attributes
+    ----------
+    init_index : int
+        The initialisation being run.
+    run : RunResult
+        Its state after the last finished iteration.
+    rng_state : tuple
+        ``RandomState.get_state()`` right after this initialisation was drawn.
+    best_score : float or None
+        Mean log-likelihood of the best finished earlier initialisation.
+    best_run : RunResult or None
+    """
+
+    init_index: int
+    run: RunResult
+    rng_state: tuple
+    best_score: float = None
+    best_run: RunResult = None
+
+
+def _run_arrays(prefix, run):
+    out = {f"{prefix}{f}": np.asarray(getattr(run.model, f), dtype=np.float64)
+           for f in _MODEL_FIELDS}
+    out[f"{prefix}lower_bounds"] = np.asarray(run.lower_bounds, dtype=np.float64)
+    return out
+
+
+def _run_meta(run):
+    return {
+        "covariance_type": run.model.covariance_type,
+        "n_iter": int(run.n_iter),
+        "converged": bool(run.converged),
+        "history": run.history,
+        "reseed_rows": [int(r) for r in run.reseed_rows],
+    }
+
+
+def _run_from(prefix, arrays, meta):
+    model = Model(*(arrays[f"{prefix}{f}"] for f in _MODEL_FIELDS),
+                  meta["covariance_type"])
+    return RunResult(model, arrays[f"{prefix}lower_bounds"].tolist(), meta["n_iter"],
+                     meta["converged"], meta["history"], meta["reseed_rows"])
+
+
+def write_state(path, state, fingerprint):
+    """Write ``state`` to ``path`` atomically (temporary file, fsync, ``os.replace``).
+
+    Parameters
+    ----------
+    path : str
+    state : ResumeState
+    fingerprint : dict
+
+    Raises
+    ------
+    OSError
+        If the folder is not writable or full; the temporary file is removed.
+    """
+    _, keys, pos, has_gauss, cached = state.rng_state
+    arrays = _run_arrays("run_", state.run)
+    arrays["rng_keys"] = np.asarray(keys, dtype=np.uint32)
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": fingerprint,
+        "init_index": int(state.init_index),
+        "rng": [int(pos), int(has_gauss), float(cached)],
+        "run": _run_meta(state.run),
+        "best_score": state.best_score,
+        "best": None if state.best_run is None else _run_meta(state.best_run),
+    }
+    if state.best_run is not None:
+        arrays.update(_run_arrays("best_", state.best_run))
+    arrays["meta"] = np.array(json.dumps(meta))
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_state(path, fingerprint):
+    """Load a checkpoint written for the same data and parameters.
+
+    Parameters
+    ----------
+    path : str
+    fingerprint : dict
+        The fingerprint of the fit that wants to resume.
+
+    Returns
+    -------
+    ResumeState
+
+    Raises
+    ------
+    ValueError
+        If the file is not an emgmm checkpoint, or was written for other data or
+        parameters (the message lists what differs).
+    """
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        if meta.get("format") != FORMAT:
+            raise KeyError("format")
+    except Exception as exc:
+        raise ValueError(
+            f"{path} is not a readable emgmm checkpoint ({type(exc).__name__}: {exc}). "
+            "Remove it or pass another checkpoint path."
+        ) from None
+    if meta.get("version") != VERSION:
+        raise ValueError(
+            f"Checkpoint {path} has format version {meta.get('version')}; this emgmm "
+            f"reads version {VERSION}. Remove it or pass another checkpoint path."
+        )
+    saved = meta["fingerprint"]
+    differs = []
+    for group in ("data", "params"):
+        a, b = saved.get(group, {}), fingerprint[group]
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                differs.append(f"{key} ({a.get(key)!r} in the checkpoint, "
+                               f"{b.get(key)!r} now)")
+    if differs:
+        raise ValueError(
+            f"Checkpoint {path} was written by a fit on other data or with other "
+            f"parameters; it differs in: {'; '.join(differs)}. Fit with the same data "
+            "and parameters to resume, or remove the file (or pass another checkpoint "
+            "path) to start afresh."
+        )
+    pos, has_gauss, cached = meta["rng"]
+    rng_state = ("MT19937", arrays["rng_keys"], pos, has_gauss, cached)
+    best_run = None if meta["best"] is None else _run_from("best_", arrays, meta["best"])
+    return ResumeState(meta["init_index"], _run_from("run_", arrays, meta["run"]),
+                       rng_state, meta["best_score"], best_run)
+
+
+class Checkpointer:
+    """Saves the state of one fit at most every ``interval`` seconds.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    interval : float
+        Seconds between two writes; 0 writes after every iteration.
+    fingerprint : dict
+        ``{"data": data_fingerprint(...), "params": params_fingerprint(...)}``.
+
+    Attributes
+    ----------
+    resume : ResumeState or None
+        The state read from an existing checkpoint at ``path``.
+    """
+
+    def __init__(self, path, interval, fingerprint):
+        self.path = os.fspath(path)
+        self.interval = float(interval)
+        self.fingerprint = fingerprint
+        self.resume = (read_state(self.path, fingerprint)
+                       if os.path.exists(self.path) else None)
+        self._last = time.monotonic()
+
+    def saver(self, init_index, random_state, best):
+        """The ``on_iteration`` hook of :func:`emgmm._em.run_em` for one initialisation.
+
+        Parameters
+        ----------
+        init_index : int
+        random_state : numpy.random.RandomState
+            Its state is read now (right after the initialisation was drawn).
+        best : tuple (score, RunResult, labels) or None
+            The best finished earlier initialisation.
+        """
+        rng_state = random_state.get_state()
+        best_score, best_run = (None, None) if best is None else best[:2]
+
+        def on_iteration(run):
+            now = time.monotonic()
+            if self.interval > 0 and now - self._last < self.interval:
+                return
+            write_state(self.path, ResumeState(init_index, run, rng_state, best_score,
+                                               best_run), self.fingerprint)
+            self._last = now
+
+        return on_iteration
+
+    def remove(self):
+        """Delete the checkpoint (the fit has finished)."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model):
+    """The :class:`Checkpointer` of a fit, or ``None`` without ``checkpoint``.
+
+    Parameters
+    ----------
+    estimator : GaussianMixture
+    source : Source
+    compute_dtype : numpy dtype
+    random_state : numpy.random.RandomState
+        Before any draw of this fit.
+    warm_model : Model or None
+        The parameters a warm start continues from.
+
+    Raises
+    ------
+    ValueError
+        If an existing checkpoint at ``estimator.checkpoint`` was written for other
+        data or parameters, or is not a checkpoint.
+    """
+    if estimator.checkpoint is None:
+        return None
+    fingerprint = {
+        "data": data_fingerprint(source),
+        "params": params_fingerprint(estimator, compute_dtype, random_state, warm_model),
+    }
+    return Checkpointer(estimator.checkpoint, estimator.checkpoint_interval, fingerprint)
