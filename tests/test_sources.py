@@ -1,0 +1,323 @@
+"""Same model whatever the source and block size; files untouched; validation of files.
+
+Sources (``conftest.SOURCE_KINDS``): ndarray, np.memmap, .npy path (str and Path),
+open h5py.Dataset stored contiguously, open h5py.Dataset chunked (64 rows), and the
+string ``"file.h5:/group/chunked"``.
+"""
+
+import copy
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.mixture import GaussianMixture as SkGaussianMixture
+
+from conftest import COVARIANCE_TYPES, FILE_KINDS, SOURCE_KINDS, file_fingerprint, make_blobs_data
+from emgmm import GaussianMixture
+
+N = 200  # 7 and 64 do not divide 200
+BLOCK_SIZES = (1, 7, 64, N)
+PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
+
+
+@pytest.fixture(scope="module")
+def data():
+    X = make_blobs_data(N, 3, 3, seed=5)
+    X.setflags(write=False)
+    return X
+
+
+def fit(X, covariance_type="full", **kw):
+    params = dict(n_components=3, covariance_type=covariance_type, random_state=0, tol=0.0,
+                  max_iter=6)
+    params.update(kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return GaussianMixture(**params).fit(X)
+
+
+_reference_cache = {}
+
+
+def reference(X, covariance_type, **kw):
+    key = (covariance_type, tuple(sorted(kw.items())), X.dtype.str)
+    if key not in _reference_cache:
+        _reference_cache[key] = fit(np.array(X), covariance_type, **kw)
+    return _reference_cache[key]
+
+
+def assert_same_fit(a, b, rtol=1e-10):
+    for name in PARAMS:
+        assert_allclose(getattr(a, name), getattr(b, name), rtol=rtol, atol=0, err_msg=name)
+    assert_allclose(a.lower_bounds_, b.lower_bounds_, rtol=rtol, atol=0)
+    assert_allclose(a.lower_bound_, b.lower_bound_, rtol=rtol)
+    assert a.n_iter_ == b.n_iter_ and a.converged_ == b.converged_
+
+
+# ------------------------------------------------------------ same result everywhere
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+def test_same_result_any_source_and_block_size(make_sources, data, kind, block_size):
+    ref = reference(data, "full")
+    src = make_sources.one(data, kind)
+    gm = fit(src.obj, "full", block_size=block_size)
+    assert_same_fit(gm, ref)
+    # and the predictions read from the same source
+    assert_array_equal(gm.predict(src.obj), ref.predict(data))
+    assert_allclose(gm.score_samples(src.obj), ref.score_samples(data), rtol=1e-10)
+    assert_allclose(gm.predict_proba(src.obj), ref.predict_proba(data), rtol=1e-10, atol=1e-300)
+    assert_allclose(gm.score(src.obj), ref.score(data), rtol=1e-10)
+    assert_allclose(gm.bic(src.obj), ref.bic(data), rtol=1e-10)
+    assert_allclose(gm.aic(src.obj), ref.aic(data), rtol=1e-10)
+
+
+@pytest.mark.parametrize("block_size", (7, N))
+@pytest.mark.parametrize("kind", ("memmap", "npy", "h5", "h5_string"))
+@pytest.mark.parametrize("covariance_type", ("tied", "diag", "spherical"))
+def test_same_result_other_covariance_types(make_sources, data, covariance_type, kind, block_size):
+    ref = reference(data, covariance_type)
+    src = make_sources.one(data, kind)
+    assert_same_fit(fit(src.obj, covariance_type, block_size=block_size), ref)
+
+
+def test_fit_predict_from_file_equals_fit_then_predict(make_sources, data):
+    src = make_sources.one(data, "h5_string")
+    labels = GaussianMixture(n_components=3, random_state=0, block_size=7).fit_predict(src.obj)
+    gm = GaussianMixture(n_components=3, random_state=0).fit(data)
+    assert_array_equal(labels, gm.predict(data))
+
+
+@pytest.mark.parametrize("block_size", (1, 7, 64))
+@pytest.mark.parametrize("kind", ("memmap", "h5_chunked"))
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_float32_sources_agree(make_sources, data, covariance_type, kind, block_size):
+    """float32 data: the fitted attributes are float32 (like sklearn's), so 1e-10 is
+    below their resolution. With statistics accumulated in float64 (the contract), a
+    different block partition changes the float64 sums by ~1e-16 relative, which can
+    move a float32 result by at most one ulp (2**-23 relative); allow two."""
+    X32 = data.astype(np.float32)
+    ref = reference(X32, covariance_type)
+    src = make_sources.one(X32, kind)
+    gm = fit(src.obj, covariance_type, block_size=block_size)
+    assert gm.means_.dtype == ref.means_.dtype == np.float32
+    assert_same_fit(gm, ref, rtol=2 * float(np.finfo(np.float32).eps))
+
+
+@pytest.mark.parametrize("kind", ("ndarray", "npy", "h5_chunked"))
+def test_integer_data_cast_per_block(make_sources, data, kind):
+    """Integer data: the same model as the same values given as float64 (as sklearn's
+    validation casts integers to float64)."""
+    Xi = np.round(data * 10).astype(np.int32)
+    ref = fit(Xi.astype(np.float64), "full")
+    sk = SkGaussianMixture(n_components=3, random_state=0, tol=0.0, max_iter=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        sk.fit(Xi)
+    gm = fit(make_sources.one(Xi, kind).obj, "full", block_size=7)
+    assert gm.means_.dtype == np.float64
+    assert_same_fit(gm, ref)
+    assert_allclose(gm.means_, sk.means_, rtol=1e-7)
+
+
+# ------------------------------------------------------------ monotone lower bound
+
+
+@pytest.mark.parametrize("kind, block_size", [("ndarray", N), ("h5_chunked", 7), ("npy", 64)])
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_lower_bound_never_decreases(make_sources, covariance_type, kind, block_size):
+    """EM never decreases the likelihood (exact M step: reg_covar=0 on data that needs
+    no regularisation); allow rounding of 1e-12 relative. Random init so that the run
+    is long and the bound moves substantially."""
+    X = make_blobs_data(N, 3, 4, spread=2.0, seed=9)
+    src = make_sources.one(X, kind)
+    gm = fit(src.obj, covariance_type, n_components=4, reg_covar=0.0, init_params="random",
+             max_iter=30, block_size=block_size)
+    lb = np.asarray(gm.lower_bounds_)
+    assert len(lb) == 30
+    assert lb[-1] - lb[0] > 1e-5  # the run moves well beyond rounding
+    steps = np.diff(lb)
+    assert np.all(steps >= -1e-12 * np.abs(lb[1:])), steps.min()
+    assert gm.lower_bound_ >= lb[-1] - 1e-12 * abs(lb[-1])
+
+
+# ------------------------------------------------------------ files are left alone
+
+
+def _open_fds_to(path):
+    path = os.path.realpath(path)
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.path.realpath(os.readlink(f"/proc/self/fd/{fd}")) == path:
+                out.append(fd)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_files_unchanged_and_estimator_holds_no_source(make_sources, data, kind):
+    src = make_sources.one(data, kind)
+    before = file_fingerprint(src.path)
+    fds_before = _open_fds_to(src.path)
+    gm = GaussianMixture(n_components=3, random_state=0, block_size=64).fit(src.obj)
+    gm.predict(src.obj)
+    gm.predict_proba(src.obj)
+    gm.score(src.obj)
+    gm.bic(src.obj)
+    after = file_fingerprint(src.path)
+    assert after[0] == before[0], "file content changed"
+    assert after[1:] == before[1:], "file mtime/size changed"
+    # no file opened by emgmm stays open (the user's own h5py handle may be open)
+    assert _open_fds_to(src.path) == fds_before
+    # the estimator holds no source, no open file and no data
+    for name, value in vars(gm).items():
+        assert not isinstance(value, (h5py.File, h5py.Dataset, h5py.Group, np.memmap)), name
+        assert "Source" not in type(value).__name__, name
+        assert not hasattr(value, "read") and not hasattr(value, "fileno"), name
+        if isinstance(value, (str, Path)):
+            assert str(src.path) not in str(value), name
+    blob = pickle.dumps(gm)
+    assert len(blob) < 20_000  # X is 7 kB here; see the larger check below
+    gm2 = pickle.loads(blob)
+    assert_array_equal(gm2.predict(data), gm.predict(data))
+    if kind in ("h5", "h5_chunked"):  # the user's handle is still usable
+        assert_array_equal(src.obj[:5], data[:5])
+
+
+def test_pickled_model_does_not_contain_data(make_sources):
+    """Fitted on 40,000 x 4 (1.3 MB) from a file: the pickle is a few kB."""
+    X = make_blobs_data(40_000, 4, 3, seed=2)
+    for src in make_sources(X, ("npy", "h5_string", "ndarray")):
+        gm = GaussianMixture(n_components=3, random_state=0, max_iter=5, tol=1e-2).fit(src.obj)
+        assert len(pickle.dumps(gm)) < 50_000, src
+
+
+# ------------------------------------------------------------ validation of files
+
+
+def sk_error(X, method="fit", fitted_on=None, **kw):
+    gm = SkGaussianMixture(**kw)
+    if fitted_on is not None:
+        gm.fit(fitted_on)
+    with pytest.raises(Exception) as info:
+        getattr(gm, method)(X)
+    return info.value
+
+
+def key(exc):
+    """scikit-learn's message up to the first line break (it then adds advice or, for
+    1-D input, a dump of the array, which a file source cannot sensibly repeat)."""
+    return str(exc).split("\n")[0].rstrip(".: ")
+
+
+def snapshot(est):
+    return copy.deepcopy(vars(est))
+
+
+def assert_unchanged(est, snap):
+    now = vars(est)
+    assert set(now) == set(snap)
+    for k, v in snap.items():
+        if isinstance(v, np.ndarray):
+            assert_array_equal(now[k], v, err_msg=k)
+        elif isinstance(v, list):
+            assert_array_equal(np.asarray(now[k]), np.asarray(v), err_msg=k)
+        else:
+            assert now[k] == v or (now[k] is v), k
+
+
+def bad_data(data, what):
+    X = np.array(data)
+    if what == "nan":
+        X[137, 2] = np.nan
+        X[190, 0] = np.nan
+        return X, 137
+    if what == "inf":
+        X[61, 1] = np.inf
+        X[150, 0] = -np.inf
+        return X, 61
+    raise ValueError(what)
+
+
+@pytest.mark.parametrize("what", ["nan", "inf"])
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+def test_nan_inf_named_by_first_row(make_sources, data, kind, what):
+    X, row = bad_data(data, what)
+    expected = sk_error(X, n_components=3)
+    src = make_sources.one(X, kind)
+    fitted = GaussianMixture(n_components=3, random_state=0).fit(data)
+    for gm in (GaussianMixture(n_components=3, random_state=0, block_size=64), fitted):
+        snap = snapshot(gm)
+        with pytest.raises(type(expected)) as info:
+            gm.fit(src.obj)
+        assert key(expected) in str(info.value)
+        if kind != "ndarray":
+            # the global row index (137 sits in the third block of 64 rows)
+            assert f"row {row}" in str(info.value), str(info.value)
+        assert_unchanged(gm, snap)
+    # scoring bad data from a file also names the row
+    with pytest.raises(type(expected)) as info:
+        fitted.score_samples(src.obj)
+    assert key(expected) in str(info.value)
+    if kind != "ndarray":
+        assert f"row {row}" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+@pytest.mark.parametrize(
+    "case",
+    ["1d", "3d", "one_sample", "fewer_samples_than_components"],
+)
+def test_shape_errors_like_sklearn(make_sources, data, kind, case):
+    if case == "1d":
+        X, kw = np.array(data[:, 0]), dict(n_components=3)
+    elif case == "3d":
+        X, kw = np.array(data[:60]).reshape(20, 3, 3), dict(n_components=3)
+    elif case == "one_sample":
+        X, kw = np.array(data[:1]), dict(n_components=1)
+    else:
+        X, kw = np.array(data[:3]), dict(n_components=5)
+    expected = sk_error(X, **kw)
+    src = make_sources.one(X, kind)
+    for gm in (GaussianMixture(**kw), GaussianMixture(**kw).fit(data)):
+        snap = snapshot(gm)
+        with pytest.raises(type(expected)) as info:
+            gm.fit(src.obj)
+        assert key(expected) in str(info.value), (str(info.value), key(expected))
+        assert_unchanged(gm, snap)
+
+
+@pytest.mark.parametrize("method", ["predict", "predict_proba", "score_samples", "score", "bic", "aic"])
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+def test_feature_count_mismatch_at_predict(make_sources, data, kind, method):
+    X4 = np.hstack([data, data[:, :1]])
+    expected = sk_error(X4, method=method, fitted_on=data, n_components=3, random_state=0)
+    gm = GaussianMixture(n_components=3, random_state=0).fit(data)
+    snap = snapshot(gm)
+    with pytest.raises(type(expected)) as info:
+        getattr(gm, method)(make_sources.one(X4, kind).obj)
+    assert key(expected) in str(info.value)
+    assert_unchanged(gm, snap)
+
+
+def test_missing_files_and_datasets(tmp_path, make_sources, data):
+    gm = GaussianMixture(n_components=2)
+    with pytest.raises(FileNotFoundError):
+        gm.fit(str(tmp_path / "nope.npy"))
+    with pytest.raises(FileNotFoundError):
+        gm.fit(f"{tmp_path / 'nope.h5'}:/X")
+    h5 = make_sources.one(data, "h5_string")
+    fname = h5.obj.split(":")[0]
+    with pytest.raises((KeyError, ValueError)) as info:
+        gm.fit(f"{fname}:/group/missing")
+    assert "missing" in str(info.value)
+    assert not hasattr(gm, "means_")
