@@ -1,0 +1,172 @@
+"""emgmm.GaussianMixture inside scikit-learn tooling, compared with sklearn's own."""
+
+import inspect
+import io
+import pickle
+
+import joblib
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+from sklearn.base import clone
+from sklearn.decomposition import PCA
+from sklearn.mixture import GaussianMixture as SkGaussianMixture
+from sklearn.model_selection import GridSearchCV, KFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from conftest import COVARIANCE_TYPES, make_blobs_data
+from emgmm import GaussianMixture
+
+PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
+
+# keyword-only extras of emgmm (CONTRACT) that must exist with these defaults
+EXTRA_DEFAULTS = {
+    "n_jobs": None,
+    "working_memory": None,
+    "block_size": None,
+    "init_max_samples": 100_000,
+    "compute_dtype": None,
+    "on_degenerate": "reinit",
+    "callback": None,
+}
+
+
+@pytest.fixture(scope="module")
+def X():
+    return make_blobs_data(300, 5, 3, seed=21)
+
+
+def test_constructor_matches_sklearn():
+    """Every sklearn parameter, same order (positional use), same default."""
+    sk = inspect.signature(SkGaussianMixture).parameters
+    em = inspect.signature(GaussianMixture).parameters
+    for name, p in sk.items():
+        assert name in em, name
+        assert em[name].default == p.default, name
+        assert em[name].kind == p.kind, name
+    for name, default in EXTRA_DEFAULTS.items():
+        assert name in em, name
+        assert em[name].default == default, name
+        assert em[name].kind == inspect.Parameter.KEYWORD_ONLY, name
+    assert set(SkGaussianMixture().get_params()) <= set(GaussianMixture().get_params())
+
+
+def test_pipeline_scaler_pca_gmm(X):
+    kw = dict(n_components=3, random_state=0)
+    pipe_em = make_pipeline(StandardScaler(), PCA(n_components=3), GaussianMixture(**kw))
+    pipe_sk = make_pipeline(StandardScaler(), PCA(n_components=3), SkGaussianMixture(**kw))
+    labels_em = pipe_em.fit_predict(X)
+    labels_sk = pipe_sk.fit_predict(X)
+    assert_array_equal(labels_em, labels_sk)
+    pipe_em.fit(X)
+    pipe_sk.fit(X)
+    assert_array_equal(pipe_em.predict(X), pipe_sk.predict(X))
+    assert_allclose(pipe_em.predict_proba(X), pipe_sk.predict_proba(X), rtol=1e-7, atol=1e-12)
+    assert_allclose(pipe_em.score_samples(X), pipe_sk.score_samples(X), rtol=1e-7)
+    assert_allclose(pipe_em.score(X), pipe_sk.score(X), rtol=1e-7)
+    gm = pipe_em[-1]
+    assert gm.n_features_in_ == 3
+    assert_array_equal(pipe_em.predict(X), labels_em)
+
+
+def test_grid_search_over_n_components_and_covariance_type(X):
+    grid = {"n_components": [1, 2, 3, 4], "covariance_type": list(COVARIANCE_TYPES)}
+    cv = KFold(3, shuffle=True, random_state=0)
+    gs_em = GridSearchCV(GaussianMixture(random_state=0), grid, cv=cv).fit(X)
+    gs_sk = GridSearchCV(SkGaussianMixture(random_state=0), grid, cv=cv).fit(X)
+    assert gs_em.best_params_ == gs_sk.best_params_
+    assert gs_em.cv_results_["params"] == gs_sk.cv_results_["params"]
+    for split in range(3):
+        key = f"split{split}_test_score"
+        assert_allclose(gs_em.cv_results_[key], gs_sk.cv_results_[key], rtol=1e-7)
+    best = gs_em.best_estimator_
+    assert isinstance(best, GaussianMixture)
+    assert best.n_components == gs_em.best_params_["n_components"]
+    assert_allclose(best.score(X), gs_sk.best_estimator_.score(X), rtol=1e-7)
+    # the winner is the true structure: 3 components
+    assert gs_em.best_params_["n_components"] == 3
+
+
+def test_clone_get_params_set_params(X):
+    cb = lambda record: None  # noqa: E731
+    gm = GaussianMixture(n_components=3, covariance_type="diag", reg_covar=1e-4,
+                         block_size=17, random_state=4, callback=cb)
+    params = gm.get_params()
+    assert params["n_components"] == 3 and params["block_size"] == 17
+    assert params["callback"] is cb
+    c = clone(gm)
+    assert c is not gm
+    assert c.get_params() == params
+    gm.fit(X)
+    c2 = clone(gm)
+    assert not hasattr(c2, "means_")  # clone is unfitted
+    assert c2.get_params() == params
+    assert gm.set_params(n_components=2, covariance_type="spherical") is gm
+    assert gm.n_components == 2 and gm.covariance_type == "spherical"
+    assert gm.get_params()["covariance_type"] == "spherical"
+    with pytest.raises(ValueError):
+        gm.set_params(not_a_parameter=1)
+    # clone of a fitted estimator refits to the same model
+    c3 = clone(GaussianMixture(n_components=3, random_state=4)).fit(X)
+    c4 = GaussianMixture(n_components=3, random_state=4).fit(X)
+    for name in PARAMS:
+        assert_array_equal(getattr(c3, name), getattr(c4, name))
+
+
+def test_invalid_parameters_rejected_like_sklearn(X):
+    for bad in (dict(n_components=0), dict(covariance_type="banana"), dict(tol=-1.0),
+                dict(init_params="nope"), dict(reg_covar=-1.0), dict(n_init=0)):
+        with pytest.raises(ValueError) as sk_info:
+            SkGaussianMixture(**bad).fit(X)
+        gm = GaussianMixture(**bad)
+        with pytest.raises(ValueError) as em_info:
+            gm.fit(X)
+        name = next(iter(bad))
+        assert f"'{name}' parameter of GaussianMixture must be" in str(em_info.value)
+        assert str(em_info.value) == str(sk_info.value)
+        assert not hasattr(gm, "means_")
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_pickle_and_joblib_round_trips(X, tmp_path, covariance_type):
+    gm = GaussianMixture(n_components=3, covariance_type=covariance_type, random_state=0).fit(X)
+    expected = (gm.predict(X), gm.predict_proba(X), gm.score_samples(X), gm.score(X))
+
+    def check(other):
+        assert type(other) is GaussianMixture
+        assert other.get_params() == gm.get_params()
+        for name in PARAMS + ("lower_bound_", "n_iter_", "converged_", "n_features_in_"):
+            assert_array_equal(getattr(other, name), getattr(gm, name), err_msg=name)
+        assert_array_equal(other.lower_bounds_, gm.lower_bounds_)
+        got = (other.predict(X), other.predict_proba(X), other.score_samples(X), other.score(X))
+        for a, b in zip(got, expected):
+            assert_array_equal(a, b)
+        assert_array_equal(other.sample(5)[0], gm.sample(5)[0])
+
+    check(pickle.loads(pickle.dumps(gm)))
+    path = tmp_path / "gm.joblib"
+    joblib.dump(gm, path)
+    check(joblib.load(path))
+    buf = io.BytesIO()
+    joblib.dump(gm, buf, compress=3)
+    buf.seek(0)
+    check(joblib.load(buf))
+    # an unfitted estimator round-trips too
+    u = pickle.loads(pickle.dumps(GaussianMixture(n_components=2, block_size=3)))
+    assert u.get_params() == GaussianMixture(n_components=2, block_size=3).get_params()
+
+
+def test_feature_names_in_from_dataframe(X):
+    # scikit-learn reads feature names through narwhals, which needs a real dataframe
+    # library; none is a dependency of emgmm, so this runs only where pandas exists.
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
+    sk = SkGaussianMixture(n_components=3, random_state=0).fit(df)
+    gm = GaussianMixture(n_components=3, random_state=0).fit(df)
+    assert_array_equal(gm.feature_names_in_, sk.feature_names_in_)
+    assert_array_equal(gm.predict(df), sk.predict(df))
+    gm2 = GaussianMixture(n_components=3, random_state=0).fit(X)
+    assert not hasattr(gm2, "feature_names_in_")
+    with pytest.warns(UserWarning, match="feature names"):
+        gm.predict(X)  # fitted with names, predicted without: sklearn's warning
