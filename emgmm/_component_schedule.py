@@ -28,7 +28,7 @@ from scipy.special import logsumexp
 
 from ._em import Model, Worst
 from ._kernels import SufficientStatistics, block_statistics, log_gaussian_prob
-from ._memory import buffer_rows, component_slices, partition
+from ._memory import buffer_rows, component_slices, range_pieces
 from ._parallel import joblib_temp_folder, limit_blas, make_temp_folder
 
 
@@ -178,7 +178,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     the statistics are centred on ``model.means``, the log-likelihood is the sum over
     all rows, and ``worst`` holds the ``n_worst`` rows of lowest log-likelihood.
     ``tasks`` gives the rows (their union); the row split of this schedule is
-    ``buffer_rows`` ranges of whole blocks, each cut by :func:`partition`.
+    ``buffer_rows`` ranges of whole blocks, each cut by ``range_pieces``.
 
     Returns
     -------
@@ -196,7 +196,6 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     slices = component_slices(K, d, ct)
     models = [_slice_model(model, k0, k1) for k0, k1 in slices]
     range_rows = buffer_rows(n_samples, K, block_size)
-    pieces_per_range = max(1, 64 // len(slices))
     folder = make_temp_folder(joblib_temp_folder(), 8 * range_rows * K,
                               "the log-responsibility buffer of the component schedule")
     try:
@@ -207,7 +206,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
         for r0 in range(0, n_samples, range_rows):
             r1 = min(r0 + range_rows, n_samples)
             pieces = [(r0 + a, r0 + b) for a, b in
-                      partition(r1 - r0, block_size, max_tasks=pieces_per_range)]
+                      range_pieces(r1 - r0, block_size, K, d, ct, len(slices))]
             for _ in executor.map(log_prob_task, [
                     (r0, a, b, block_size, m, k0, buffer, compute_dtype)
                     for (k0, _k1), m in zip(slices, models) for a, b in pieces]):

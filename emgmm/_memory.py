@@ -83,12 +83,17 @@ SCHEDULES = ("rows", "components")
 #: 3.3 MB -> rows; K=200, d=900: 649 MB -> components).
 COMPONENT_SCHEDULE_MIN_BYTES = 64 * _MIB
 
-#: Factor bytes a component slice may hold (slices are at least ``MIN_SLICES``).
+#: Factor bytes a component slice may hold; a model of more than ``MIN_SLICES`` MiB
+#: of factors is cut into at least ``MIN_SLICES`` slices (work for many workers).
 SLICE_BYTES = 32 * _MIB
 MIN_SLICES = 16
 
 #: Bytes of the shared log-probability buffer of the component schedule.
 BUFFER_BYTES = 256 * _MIB
+
+#: Multiply-adds a (slice, rows) task should do at least, so that dispatching it
+#: costs little next to its work (about 20-60 ms of one core).
+TASK_WORK = 2**26
 
 
 def statistics_nbytes(n_components, n_features, covariance_type):
@@ -113,11 +118,17 @@ def statistics_nbytes(n_components, n_features, covariance_type):
     return 8 * per[covariance_type]
 
 
+def _work_per_row(n_features, covariance_type):
+    """Multiply-adds per row and component of one E step plus statistics."""
+    return n_features * n_features if covariance_type in ("full", "tied") else n_features
+
+
 def component_slices(n_components, n_features, covariance_type):
     """Fixed split of the components into slices for the component schedule.
 
-    Each slice holds at most ``SLICE_BYTES`` of precision factors, and there are at
-    least ``min(K, MIN_SLICES)`` slices so that many workers have work. The split
+    Each slice holds at most ``SLICE_BYTES`` of precision factors; a model with more
+    than ``MIN_SLICES`` MiB of factors has at least ``min(K, MIN_SLICES)`` slices so
+    that many workers have work, and a smaller one one slice per MiB. The split
     depends only on ``K``, ``d`` and the covariance type (never on the number of
     workers), so the results do not depend on ``n_jobs``. 'tied' keeps one slice:
     its statistic is pooled over the components of each row.
@@ -125,13 +136,15 @@ def component_slices(n_components, n_features, covariance_type):
     Returns
     -------
     list of (k0, k1)
+        Consecutive, covering ``0..K``.
     """
     K, d = n_components, n_features
     if covariance_type == "tied":
         return [(0, K)]
     per_component = 8 * (d * d if covariance_type == "full" else d)
-    by_size = -(-K * per_component // SLICE_BYTES)
-    n_slices = int(min(K, max(by_size, MIN_SLICES)))
+    per_slice = max(1, SLICE_BYTES // per_component)
+    n_slices = max(-(-K // per_slice), min(MIN_SLICES, -(-K * per_component // _MIB)))
+    n_slices = int(min(K, n_slices))
     bounds = np.linspace(0, K, n_slices + 1).round().astype(int)
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -144,6 +157,24 @@ def buffer_rows(n_samples, n_components, block_size):
     rows = BUFFER_BYTES // (8 * max(n_components, 1))
     rows = max(block_size, rows // block_size * block_size)
     return int(min(rows, max(n_samples, 1)))
+
+
+def range_pieces(n_rows, block_size, n_components, n_features, covariance_type,
+                 n_slices):
+    """Fixed split of a buffer range into row pieces of whole blocks.
+
+    Enough pieces that a (slice, piece) task does about ``TASK_WORK`` multiply-adds,
+    at most ``64 // n_slices`` (and at least one). Depends only on its arguments,
+    never on the number of workers.
+
+    Returns
+    -------
+    list of (start, stop)
+        Relative to the start of the range.
+    """
+    work = n_rows * n_components * _work_per_row(n_features, covariance_type)
+    wanted = -(-work // (n_slices * TASK_WORK))
+    return partition(n_rows, block_size, max_tasks=int(max(1, min(wanted, 64 // n_slices))))
 
 
 def schedule_nbytes(schedule, n_components, n_features, covariance_type, n_workers):

@@ -1,0 +1,265 @@
+"""Parallel EM: n_jobs, the two schedules, workers and their temporary files.
+
+Determinism contract tested here: for a given schedule the fitted state is *bitwise*
+identical for n_jobs=1, 2 and 4, for process and thread workers, and for HDF5 read
+by the workers (the row and component partitions and the reduction order do not
+depend on the workers, and every kernel computes a row or a component independently
+of how many there are). The two schedules sum the same terms in a different order,
+so they agree to 1e-12 relative, not bitwise.
+"""
+
+import os
+import warnings
+
+import h5py
+import joblib
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+from sklearn.mixture import GaussianMixture as SkGaussianMixture
+
+from conftest import COVARIANCE_TYPES, make_blobs_data
+from emgmm import GaussianMixture
+import emgmm._memory as memory
+import emgmm._parallel as parallel
+
+STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
+
+
+def fit(X, **params):
+    kw = dict(n_components=4, random_state=0, max_iter=6, tol=0.0, block_size=256)
+    kw.update(params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+        return GaussianMixture(**kw).fit(X)
+
+
+def assert_same_state(a, b, rtol=None):
+    """Bitwise (rtol=None) or to ``rtol`` relative to each array's largest entry."""
+    for name in STATE:
+        x, y = getattr(a, name), getattr(b, name)
+        if rtol is None:
+            assert_array_equal(x, y, err_msg=name)
+        else:
+            assert_allclose(x, y, rtol=0, atol=rtol * np.abs(y).max(), err_msg=name)
+    if rtol is None:
+        assert a.lower_bounds_ == b.lower_bounds_
+        assert a.lower_bound_ == b.lower_bound_
+    else:
+        assert_allclose(a.lower_bounds_, b.lower_bounds_, rtol=rtol)
+    assert a.n_iter_ == b.n_iter_
+
+
+def emgmm_entries(folder):
+    return [name for name in os.listdir(folder) if name.startswith(parallel.TEMP_PREFIX)]
+
+
+@pytest.fixture
+def temp_folder(tmp_path):
+    """joblib's temporary folder for the test (joblib's and emgmm's files)."""
+    folder = tmp_path / "joblib_tmp"
+    folder.mkdir()
+    with joblib.parallel_config(temp_folder=str(folder)):
+        yield folder
+
+
+@pytest.fixture(autouse=True)
+def fine_split(monkeypatch):
+    """Cut the small test models into several component slices and row pieces (the
+    defaults keep a small model in one task), so the workers really share them."""
+    monkeypatch.setattr(memory, "SLICE_BYTES", 8 * 25)
+    monkeypatch.setattr(memory, "TASK_WORK", 2 * 10**4)
+
+
+@pytest.fixture(scope="module")
+def X():
+    data = make_blobs_data(1500, 5, 4, seed=3)
+    data.setflags(write=False)
+    return data
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_n_jobs_2_equals_n_jobs_1_bitwise(X, schedule, covariance_type, temp_folder):
+    one = fit(X, n_jobs=1, schedule=schedule, covariance_type=covariance_type)
+    two = fit(X, n_jobs=2, schedule=schedule, covariance_type=covariance_type)
+    assert_same_state(one, two)
+    assert emgmm_entries(temp_folder) == []
+
+
+def test_n_jobs_4_equals_n_jobs_1_bitwise(X):
+    assert_same_state(fit(X, n_jobs=1), fit(X, n_jobs=4))
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_schedules_agree(X, covariance_type):
+    rows = fit(X, n_jobs=2, schedule="rows", covariance_type=covariance_type)
+    comps = fit(X, n_jobs=2, schedule="components", covariance_type=covariance_type)
+    assert_same_state(rows, comps, rtol=1e-12)
+    # fit_predict and the final E step do not depend on the schedule
+    assert_array_equal(rows.predict(X), comps.predict(X))
+
+
+def test_component_buffer_is_bounded_and_split_is_fixed(X, monkeypatch):
+    """A buffer of a few blocks (many row ranges) gives the model of one range
+    holding every row; the splits follow the documented sizes."""
+    big = fit(X, n_jobs=2, schedule="components", n_components=6, block_size=53)
+    monkeypatch.setattr(memory, "BUFFER_BYTES", 8 * 6 * 540)
+    assert memory.buffer_rows(1500, 6, 53) == 530  # three ranges
+    small = fit(X, n_jobs=2, schedule="components", n_components=6, block_size=53)
+    assert_same_state(big, small, rtol=1e-12)
+    assert memory.component_slices(6, 5, "full") == [(k, k + 1) for k in range(6)]
+    assert memory.component_slices(6, 5, "tied") == [(0, 6)]
+    monkeypatch.undo()
+    for K, d in [(200, 900), (200, 64), (20, 10), (1, 3000)]:
+        slices = memory.component_slices(K, d, "full")
+        assert slices[0][0] == 0 and slices[-1][1] == K
+        assert all(a < b for a, b in slices)
+        assert all(s[1] == t[0] for s, t in zip(slices, slices[1:]))
+        assert max(b - a for a, b in slices) * d * d * 8 <= max(memory.SLICE_BYTES,
+                                                                d * d * 8)
+    assert len(memory.component_slices(200, 900, "full")) >= memory.MIN_SLICES
+    assert len(memory.component_slices(20, 10, "full")) == 1  # 16 kB of factors
+    pieces = memory.range_pieces(100_000, 1000, 200, 64, "full", 7)
+    assert pieces[0] == (0, 12_000) and pieces[-1][1] == 100_000
+
+
+def sklearn_init(X, K, covariance_type, seed=0):
+    """weights/means/precisions from a random hard assignment (independent of emgmm)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(len(X)) % K)
+    d = X.shape[1]
+    weights = np.bincount(labels, minlength=K) / len(X)
+    means = np.stack([X[labels == k].mean(axis=0) for k in range(K)])
+    covs = np.stack([np.cov(X[labels == k], rowvar=False, bias=True) for k in range(K)])
+    covs += 1e-6 * np.eye(d)
+    if covariance_type == "full":
+        prec = np.linalg.inv(covs)
+    elif covariance_type == "tied":
+        prec = np.linalg.inv(np.einsum("k,kij->ij", weights, covs))
+    elif covariance_type == "diag":
+        prec = 1.0 / np.diagonal(covs, axis1=1, axis2=2)
+    else:
+        prec = 1.0 / np.diagonal(covs, axis1=1, axis2=2).mean(axis=1)
+    if prec.ndim >= 2 and prec.shape[-1] == prec.shape[-2] and covariance_type != "diag":
+        prec = (prec + np.swapaxes(prec, -1, -2)) / 2
+    return dict(weights_init=weights, means_init=means, precisions_init=prec)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_both_schedules_match_sklearn(X, covariance_type):
+    init = sklearn_init(X, 4, covariance_type)
+    common = dict(n_components=4, covariance_type=covariance_type, tol=0, max_iter=5,
+                  **init)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = SkGaussianMixture(**common).fit(X)
+        fits = [GaussianMixture(**common, n_jobs=2, schedule=s, block_size=97).fit(X)
+                for s in ("rows", "components")]
+    for est in fits:
+        assert_allclose(est.lower_bounds_, ref.lower_bounds_, rtol=1e-9)
+        for name in STATE:
+            assert_allclose(getattr(est, name), getattr(ref, name), rtol=1e-7,
+                            atol=1e-12 * np.abs(getattr(ref, name)).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_hdf5_under_process_workers(X, tmp_path, schedule, temp_folder):
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("g/x", data=X, chunks=(64, X.shape[1]), compression="gzip")
+    assert joblib.parallel.get_active_backend()[0].__class__.__name__ == "LokyBackend"
+    ref = fit(X, n_jobs=1, schedule=schedule, block_size=64)
+    got = fit(f"{path}:/g/x", n_jobs=2, schedule=schedule, block_size=64)
+    assert_same_state(ref, got)
+    assert emgmm_entries(temp_folder) == []
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_threading_backend(X, schedule, temp_folder):
+    ref = fit(X, n_jobs=1, schedule=schedule)
+    seen = []
+    with joblib.parallel_config(backend="threading"):
+        executor = parallel.Executor(None, 2)
+        got = fit(X, n_jobs=2, schedule=schedule,
+                  callback=lambda r: seen.append(sorted(os.listdir(temp_folder))))
+    assert executor.n_workers == 2
+    assert_same_state(ref, got)
+    # threads share the array: X is not written to the temporary folder
+    assert all(not any(n.startswith("emgmm") and os.path.exists(
+        os.path.join(temp_folder, n, "X.npy")) for n in names) for names in seen)
+    assert os.listdir(temp_folder) == []
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_no_temp_folder_left_after_fit(X, schedule, temp_folder):
+    during = []
+    fit(X, n_jobs=2, schedule=schedule,
+        callback=lambda r: during.append(emgmm_entries(temp_folder)))
+    assert during and all(len(names) == 1 for names in during)  # X was shared
+    assert os.listdir(temp_folder) == []
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder, monkeypatch):
+    """A NaN written into the workers' copy of X at a late row: a worker raises."""
+    real_dump = parallel.dump_array
+
+    def dump_and_spoil(array, parent):
+        folder, source = real_dump(array, parent)
+        mm = np.load(source.filename, mmap_mode="r+")
+        mm[1400, 2] = np.nan
+        mm.flush()
+        del mm
+        return folder, source
+
+    monkeypatch.setattr(parallel, "dump_array", dump_and_spoil)
+    est = GaussianMixture(4, n_jobs=2, schedule=schedule, block_size=53, random_state=0,
+                          max_iter=3)
+    with pytest.raises(ValueError, match="row 1400, column 2"):
+        est.fit(X)
+    assert not hasattr(est, "means_")  # the estimator keeps its previous state
+    assert os.listdir(temp_folder) == []
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_nan_late_in_npy_file_under_workers(X, tmp_path, schedule, temp_folder):
+    bad = np.array(X)
+    bad[1499, 0] = np.nan
+    path = tmp_path / "bad.npy"
+    np.save(path, bad)
+    before = path.read_bytes()
+    # given initial parameters: the first read of the file is by the workers
+    est = GaussianMixture(4, n_jobs=2, schedule=schedule, block_size=53,
+                          **sklearn_init(X, 4, "full"))
+    with pytest.raises(ValueError, match=r"bad\.npy, row 1499, column 0"):
+        est.fit(path)
+    assert os.listdir(temp_folder) == []
+    assert path.read_bytes() == before
+
+
+def test_schedule_choice_and_refusal():
+    # K=200, d=64 'full': 3.3 MB of statistics per task -> rows
+    assert memory.choose_schedule("auto", 200, 64, "full", 2, 1e6)[0] == "rows"
+    # K=200, d=900: 649 MB per task -> components (needs several workers)
+    assert memory.statistics_nbytes(200, 900, "full") == 200 * 900 * 901 // 2 * 8
+    assert memory.choose_schedule("auto", 200, 900, "full", 2, 1e6)[0] == "components"
+    assert memory.choose_schedule("auto", 200, 900, "full", 1, 1e6)[0] == "rows"
+    # only the component schedule fits the budget -> components
+    rows_need = memory.schedule_nbytes("rows", 50, 200, "full", 8)
+    comp_need = memory.schedule_nbytes("components", 50, 200, "full", 8)
+    assert comp_need < rows_need
+    budget_mib = (comp_need + rows_need) / 2 / 2**20
+    assert memory.choose_schedule("auto", 50, 200, "full", 8, budget_mib)[0] == "components"
+    with pytest.raises(MemoryError, match=r"'rows' schedule with 8 worker.*budget of"):
+        memory.choose_schedule("rows", 50, 200, "full", 8, budget_mib)
+    # the estimator refuses before writing X or starting workers
+    X = np.zeros((200, 6001))
+    est = GaussianMixture(200, memory_limit=1024, n_jobs=2)
+    with pytest.raises(MemoryError, match=r"needs about [\d,]+ MiB .*budget of 1,024 MiB"):
+        est.fit(X)
+
+
+def test_schedule_is_validated(X):
+    with pytest.raises(ValueError, match="schedule"):
+        GaussianMixture(2, schedule="columns").fit(X)
