@@ -241,7 +241,7 @@ def add_arguments(parser):
     ----------
     parser : argparse.ArgumentParser
     """
-    parser.add_argument("--n-patches", type=int, default=30_000,
+    parser.add_argument("--n-patches", type=int, default=20_000,
                         help="training patches (default %(default)s)")
     parser.add_argument("--n-test", type=int, default=10_000,
                         help="held-out patches (default %(default)s)")
@@ -353,8 +353,8 @@ def run(args):
     FileNotFoundError
         If ``--output-dir`` does not exist.
     """
-    for name in ("n_patches", "n_test", "n_components", "max_iter"):
-        if getattr(args, name) < 1:
+    for name in ("n_patches", "n_test", "n_components", "max_iter", "sklearn_patches"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if not os.path.isdir(args.output_dir):
         raise FileNotFoundError(f"output directory does not exist: {args.output_dir}")
