@@ -394,16 +394,19 @@ def test_statistics_merge_equals_whole(covariance_type):
     seed=st.integers(0, 2**16),
 )
 def test_statistics_any_partition(cuts, covariance_type, seed):
-    """Any partition of the rows gives the same summed statistics (to rounding)."""
+    """Any partition of the rows, reduced in place with ``+=``, gives the statistics of
+    the whole array (to rounding)."""
     rng = np.random.default_rng(seed)
     n, d, K = 60, 3, 3
     X, resp, centers = ro(rng.normal(size=(n, d)), random_resp(rng, n, K), rng.normal(size=(K, d)))
     bounds = [0] + sorted(cuts) + [n]
-    parts = [
-        kernels.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
-        for a, b in zip(bounds[:-1], bounds[1:])
-    ]
-    merged = functools.reduce(operator.add, parts)
+    merged = None
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        s = kernels.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
+        if merged is None:
+            merged = s
+        else:
+            merged += s  # the in-place reduction
     assert_stats_match(merged, X, resp, centers, covariance_type)
 
 
