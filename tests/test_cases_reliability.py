@@ -1,0 +1,406 @@
+"""Cases C09, C10, C13, C19, C20 and C21 of CASES.md: degenerate components, scale
+limits, temp space, leftovers and workers killed for memory."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+import warnings
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import COVARIANCE_TYPES
+from emgmm import GaussianMixture
+from emgmm._parallel import TEMP_PREFIX
+
+PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
+
+
+def min_eigenvalues(gm):
+    """Smallest eigenvalue of every covariance (per component; tied: one)."""
+    cov = np.asarray(gm.covariances_, dtype=np.float64)
+    if gm.covariance_type == "full":
+        return np.linalg.eigvalsh(cov).min(axis=1)
+    if gm.covariance_type == "tied":
+        return np.linalg.eigvalsh(cov).min(keepdims=True)
+    if gm.covariance_type == "diag":
+        return cov.min(axis=1)
+    return cov
+
+
+def assert_valid_model(gm):
+    """Finite parameters, weights summing to 1, covariances PD with eig >= reg_covar."""
+    for name in PARAMS:
+        assert np.all(np.isfinite(getattr(gm, name))), name
+    assert np.all(np.isfinite(gm.lower_bounds_))
+    assert np.isfinite(gm.lower_bound_)
+    eps = np.finfo(gm.weights_.dtype).eps
+    assert abs(gm.weights_.sum() - 1.0) <= 10 * eps
+    assert np.all(gm.weights_ >= 0)
+    scale = np.abs(np.asarray(gm.covariances_)).max()
+    d = gm.means_.shape[1]
+    assert np.all(min_eigenvalues(gm) > 0)
+    assert np.all(min_eigenvalues(gm) >= gm.reg_covar - 10 * d * eps * scale)
+
+
+def assert_bound_monotone(gm, rtol=1e-10):
+    """Non-decreasing lower bound, except right after an iteration that re-seeded."""
+    lb = np.asarray(gm.lower_bounds_)
+    for i in range(1, len(lb)):
+        if gm.history_[i - 1]["reseeded"]:
+            continue
+        assert lb[i] >= lb[i - 1] - rtol * max(1.0, abs(lb[i - 1])), (i, lb[i - 1], lb[i])
+
+
+# ---------------------------------------------------------------------------- C09
+
+
+def c09a_data():
+    rng = np.random.default_rng(0)
+    centers = [(0, 0), (5, 0), (0, 5), (5, 5)]
+    X = np.vstack([rng.normal(c, 0.01, size=(50, 2)) for c in centers])
+    return np.vstack([X, [[20.0, 20.0]]])
+
+
+def c09b_data():
+    rng = np.random.default_rng(0)
+    cloud = 3.0 * rng.normal(size=(200, 30))
+    flat = rng.normal(size=(20, 2)) @ rng.normal(size=(2, 30)) + 10.0
+    return np.vstack([cloud, flat])
+
+
+@pytest.mark.parametrize("make", [c09a_data, c09b_data], ids=["singleton", "flat"])
+def test_case_c09_raise_names_component_and_reg_covar(make):
+    X = make()
+    gm = GaussianMixture(5 if make is c09a_data else 3, reg_covar=0.0, random_state=0,
+                         on_degenerate="raise")
+    with pytest.raises(ValueError, match=r"ill-defined empirical covariance "
+                                         r"\(component \d+\).*increase reg_covar"):
+        gm.fit(X)
+    assert not hasattr(gm, "weights_")
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("make", [c09a_data, c09b_data], ids=["singleton", "flat"])
+def test_case_c09_reinit_gives_finite_model(make, covariance_type):
+    X = make()
+    gm = GaussianMixture(5 if make is c09a_data else 3, covariance_type=covariance_type,
+                         reg_covar=0.0, random_state=0, max_iter=40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gm.fit(X)
+    # (no monotonicity check: with reg_covar=0 the likelihood is unbounded here and
+    # the variances of collapsed components are set by rounding floors, not by EM)
+    assert_valid_model(gm)
+    reseeded = [k for h in gm.history_ for k in h["reseeded"]]
+    texts = " ".join(str(w.message) for w in caught)
+    for k in reseeded:
+        assert f"components [{k}" in texts or f", {k}" in texts
+    if reseeded:
+        assert "reg_covar" in texts
+    proba = gm.predict_proba(X)
+    assert np.all(np.isfinite(proba))
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_case_c09_singleton_recovery_converges():
+    """A singleton that no component can hold with reg_covar=0 is used for one
+    re-seed only: the fit converges instead of re-seeding on it forever."""
+    gm = GaussianMixture(5, reg_covar=0.0, random_state=0, max_iter=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm.fit(c09a_data())
+    assert gm.converged_
+    assert any(h["reseeded"] for h in gm.history_)
+    assert_valid_model(gm)
+
+
+# ---------------------------------------------------------------------------- C10
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_case_c10_starved_component_after_warm_start(covariance_type):
+    rng = np.random.default_rng(0)
+    centers = [(-5, 0), (0, 5), (5, 0)]
+    batch1 = np.vstack([rng.normal(c, 0.5, size=(200, 2)) for c in centers])
+    batch2 = np.vstack([rng.normal(c, 0.5, size=(200, 2)) for c in centers[:2]])
+    gm = GaussianMixture(3, covariance_type=covariance_type, warm_start=True,
+                         random_state=0, max_iter=200)
+    gm.fit(batch1)
+    assert_valid_model(gm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gm.fit(batch2)
+    assert_valid_model(gm)
+    assert_bound_monotone(gm)
+    # the component of the missing blob starved and was re-seeded on the data,
+    # neither left at the origin with variance reg_covar nor with weight 0
+    assert gm.history_[0]["reseeded"]
+    assert any("re-seeded" in str(w.message) for w in caught)
+    assert np.all(gm.weights_ > 0.01)
+    assert np.all(np.linalg.norm(gm.means_, axis=1) > 1.0)
+    assert np.all(min_eigenvalues(gm) > 100 * gm.reg_covar)
+    # every component explains part of the new data
+    assert np.all(np.linalg.norm(gm.means_ - np.array([[0.0, 5.0]]), axis=1).min() < 1)
+
+
+@pytest.mark.parametrize("covariance_type,block_size,max_iter",
+                         [("diag", 16, 5), ("full", 256, 2)])
+def test_case_c10_200_components_small_blocks(covariance_type, block_size, max_iter):
+    rng = np.random.default_rng(0)
+    centers = rng.uniform(-10, 10, size=(30, 6))
+    X = centers[rng.integers(30, size=20_000)] + 0.3 * rng.normal(size=(20_000, 6))
+    records = []
+    gm = GaussianMixture(200, covariance_type=covariance_type, block_size=block_size,
+                         max_iter=max_iter, tol=0.0, random_state=0,
+                         callback=records.append)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm.fit(X)
+    assert len(records) == max_iter
+    assert all(np.isfinite(r["lower_bound"]) for r in records)
+    assert_valid_model(gm)
+    assert_bound_monotone(gm)
+    # no component parked at the origin (not a blob centre) with variance reg_covar
+    at_origin = np.linalg.norm(gm.means_, axis=1) < 1e-3
+    tiny = min_eigenvalues(gm) < 10 * gm.reg_covar
+    assert not np.any(at_origin & tiny)
+
+
+# ---------------------------------------------------------------------------- C13
+
+
+@pytest.fixture(scope="module")
+def c13_npy(tmp_path_factory):
+    """3000 x 6001: two identity blocks and one numeric column, as a .npy file
+    written row block by row block (no 144 MB array in memory)."""
+    path = tmp_path_factory.mktemp("c13") / "X.npy"
+    n = 3000
+    X = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, 2 * n + 1))
+    for s in range(0, n, 250):
+        e = min(s + 250, n)
+        block = np.zeros((e - s, 2 * n + 1))
+        idx = np.arange(e - s)
+        block[idx, s + idx] = 1.0
+        block[idx, n + s + idx] = 1.0
+        block[:, -1] = np.arange(s, e) / n
+        X[s:e] = block
+    X.flush()
+    del X
+    return path
+
+
+def test_case_c13_refused_up_front_without_large_allocation(c13_npy):
+    gm = GaussianMixture(200, covariance_type="full", random_state=0)
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemoryError) as info:
+            gm.fit(c13_npy)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    message = str(info.value)
+    assert "MiB" in message and "budget" in message
+    need = float(message.split("needs about ")[1].split(" MiB")[0].replace(",", ""))
+    assert need > 200 * 6001**2 * 8 / 2**20  # at least one copy of the covariances
+    # nothing close to one data copy (144 MB) or one covariance (288 MB) was allocated
+    assert peak < 16 * 2**20, peak
+    assert not hasattr(gm, "weights_")
+
+
+def test_case_c13_diag_runs(c13_npy):
+    gm = GaussianMixture(200, covariance_type="diag", max_iter=2, tol=0.0,
+                         init_params="random_from_data", random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm.fit(c13_npy)
+    assert gm.means_.shape == (200, 6001)
+    assert_valid_model(gm)
+
+
+# ---------------------------------------------------------------------------- C19
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 1 MiB tmpfs (needs root and mount permission; skipped otherwise)."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                               str(folder)], capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no mount command")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_case_c19_temp_folder_too_small(tiny_tmpfs, monkeypatch):
+    monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(tiny_tmpfs))
+    X = np.random.default_rng(0).normal(size=(5000, 100))  # 4 MB > 1 MiB
+    gm = GaussianMixture(2, random_state=0, max_iter=3).fit(X[:500])
+    before = {name: getattr(gm, name).copy() for name in PARAMS}
+    with pytest.raises(OSError) as info:
+        gm.set_params(n_jobs=2).fit(X)
+    message = str(info.value)
+    assert str(tiny_tmpfs) in message
+    assert "JOBLIB_TEMP_FOLDER" in message and "temp_folder" in message
+    assert os.listdir(tiny_tmpfs) == []
+    for name, value in before.items():
+        np.testing.assert_array_equal(getattr(gm, name), value)
+
+
+def test_case_c19_temp_folder_missing(tmp_path, monkeypatch):
+    missing = tmp_path / "does-not-exist"
+    monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(missing))
+    X = np.random.default_rng(0).normal(size=(500, 3))
+    with pytest.raises(OSError, match="JOBLIB_TEMP_FOLDER") as info:
+        GaussianMixture(2, n_jobs=2, random_state=0).fit(X)
+    assert str(missing) in str(info.value)
+
+
+# ---------------------------------------------------------------------------- C20
+
+
+def test_case_c20_exception_in_worker_leaves_no_temp_files(tmp_path, monkeypatch):
+    temp = tmp_path / "joblib-temp"
+    temp.mkdir()
+    monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(temp))
+    X = np.random.default_rng(0).normal(size=(3000, 4))
+
+    def corrupt_shared_copy(record):
+        # the workers' copy of X (not the user's array): a NaN makes a worker raise
+        if record["n_iter"] == 2:
+            (folder,) = [p for p in temp.iterdir() if p.name.startswith(TEMP_PREFIX)]
+            shared = np.load(folder / "X.npy", mmap_mode="r+")
+            shared[1234, 2] = np.nan
+            shared.flush()
+            del shared
+
+    gm = GaussianMixture(3, n_jobs=2, block_size=100, max_iter=10, tol=0.0,
+                         random_state=0, callback=corrupt_shared_copy)
+    with pytest.raises(ValueError, match="row 1234, column 2"):
+        gm.fit(X)
+    assert not np.isnan(X).any()
+    assert list(temp.iterdir()) == []
+    assert not hasattr(gm, "weights_")
+
+
+KILLED_FIT = textwrap.dedent("""
+    import os, signal, sys, json
+    import numpy as np, psutil
+    from emgmm import GaussianMixture
+
+    def die(record):
+        if record["n_iter"] == 2:
+            kids = [p.pid for p in psutil.Process().children(recursive=True)]
+            with open(sys.argv[1], "w") as fh:
+                json.dump(kids, fh)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    X = np.random.default_rng(0).normal(size=(4000, 3))
+    GaussianMixture(2, n_jobs=2, max_iter=10, tol=0.0, random_state=0,
+                    callback=die).fit(X)
+""")
+
+
+def _reap(pids):
+    """End the (orphaned) worker processes a killed fit started."""
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.kill()
+            proc.wait(5)
+        except psutil.Error:
+            pass
+
+
+def test_case_c20_killed_fit_leaves_identifiable_folder(tmp_path):
+    temp = tmp_path / "joblib-temp"
+    temp.mkdir()
+    script = tmp_path / "killed_fit.py"
+    script.write_text(KILLED_FIT)
+    kids_file = tmp_path / "kids.json"
+    env = dict(os.environ, JOBLIB_TEMP_FOLDER=str(temp))
+    log = tmp_path / "stderr.txt"
+    # output to a file, not a pipe: the orphaned workers would keep a pipe open
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, str(script), str(kids_file)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        proc.wait(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, log.read_text()
+        stray = [p.name for p in temp.iterdir() if p.name.startswith(TEMP_PREFIX)]
+        # identifiable by name: emgmm-<pid of the dead fit>-<id>
+        assert len(stray) == 1
+        assert stray[0].startswith(f"{TEMP_PREFIX}{proc.pid}-")
+        # the next run works and removes the folder of the dead fit
+        os.environ["JOBLIB_TEMP_FOLDER"] = str(temp)
+        try:
+            X = np.random.default_rng(0).normal(size=(4000, 3))
+            gm = GaussianMixture(2, n_jobs=2, max_iter=10, random_state=0).fit(X)
+        finally:
+            del os.environ["JOBLIB_TEMP_FOLDER"]
+        assert_valid_model(gm)
+        assert not [p for p in temp.iterdir() if p.name.startswith(TEMP_PREFIX)]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+        if kids_file.exists():
+            _reap(json.loads(kids_file.read_text()))
+
+
+# ---------------------------------------------------------------------------- C21
+
+
+def _loky_workers():
+    workers = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "loky" in cmdline and "resource_tracker" not in cmdline:
+            workers.append(child)
+    return workers
+
+
+def test_case_c21_worker_killed_for_memory(tmp_path, monkeypatch):
+    temp = tmp_path / "joblib-temp"
+    temp.mkdir()
+    monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(temp))
+    X = np.random.default_rng(0).normal(size=(4000, 3))
+    gm = GaussianMixture(2, random_state=0, max_iter=5).fit(X)
+    before = {name: getattr(gm, name).copy() for name in PARAMS}
+    before_bounds = list(gm.lower_bounds_)
+
+    def kill_a_worker(record):
+        if record["n_iter"] == 2:
+            workers = _loky_workers()
+            assert workers
+            os.kill(workers[0].pid, signal.SIGKILL)
+            workers[0].wait(10)
+
+    gm.set_params(n_jobs=2, max_iter=10, tol=0.0, callback=kill_a_worker)
+    with pytest.raises(MemoryError) as info:
+        gm.fit(X)
+    message = str(info.value)
+    assert "out-of-memory" in message
+    assert "MiB" in message and "n_jobs" in message
+    assert info.value.__cause__ is not None
+    # previous fitted state kept, temporary files removed
+    for name, value in before.items():
+        np.testing.assert_array_equal(getattr(gm, name), value)
+    assert gm.lower_bounds_ == before_bounds
+    assert list(temp.iterdir()) == []
+    # and the next fit works
+    gm.set_params(callback=None).fit(X)
+    assert_valid_model(gm)
