@@ -1,0 +1,294 @@
+"""Checkpoint and resume: atomic writes, exact resume after SIGKILL, refusal of a
+checkpoint written for other data or parameters."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.utils._param_validation import InvalidParameterError
+
+from conftest import make_blobs_data
+from emgmm import GaussianMixture
+from emgmm._checkpoint import read_state
+
+PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
+
+
+class Stop(Exception):
+    pass
+
+
+def stop_at(init, n_iter):
+    def callback(record):
+        if record["init"] == init and record["n_iter"] == n_iter:
+            raise Stop
+
+    return callback
+
+
+@pytest.fixture
+def X():
+    return make_blobs_data(600, 3, 3, seed=0)
+
+
+def kwargs(**extra):
+    base = dict(n_components=3, max_iter=8, tol=0.0, random_state=0)
+    base.update(extra)
+    return base
+
+
+def fit_quietly(gm, X):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return gm.fit(X)
+
+
+def assert_same_model(a, b, rtol=1e-12):
+    for name in PARAMS:
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=rtol,
+                                   atol=0, err_msg=name)
+    np.testing.assert_allclose(a.lower_bounds_, b.lower_bounds_, rtol=rtol, atol=0)
+    assert a.n_iter_ == b.n_iter_
+    assert a.lower_bound_ == pytest.approx(b.lower_bound_, rel=rtol)
+
+
+KILLED_FIT = textwrap.dedent("""
+    import os, signal, sys, warnings
+    import numpy as np
+    from emgmm import GaussianMixture
+
+    data, checkpoint, marker, out = sys.argv[1:5]
+
+    def callback(record):
+        with open(out + ".iters", "a") as fh:
+            fh.write(f"{record['init']} {record['n_iter']}\\n")
+        if record["n_iter"] == 3 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    warnings.simplefilter("ignore")
+    gm = GaussianMixture(3, max_iter=8, tol=0.0, random_state=0, n_init=2,
+                         checkpoint=checkpoint, callback=callback).fit(data)
+    np.savez(out, **{name: getattr(gm, name) for name in
+                     ("weights_", "means_", "covariances_", "precisions_cholesky_")},
+             lower_bounds=np.array(gm.lower_bounds_))
+""")
+
+
+def test_sigkill_after_third_iteration_then_resume_is_exact(tmp_path, X):
+    data = tmp_path / "X.npy"
+    np.save(data, X)
+    script = tmp_path / "fit.py"
+    script.write_text(KILLED_FIT)
+    checkpoint = tmp_path / "fit.ckpt"
+    marker, out = tmp_path / "killed-once", tmp_path / "result.npz"
+    args = [sys.executable, str(script), str(data), str(checkpoint), str(marker), str(out)]
+
+    first = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert checkpoint.exists() and not out.exists()
+    # only the checkpoint itself: no temporary file left next to it
+    assert sorted(p.name for p in tmp_path.iterdir() if "ckpt" in p.name) == ["fit.ckpt"]
+
+    second = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert not checkpoint.exists()  # removed when the fit completes
+    iters = out.with_suffix(".npz.iters").read_text().split("\n")
+    # killed right after iteration 3 of the first initialisation, resumed at 4
+    assert iters[:4] == ["0 1", "0 2", "0 3", "0 4"]
+
+    ref = GaussianMixture(3, max_iter=8, tol=0.0, random_state=0, n_init=2)
+    fit_quietly(ref, X)
+    got = np.load(out)
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+        np.testing.assert_allclose(got[name], getattr(ref, name), rtol=1e-12, atol=0,
+                                   err_msg=name)
+    np.testing.assert_allclose(got["lower_bounds"], ref.lower_bounds_, rtol=1e-12)
+
+
+@pytest.mark.parametrize("init,n_iter", [(0, 2), (1, 5), (2, 1)])
+def test_resume_in_any_initialisation(tmp_path, X, init, n_iter):
+    """The best earlier run and the random state come back from the checkpoint."""
+    path = tmp_path / "ck.npz"
+    params = kwargs(n_init=3, init_params="random")
+    ref = fit_quietly(GaussianMixture(**params), X)
+    with pytest.raises(Stop):
+        fit_quietly(GaussianMixture(**params, checkpoint=path,
+                                    callback=stop_at(init, n_iter)), X)
+    assert read_state(path, read_fingerprint(path)).init_index == init
+    seen = []
+    resumed = GaussianMixture(**params, checkpoint=path,
+                              callback=lambda r: seen.append((r["init"], r["n_iter"])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        labels = resumed.fit_predict(X) if init else resumed.fit(X).predict(X)
+    assert seen[0] == (init, n_iter + 1)
+    assert_same_model(resumed, ref)
+    np.testing.assert_array_equal(labels, ref.predict(X))
+    assert not path.exists()
+
+
+def read_fingerprint(path):
+    import json
+
+    with np.load(path, allow_pickle=False) as npz:
+        return json.loads(str(npz["meta"]))["fingerprint"]
+
+
+def test_random_state_instance_resumes(tmp_path, X):
+    path = tmp_path / "ck.npz"
+    params = kwargs(n_init=2, init_params="random")
+    ref = fit_quietly(GaussianMixture(**{**params, "random_state":
+                                         np.random.RandomState(7)}), X)
+    with pytest.raises(Stop):
+        GaussianMixture(**{**params, "random_state": np.random.RandomState(7)},
+                        checkpoint=path, callback=stop_at(0, 4)).fit(X)
+    resumed = fit_quietly(GaussianMixture(**{**params, "random_state":
+                                             np.random.RandomState(7)},
+                                          checkpoint=path), X)
+    assert_same_model(resumed, ref)
+
+
+def test_checkpoint_is_kept_when_fit_raises_and_state_restored(tmp_path, X):
+    path = tmp_path / "ck.npz"
+    gm = fit_quietly(GaussianMixture(**kwargs()), X)
+    before = {name: getattr(gm, name).copy() for name in PARAMS}
+    with pytest.raises(Stop):
+        gm.set_params(checkpoint=path, callback=stop_at(0, 2)).fit(X[::-1])
+    assert path.exists()
+    for name, value in before.items():
+        np.testing.assert_array_equal(getattr(gm, name), value)
+
+
+@pytest.mark.parametrize("change", [
+    {"reg_covar": 1e-3}, {"n_components": 4}, {"covariance_type": "diag"},
+    {"random_state": 1}, {"init_params": "random"}, {"tol": 1e-4}, {"max_iter": 9},
+    {"on_degenerate": "raise"}, {"compute_dtype": "float32"},
+    {"means_init": np.zeros((3, 3))},
+])
+def test_other_parameters_refused(tmp_path, X, change):
+    path = tmp_path / "ck.npz"
+    with pytest.raises(Stop):
+        GaussianMixture(**kwargs(), checkpoint=path, callback=stop_at(0, 2)).fit(X)
+    saved = path.read_bytes()
+    gm = GaussianMixture(**kwargs(**change), checkpoint=path)
+    key = next(iter(change))
+    with pytest.raises(ValueError, match=rf"other parameters.*{key}"):
+        gm.fit(X)
+    assert path.read_bytes() == saved  # left as it was
+    assert not hasattr(gm, "weights_")
+
+
+@pytest.mark.parametrize("other", ["shifted", "float32", "fewer rows", "one row"])
+def test_other_data_refused(tmp_path, X, other):
+    path = tmp_path / "ck.npz"
+    with pytest.raises(Stop):
+        GaussianMixture(**kwargs(), checkpoint=path, callback=stop_at(0, 2)).fit(X)
+    Y = {"shifted": X + 1.0, "float32": X.astype(np.float32), "fewer rows": X[:-1],
+         "one row": np.vstack([X[:-1], X[-1:] * 2])}[other]
+    with pytest.raises(ValueError, match="other data"):
+        GaussianMixture(**kwargs(), checkpoint=path).fit(Y)
+
+
+def test_same_data_from_another_source_resumes(tmp_path, X, make_sources):
+    path = tmp_path / "ck.npz"
+    ref = fit_quietly(GaussianMixture(**kwargs()), X)
+    with pytest.raises(Stop):
+        GaussianMixture(**kwargs(), checkpoint=path, callback=stop_at(0, 3)).fit(X)
+    source = make_sources.one(X, "h5_string")
+    assert_same_model(fit_quietly(GaussianMixture(**kwargs(), checkpoint=path),
+                                  source.obj), ref)
+
+
+def test_not_a_checkpoint(tmp_path, X):
+    path = tmp_path / "ck.npz"
+    path.write_bytes(b"not an npz file")
+    with pytest.raises(ValueError, match="not a readable emgmm checkpoint"):
+        GaussianMixture(**kwargs(), checkpoint=path).fit(X)
+    assert path.read_bytes() == b"not an npz file"
+    np.savez(path, meta=np.array("{}"))
+    with pytest.raises(ValueError, match="not a readable emgmm checkpoint"):
+        GaussianMixture(**kwargs(), checkpoint=path).fit(X)
+
+
+def test_no_pickle_in_the_file(tmp_path, X):
+    path = tmp_path / "ck.npz"
+    with pytest.raises(Stop):
+        GaussianMixture(**kwargs(n_init=2), checkpoint=path,
+                        callback=stop_at(1, 2)).fit(X)
+    with np.load(path, allow_pickle=False) as npz:
+        for name in npz.files:
+            assert npz[name].dtype != object
+
+
+def test_interval_limits_writes(tmp_path, X, monkeypatch):
+    from emgmm import _checkpoint
+
+    writes = []
+    real = _checkpoint.write_state
+    monkeypatch.setattr(_checkpoint, "write_state",
+                        lambda *a: (writes.append(a[1].run.n_iter), real(*a)))
+    fit_quietly(GaussianMixture(**kwargs(), checkpoint=tmp_path / "a.npz"), X)
+    assert writes == list(range(1, 9))
+    writes.clear()
+    fit_quietly(GaussianMixture(**kwargs(), checkpoint=tmp_path / "b.npz",
+                                checkpoint_interval=3600.0), X)
+    assert writes == []
+    assert not (tmp_path / "a.npz").exists()
+
+
+def test_write_is_atomic(tmp_path, X, monkeypatch):
+    """A write that fails half-way leaves the previous checkpoint and no temp file."""
+    path = tmp_path / "ck.npz"
+    calls = []
+
+    def failing_savez(fh, **arrays):
+        calls.append(1)
+        if len(calls) == 3:
+            fh.write(b"partial")
+            raise OSError("No space left on device")
+        return real_savez(fh, **arrays)
+
+    real_savez = np.savez
+    from emgmm import _checkpoint
+
+    monkeypatch.setattr(_checkpoint.np, "savez", failing_savez)
+    with pytest.raises(OSError, match="No space"):
+        GaussianMixture(**kwargs(), checkpoint=path).fit(X)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.npz"]
+    state = read_state(path, read_fingerprint(path))
+    assert state.run.n_iter == 2
+
+
+@pytest.mark.parametrize("bad", [{"checkpoint_interval": -1.0},
+                                 {"checkpoint_interval": "often"},
+                                 {"checkpoint": 3}])
+def test_parameter_constraints(X, bad):
+    with pytest.raises(InvalidParameterError):
+        GaussianMixture(**kwargs(**bad)).fit(X)
+
+
+def test_warm_start_fingerprint(tmp_path, X):
+    """A warm start resumes only from the same starting model."""
+    path = tmp_path / "ck.npz"
+    gm = fit_quietly(GaussianMixture(**kwargs(warm_start=True)), X)
+    ref = GaussianMixture(**kwargs(warm_start=True))
+    fit_quietly(ref, X)
+    fit_quietly(ref, X)
+    with pytest.raises(Stop):
+        gm.set_params(checkpoint=path, callback=stop_at(0, 3)).fit(X)
+    gm.set_params(callback=None)
+    fit_quietly(gm, X)
+    assert_same_model(gm, ref)
+    # the same parameters warm-started from another model: refused
+    with pytest.raises(Stop):
+        gm.set_params(checkpoint=path, callback=stop_at(0, 3)).fit(X)
+    other = fit_quietly(GaussianMixture(**kwargs(warm_start=True)), X[::2])
+    with pytest.raises(ValueError, match="warm_start_from"):
+        other.set_params(checkpoint=path).fit(X)
