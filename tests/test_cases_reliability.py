@@ -42,7 +42,10 @@ def assert_valid_model(gm):
     eps = np.finfo(gm.weights_.dtype).eps
     assert abs(gm.weights_.sum() - 1.0) <= 10 * eps
     assert np.all(gm.weights_ >= 0)
-    scale = np.abs(np.asarray(gm.covariances_)).max()
+    # rounding: the statistics are sums of squares of the data, whose size is the
+    # covariance plus the squared means ('tied' expands around one common shift)
+    scale = (np.abs(np.asarray(gm.covariances_, dtype=np.float64)).max()
+             + (np.asarray(gm.means_, dtype=np.float64) ** 2).max())
     d = gm.means_.shape[1]
     assert np.all(min_eigenvalues(gm) > 0)
     assert np.all(min_eigenvalues(gm) >= gm.reg_covar - 10 * d * eps * scale)

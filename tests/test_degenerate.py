@@ -1,0 +1,178 @@
+"""Degenerate components: the 'reinit' and 'raise' policies of ``on_degenerate``."""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.mixture import GaussianMixture as SkGaussianMixture
+
+from conftest import COVARIANCE_TYPES
+from emgmm import GaussianMixture
+from emgmm._em import Worst, factorize, initial_factors, reseed
+from test_cases_reliability import assert_bound_monotone, assert_valid_model, min_eigenvalues
+
+DUPLICATES = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0)
+
+
+def fit_recording(gm, X):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gm.fit(X)
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_case_c08_duplicates_reinit(covariance_type):
+    gm = GaussianMixture(5, covariance_type=covariance_type, random_state=0)
+    messages = fit_recording(gm, DUPLICATES)
+    assert_valid_model(gm)
+    assert_bound_monotone(gm)
+    proba = gm.predict_proba(DUPLICATES)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+    reseeds = [(h["n_iter"], h["reseeded"]) for h in gm.history_ if h["reseeded"]]
+    assert reseeds, "three of five components must starve on two distinct points"
+    for n_iter, components in reseeds:
+        assert any(f"EM iteration {n_iter}: components {components}" in m
+                   for m in messages)
+    # every re-seeded component sits on a data point, none at an arbitrary place
+    for mean in gm.means_:
+        assert np.min(np.abs(mean - [[0.0, 0.0], [10.0, 10.0]]).max(axis=1)) < 1e-6
+
+
+def test_raise_gives_sklearn_error_naming_component():
+    """The same message as scikit-learn, with the component added."""
+    X = np.vstack([np.random.default_rng(0).normal(size=(50, 2)), [[30.0, 30.0]]])
+    means = np.array([[0.0, 0.0], [30.0, 30.0]])
+    kw = dict(covariance_type="full", reg_covar=0.0, means_init=means, max_iter=5)
+    with pytest.raises(ValueError) as sk_info:
+        SkGaussianMixture(2, **kw).fit(X)
+    gm = GaussianMixture(2, on_degenerate="raise", **kw)
+    with pytest.raises(ValueError) as info:
+        gm.fit(X)
+    message = str(info.value)
+    assert "(component 1)" in message
+    assert message.replace(" (component 1)", "") == str(sk_info.value)
+    assert not hasattr(gm, "weights_")
+
+
+def test_reinit_of_the_same_case():
+    X = np.vstack([np.random.default_rng(0).normal(size=(50, 2)), [[30.0, 30.0]]])
+    gm = GaussianMixture(2, reg_covar=0.0, means_init=[[0.0, 0.0], [30.0, 30.0]],
+                         max_iter=50)
+    messages = fit_recording(gm, X)
+    assert gm.history_[0]["reseeded"] == [1]
+    assert any("components [1]" in m and "reg_covar" in m for m in messages)
+    assert_valid_model(gm)
+
+
+@pytest.mark.parametrize("on_degenerate", ["reinit", "raise"])
+def test_degenerate_initialisation(on_degenerate):
+    """k-means puts 2 identical points in a cluster of its own: singular with
+    reg_covar=0 before the first iteration."""
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(size=(100, 3)), np.full((2, 3), 50.0)])
+    gm = GaussianMixture(2, reg_covar=0.0, random_state=0, on_degenerate=on_degenerate)
+    if on_degenerate == "raise":
+        with pytest.raises(ValueError, match=r"component 1"):
+            gm.fit(X)
+        return
+    messages = fit_recording(gm, X)
+    assert any(m.startswith("Initialisation: components [1]") for m in messages)
+    assert_valid_model(gm)
+
+
+def test_tied_not_positive_definite_raises_in_both_policies():
+    X = np.tile([[1.0, 2.0, 3.0]], (20, 1)) + np.arange(20)[:, None] * [1.0, 1.0, 0.0]
+    for policy in ("reinit", "raise"):
+        with pytest.raises(ValueError, match="ill-defined empirical covariance"):
+            GaussianMixture(2, covariance_type="tied", reg_covar=0.0,
+                            on_degenerate=policy, random_state=0).fit(X)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_factorize_flags_singular_and_overflowing(covariance_type):
+    d = 3
+    good = {"full": np.eye(d), "tied": np.eye(d), "diag": np.ones(d),
+            "spherical": 1.0}[covariance_type]
+    tiny = {"full": 1e-310 * np.eye(d), "tied": 1e-310 * np.eye(d),
+            "diag": np.array([1.0, 1e-310, 1.0]), "spherical": 1e-310}[covariance_type]
+    singular = {"full": np.zeros((d, d)), "tied": np.zeros((d, d)),
+                "diag": np.array([1.0, 0.0, 1.0]), "spherical": 0.0}[covariance_type]
+    if covariance_type == "tied":
+        for cov, bad in ((good, []), (tiny, [0]), (singular, [0])):
+            u, got = factorize(np.array(cov), "tied")
+            assert got == bad
+        return
+    cov = np.array([good, tiny, singular, good])
+    u, bad = factorize(cov, covariance_type)
+    assert bad == [1, 2]
+    assert np.all(np.isfinite(u[[0, 3]])) and np.all(np.isnan(u[[1, 2]]))
+    # float32 storage: the precision 1e40 of a 1e-40 variance overflows float32
+    cov32 = np.array([good, good * 1e-40, good])
+    assert factorize(cov32, covariance_type, np.float32)[1] == [1]
+    assert factorize(cov32, covariance_type, np.float64)[1] == []
+
+
+def test_reseed_prefers_unused_rows_and_pools_covariances():
+    K, d = 3, 2
+    weights = np.array([0.5, 0.5, 0.0])
+    means = np.zeros((K, d))
+    covs = np.array([np.eye(d), 3 * np.eye(d), np.zeros((d, d))])
+    worst = Worst(3, np.array([-9.0, -8.0, -7.0]), np.array([11, 12, 13]),
+                  np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]))
+    used = [11]
+    done = reseed(weights, means, covs, [2], worst, "full", used)
+    assert done == [2]
+    np.testing.assert_array_equal(means[2], [2.0, 2.0])  # row 11 was used before
+    np.testing.assert_allclose(covs[2], 2 * np.eye(d))  # weighted pool of healthy ones
+    assert used == [11, 12]
+    np.testing.assert_allclose(weights.sum(), 1.0)
+    np.testing.assert_allclose(weights, np.array([0.5, 0.5, 1 / 3]) / (1 + 1 / 3))
+
+
+def test_reseed_tied_keeps_the_shared_covariance():
+    weights = np.array([0.6, 0.4 - 1e-18, 1e-18])
+    means = np.zeros((3, 2))
+    cov = 2 * np.eye(2)
+    worst = Worst(1, np.array([-5.0]), np.array([4]), np.array([[7.0, 8.0]]))
+    assert reseed(weights, means, cov, [2], worst, "tied", []) == [2]
+    np.testing.assert_array_equal(means[2], [7.0, 8.0])
+    np.testing.assert_array_equal(cov, 2 * np.eye(2))
+
+
+def test_initial_factors_pools_healthy_covariances():
+    covs = np.array([np.eye(2), np.zeros((2, 2)), 3 * np.eye(2)])
+    with pytest.warns(UserWarning, match=r"Initialisation: components \[1\]"):
+        u = initial_factors(covs, "full", "reinit")
+    np.testing.assert_allclose(covs[1], 2 * np.eye(2))
+    np.testing.assert_allclose(u[1] @ u[1].T, np.linalg.inv(covs[1]))
+    with pytest.raises(ValueError, match="component 0"):
+        initial_factors(np.zeros((2, 2, 2)), "full", "reinit")
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_component_collapsed_is_a_clear_error(dtype, covariance_type):
+    """Case C07's data with reg_covar=0: every cluster is one exact point. When no
+    component is healthy to recover from, even 'reinit' raises scikit-learn's error
+    (it suggests reg_covar); when rounding leaves positive variances the model is
+    valid. Never a NaN model."""
+    X = np.repeat([[0.0], [1e3], [1e4]], 50, axis=0).astype(dtype)
+    gm = GaussianMixture(3, covariance_type=covariance_type, reg_covar=0.0,
+                         random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            gm.fit(X)
+        except ValueError as exc:
+            assert "ill-defined empirical covariance" in str(exc)
+            assert "increase reg_covar" in str(exc)
+            assert not hasattr(gm, "weights_")
+        else:
+            assert_valid_model(gm)
+    gm.set_params(reg_covar=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm.fit(X)
+    assert gm.means_.dtype == dtype
+    assert_valid_model(gm)
