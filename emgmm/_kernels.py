@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import linalg
-from scipy.special import logsumexp
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 
@@ -208,7 +207,11 @@ def log_det_cholesky(precisions_cholesky, covariance_type, n_features):
 
 def _shift(means, weights):
     """A common centre for the expanded distance formulas: the mixture mean."""
-    return np.asarray(weights, dtype=np.float64) @ np.asarray(means, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.float64)
+    total = weights.sum()
+    if not total > 0.0:
+        weights, total = np.ones(len(weights)), float(len(weights))
+    return (weights / total) @ np.asarray(means, dtype=np.float64)
 
 
 def _trmm_right_upper(block, u):
@@ -222,17 +225,161 @@ def _trmm_right_upper(block, u):
     return out.T
 
 
+# Sizes of the work buffers of the 'full' kernels. Row chunks are cut so that the
+# buffer a chunk's matrix product writes stays within a few MiB (cache-sized), and
+# products are batched over components so that every GEMM is wide enough to run near
+# the BLAS peak rate (measured on OpenBLAS 0.3, 2 cores).
+_GEMM_COLUMNS = 1024      # columns of one batched product (components x features)
+_CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
+# The packed formulation (below) is used while its packed model fits in this many bytes.
+_PACKED_MODEL_BYTES = 64 * 2**20
+# ... and only for components whose |m_k|^T |Lambda_k| |m_k| (m_k = mu_k - shift) is
+# at most this: its float64 rounding error then stays below ~1e-10 in log N.
+_PACKED_MAX_AMPLIFICATION = 1e5
+
+
+def _chunk_rows(n_columns, itemsize, n_rows):
+    """Rows per chunk so that a ``(rows, n_columns)`` buffer holds ``_CHUNK_BYTES``."""
+    rows = _CHUNK_BYTES // max(1, n_columns * itemsize)
+    return int(min(max(rows, 16), max(n_rows, 1)))
+
+
+def _packed_index(d):
+    """Row-major upper-triangle indices of a ``(d, d)`` matrix (pairs ``j <= l``)."""
+    return np.triu_indices(d)
+
+
+def _packed_products(Y, out):
+    """``out[:, :T] = y_j y_l`` for ``j <= l`` (row-major upper triangle), then ``y``, 1.
+
+    ``out`` has shape ``(n, T + d + 1)`` with ``T = d (d + 1) / 2``. It is the row-wise
+    Khatri-Rao square of ``Y``, augmented so that one matrix product with it gives
+    quadratic forms, linear terms and counts together.
+    """
+    n, d = Y.shape
+    off = 0
+    for j in range(d):
+        np.multiply(Y[:, j:], Y[:, j:j + 1], out=out[:, off:off + d - j])
+        off += d - j
+    out[:, off:off + d] = Y
+    out[:, off + d] = 1.0
+    return out
+
+
+def _packed_amplification(means_shifted, precisions):
+    """``|m_k|^T |Lambda_k| |m_k|`` per component (float64 rounding amplification)."""
+    a = np.abs(means_shifted)
+    return np.einsum("ki,kij,kj->k", a, np.abs(precisions), a)
+
+
+def _full_maha_packed(X, g, means_shifted, precisions, out):
+    """Squared Mahalanobis distances by one GEMM per row chunk (float64 only).
+
+    With ``y = x - g`` and ``m_k = mu_k - g``:
+    ``(y - m_k)^T Lambda_k (y - m_k) = sum_{j<=l} c_jl Lambda_k[j, l] y_j y_l
+    - 2 y^T Lambda_k m_k + m_k^T Lambda_k m_k`` with ``c_jj = 1``, ``c_jl = 2``:
+    the packed products ``[y_j y_l, y, 1]`` of a chunk times a ``(T + d + 1, K)``
+    matrix. ``n K d^2`` flops, half of a dense ``(x - mu) U`` per component.
+    """
+    n, d = X.shape
+    K = means_shifted.shape[0]
+    iu = _packed_index(d)
+    T = iu[0].size
+    W = np.empty((T + d + 1, K))
+    W[:T] = precisions[:, iu[0], iu[1]].T
+    W[:T][iu[0] != iu[1]] *= 2.0
+    lam_m = np.einsum("kij,kj->ki", precisions, means_shifted)
+    W[T:T + d] = -2.0 * lam_m.T
+    W[T + d] = np.einsum("ki,ki->k", lam_m, means_shifted)
+    rows = _chunk_rows(T + d + 1, 8, n)
+    P = np.empty((rows, T + d + 1))
+    Y = np.empty((rows, d))
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        m = r1 - r0
+        np.subtract(X[r0:r1], g, out=Y[:m])
+        _packed_products(Y[:m], P[:m])
+        np.matmul(P[:m], W, out=out[r0:r1])
+    np.maximum(out, 0.0, out=out)
+    return out
+
+
+def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
+    """Squared Mahalanobis distances ``||(x - mu_k) U_k||^2`` for ``components``.
+
+    Components are batched: one GEMM of the chunk ``[x - g, 1]`` with
+    ``[[U_k1 ... U_kb], [-m_k1 U_k1 ... -m_kb U_kb]]`` gives ``(x - mu_k) U_k`` for
+    ``b`` components at once (``m_k = mu_k - g``), in the dtype of ``X`` (float32 mode
+    runs float32 GEMMs; the rounding is relative to ``|x - g|`` and ``|m_k|``, linear
+    in them). Then squares and row sums per component, in place.
+    """
+    n, d = X.shape
+    dtype = X.dtype
+    kb = max(1, min(len(components), _GEMM_COLUMNS // d))
+    rows = _chunk_rows(kb * d, dtype.itemsize, n)
+    Ya = np.empty((n, d + 1), dtype=dtype)
+    np.subtract(X, g, out=Ya[:, :d], casting="same_kind")
+    Ya[:, d] = 1.0
+    Z = np.empty((rows, kb * d), dtype=dtype)
+    part = np.empty((rows, kb), dtype=dtype)
+    for b0 in range(0, len(components), kb):
+        batch = components[b0:b0 + kb]
+        nb = len(batch)
+        u = precisions_cholesky[batch]
+        W = np.empty((d + 1, nb, d))
+        W[:d] = np.swapaxes(u, 0, 1)
+        W[d] = -np.einsum("kj,kjl->kl", means_shifted[batch], u)
+        W = W.reshape(d + 1, nb * d).astype(dtype)
+        for r0 in range(0, n, rows):
+            r1 = min(r0 + rows, n)
+            m = r1 - r0
+            z = Z[:m, :nb * d]
+            np.matmul(Ya[r0:r1], W, out=z)
+            np.multiply(z, z, out=z)
+            np.add.reduce(z.reshape(m, nb, d), axis=2, out=part[:m, :nb])
+            out[r0:r1, batch] = part[:m, :nb]
+    return out
+
+
+def _full_maha(X, means, precisions_cholesky, weights):
+    """Squared Mahalanobis distances of every row to every 'full' component, (n, K)."""
+    n, d = X.shape
+    K = means.shape[0]
+    g = _shift(means, weights if weights is not None else np.ones(K))
+    means_shifted = np.asarray(means, dtype=np.float64) - g
+    u64 = np.asarray(precisions_cholesky, dtype=np.float64)
+    maha = np.empty((n, K), dtype=np.float64)
+    dense = np.arange(K)
+    T = d * (d + 1) // 2 + d + 1
+    if X.dtype == np.float64 and T * K * 8 <= _PACKED_MODEL_BYTES and n * K > 0:
+        precisions = np.matmul(u64, np.swapaxes(u64, 1, 2))
+        ok = _packed_amplification(means_shifted, precisions) <= _PACKED_MAX_AMPLIFICATION
+        if ok.all():
+            return _full_maha_packed(X, g, means_shifted, precisions, maha)
+        if ok.sum() * 2 > K:
+            packed = np.flatnonzero(ok)
+            maha[:, packed] = _full_maha_packed(X, g, means_shifted[packed],
+                                                precisions[packed],
+                                                np.empty((n, packed.size)))
+            dense = np.flatnonzero(~ok)
+    return _full_maha_dense(X, g.astype(X.dtype), means_shifted, u64, dense, maha)
+
+
 def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=None):
     """Log-density of every row under every component.
 
     ``log N(x | mu_k, Lambda_k) = -d/2 log(2 pi) + sum_j log U_k[j, j]
     - 1/2 ||(x - mu_k) U_k||^2`` (Bishop eq. 2.43 with ``Lambda_k = U_k U_k^T``).
 
-    For 'full' each component's block is centred on ``mu_k`` before the triangular
-    product, so there is no cancellation. For 'tied', 'diag' and 'spherical' the
-    squared distances are expanded around one common shift (the mixture mean) so that
-    the work is a few matrix products; the rounding is then relative to the spread of
-    the component means around that shift.
+    For 'full' in float64 the squared distances are, per chunk of rows, one matrix
+    product of the packed products ``[y_j y_l (j <= l), y, 1]`` of ``y = x - g`` (``g``
+    the mixture mean) with the packed precisions: ``n K d^2`` flops at the GEMM rate.
+    Components whose mean lies so far from ``g`` (in their own metric) that this
+    expansion would lose more than ~1e-10 in ``log N``, and float32 data, use instead
+    batched products ``[x - g, 1] @ [[U_k], [-(mu_k - g) U_k]]`` over several
+    components at once, whose rounding is linear in ``|x - g|`` and ``|mu_k - g|``.
+    For 'tied', 'diag' and 'spherical' the squared distances are expanded around the
+    same shift so that the work is a few matrix products, in float64.
 
     Parameters
     ----------
@@ -243,27 +390,19 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
         Shapes as in :func:`precisions_cholesky_from_covariances`.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     weights : ndarray of shape (K,), optional
-        Only used to choose the shift for the expanded formulas (mixture mean);
-        uniform when omitted. Does not change the result beyond rounding.
+        Only used to choose the shift (mixture mean); uniform when omitted. Does not
+        change the result beyond rounding.
 
     Returns
     -------
     log_prob : ndarray of shape (n, K), float64
     """
     X = np.asarray(X)
-    dtype = X.dtype
     n, d = X.shape
     K = means.shape[0]
     log_det = log_det_cholesky(precisions_cholesky, covariance_type, d)
     if covariance_type == "full":
-        maha = np.empty((n, K), dtype=np.float64)
-        means_c = means.astype(dtype, copy=False)
-        work = np.empty((n, d), dtype=dtype)
-        for k in range(K):
-            np.subtract(X, means_c[k], out=work)
-            u = np.asarray(precisions_cholesky[k], dtype=dtype)
-            y = _trmm_right_upper(work, u)
-            maha[:, k] = np.einsum("ij,ij->i", y, y)
+        maha = _full_maha(X, means, precisions_cholesky, weights)
     else:
         # Few products around one shift, in float64: the expansion cancels, so it
         # must not run in float32.
@@ -283,7 +422,9 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
             )
         elif covariance_type == "diag":
             prec = u**2
-            maha = (Y * Y) @ prec.T - 2.0 * (Y @ (M * prec).T) + (M**2 * prec).sum(axis=1)
+            maha = (Y * Y) @ prec.T
+            maha -= Y @ (2.0 * M * prec).T
+            maha += (M**2 * prec).sum(axis=1)
         else:
             prec = u**2
             maha = (
@@ -292,7 +433,10 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
                 + np.einsum("ij,ij->i", M, M)[None, :]
             ) * prec[None, :]
         np.maximum(maha, 0.0, out=maha)
-    return -0.5 * (d * _LOG_2PI + maha) + log_det
+    maha += d * _LOG_2PI
+    maha *= -0.5
+    maha += log_det
+    return maha
 
 
 def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type):
@@ -316,10 +460,35 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
     weighted = log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights)
     with np.errstate(divide="ignore"):
         weighted += np.log(np.asarray(weights, dtype=np.float64))
-    log_prob_norm = logsumexp(weighted, axis=1)
+    log_prob_norm = _logsumexp_rows(weighted)
     with np.errstate(under="ignore", invalid="ignore"):
         weighted -= log_prob_norm[:, np.newaxis]
     return log_prob_norm, weighted
+
+
+def _logsumexp_rows(a):
+    """``log sum_k exp(a_ik)`` per row, with one ``(rows, K)`` work buffer per chunk.
+
+    Same as ``scipy.special.logsumexp(a, axis=1)`` for finite rows and rows with some
+    ``-inf`` entries (a row of all ``-inf`` gives ``-inf``), without its full-size
+    temporaries.
+    """
+    n, K = a.shape
+    out = np.empty(n)
+    rows = _chunk_rows(K, 8, n)
+    work = np.empty((rows, K))
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        m = r1 - r0
+        top = a[r0:r1].max(axis=1)
+        top[~np.isfinite(top)] = 0.0
+        w = work[:m]
+        np.subtract(a[r0:r1], top[:, None], out=w)
+        np.exp(w, out=w)
+        with np.errstate(divide="ignore"):
+            np.log(w.sum(axis=1), out=out[r0:r1])
+        out[r0:r1] += top
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -352,6 +521,17 @@ class SufficientStatistics:
     log_likelihood: float
     n_samples: int
 
+    def __add__(self, other):
+        return SufficientStatistics(
+            self.nk + other.nk,
+            self.sum_x + other.sum_x,
+            self.sum_xx + other.sum_xx,
+            self.log_likelihood + other.log_likelihood,
+            self.n_samples + other.n_samples,
+        )
+
+    merge = __add__
+
     def __iadd__(self, other):
         self.nk += other.nk
         self.sum_x += other.sum_x
@@ -359,6 +539,134 @@ class SufficientStatistics:
         self.log_likelihood += other.log_likelihood
         self.n_samples += other.n_samples
         return self
+
+
+# Below this fraction of (row, component) pairs with a responsibility above the
+# threshold, the 'full' statistics gather each component's rows instead of running the
+# dense packed product over all of them.
+_GATHER_DENSITY = 0.25
+# The packed (expanded) second moments are kept for a component while the rounding of
+# the expanded terms, amplified in S_k^{-1} (see _cancellation), is at most this times
+# the float64 unit roundoff (~1e-10 relative); others are recomputed centred.
+_PACKED_MAX_CANCELLATION = 1e6
+
+
+def _gathered_second_moments(X, resp, centers, kept, components, out):
+    """``S_k = sum_{i: kept} r_ik (x_i - c_k)(x_i - c_k)^T`` per component, centred.
+
+    Each component's kept rows are gathered into one buffer, centred on ``c_k`` and
+    scaled by ``sqrt(r_ik)`` in float64, and reduced by one symmetric rank-k update
+    (``syrk``), so the work is level-3 BLAS on the gathered rows only.
+    """
+    n, d = X.shape
+    buf = np.empty((n, d), dtype=np.float64)
+    raw = buf if X.dtype == np.float64 else np.empty((n, d), dtype=X.dtype)
+    (syrk,) = linalg.get_blas_funcs(("syrk",), (buf,))
+    for k in components:
+        rows = np.flatnonzero(kept[k])
+        m = rows.size
+        if m == 0:
+            out[k] = 0.0
+            continue
+        np.take(X, rows, axis=0, out=raw[:m])
+        work = buf[:m]
+        np.subtract(raw[:m], centers[k], out=work)
+        work *= np.sqrt(resp[rows, k])[:, None]
+        # work.T is Fortran-ordered (d, m): syrk(trans=0) gives work.T @ work
+        upper = syrk(1.0, work.T, trans=0, lower=0)
+        out[k] = np.triu(upper) + np.triu(upper, 1).T
+    return out
+
+
+def _packed_second_moments(X, resp, centers, g, out):
+    """Centred second moments from one GEMM per row chunk (float64 accumulation).
+
+    ``R^T [y_j y_l (j <= l), y, 1]`` over the rows of a chunk (``y = x - g``) gives
+    ``sum_i r_ik y y^T``, ``sum_i r_ik y`` and ``N_k`` for every component at once;
+    then ``S_k = sum r y y^T - s_k m_k^T - m_k s_k^T + N_k m_k m_k^T`` with
+    ``m_k = c_k - g``.
+
+    Returns
+    -------
+    cancellation : ndarray of shape (K,)
+        See :func:`_cancellation`.
+    """
+    n, d = X.shape
+    K = centers.shape[0]
+    iu = _packed_index(d)
+    T = iu[0].size
+    cols = T + d + 1
+    rows = _chunk_rows(cols, 8, n)
+    P = np.empty((rows, cols))
+    Y = np.empty((rows, d))
+    acc = np.zeros((K, cols))
+    part = np.empty((K, cols))
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        m = r1 - r0
+        np.subtract(X[r0:r1], g, out=Y[:m])
+        _packed_products(Y[:m], P[:m])
+        np.matmul(resp[r0:r1].T, P[:m], out=part)
+        acc += part
+    m_k = centers - g
+    s = acc[:, T:T + d]
+    N = acc[:, T + d]
+    out[:, iu[0], iu[1]] = acc[:, :T]
+    out[:, iu[1], iu[0]] = acc[:, :T]
+    # per-feature magnitude of the expanded terms, a_j = sum r y_j^2 + N m_j^2
+    scale = np.diagonal(out, axis1=1, axis2=2) + N[:, None] * m_k**2
+    cross = s[:, :, None] * m_k[:, None, :]
+    out -= cross
+    out -= np.swapaxes(cross, 1, 2)
+    out += N[:, None, None] * (m_k[:, :, None] * m_k[:, None, :])
+    return _cancellation(out, scale, N)
+
+
+def _cancellation(S, scale, N):
+    """``sum_j a_j (S_k^{-1})_jj`` per component: how much the rounding of the expanded
+    terms (``|E_jl| <~ u sqrt(a_j a_l)``) is amplified in ``S_k^{-1}`` (relative).
+
+    Features with ``a_j = 0`` (exactly zero in every row and centre) are left out;
+    ``inf`` when the rest of ``S_k`` is not positive definite, 0 when ``N_k = 0``.
+    """
+    K, d, _ = S.shape
+    out = np.zeros(K)
+    for k in range(K):
+        if N[k] == 0.0:
+            continue
+        live = np.flatnonzero(scale[k] > 0.0)
+        if live.size == 0:
+            continue
+        try:
+            chol = linalg.cholesky(S[k][np.ix_(live, live)], lower=True)
+        except linalg.LinAlgError:
+            out[k] = np.inf
+            continue
+        v = linalg.solve_triangular(chol, np.diag(np.sqrt(scale[k, live])), lower=True)
+        out[k] = np.einsum("ij,ij->", v, v)
+    return out
+
+
+def _full_second_moments(X, resp, centers, nk, resp_threshold):
+    """``S_k`` for 'full' (see :func:`block_statistics`), shape (K, d, d), symmetric."""
+    n, d = X.shape
+    K = centers.shape[0]
+    out = np.zeros((K, d, d))
+    if n == 0:
+        return out
+    kept = (resp > resp_threshold).T
+    T = d * (d + 1) // 2 + d + 1
+    dense = (np.count_nonzero(kept) >= _GATHER_DENSITY * n * K
+             and T * K * 8 <= _PACKED_MODEL_BYTES)
+    if not dense:
+        return _gathered_second_moments(X, resp, centers, kept, range(K), out)
+    r = resp if resp_threshold == 0.0 else np.where(kept.T, resp, 0.0)
+    g = _shift(centers, nk)
+    cancellation = _packed_second_moments(X, r, centers, g, out)
+    redo = np.flatnonzero(cancellation > _PACKED_MAX_CANCELLATION)
+    if redo.size:
+        _gathered_second_moments(X, resp, centers, kept, redo, out)
+    return out
 
 
 def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0):
@@ -401,22 +709,7 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0):
     X64 = X.astype(np.float64, copy=False)
     sum_x = resp.T @ X64 - nk[:, None] * centers
     if covariance_type == "full":
-        sum_xx = np.zeros((K, d, d), dtype=np.float64)
-        (syrk,) = linalg.get_blas_funcs(("syrk",), (X,))
-        centers_c = centers.astype(dtype)
-        for k in range(K):
-            rk = resp[:, k]
-            rows = np.flatnonzero(rk > resp_threshold)
-            if rows.size == 0:
-                continue
-            if rows.size == n:
-                work = X - centers_c[k]
-                work *= np.sqrt(rk, dtype=np.float64).astype(dtype)[:, None]
-            else:
-                work = X[rows] - centers_c[k]
-                work *= np.sqrt(rk[rows]).astype(dtype)[:, None]
-            # work.T is Fortran-ordered (d, m): syrk(trans=0) gives work.T @ work
-            sum_xx[k] = syrk(1.0, work.T, trans=0, lower=0)
+        sum_xx = _full_second_moments(X, resp, centers, nk, resp_threshold)
     elif covariance_type == "tied":
         g = centers.mean(axis=0)
         cg = centers - g
@@ -483,7 +776,8 @@ def m_step(stats, centers, reg_covar, covariance_type):
         # exceeds the centred variance by mu^2 * 10 eps / N_k; add that term too so
         # both agree when N_k is about one sample (one-hot initialisations).
         cov = np.maximum(stats.sum_xx / nk[:, None] - shift**2, 0.0)
-        cov += means**2 * ((nk - stats.nk) / nk)[:, None] + reg_covar
+        mean_sk = (stats.sum_x + stats.nk[:, None] * np.asarray(centers, np.float64)) / nk[:, None]
+        cov += mean_sk**2 * ((nk - stats.nk) / nk)[:, None] + reg_covar
         if covariance_type == "spherical":
             cov = cov.mean(axis=1)
     return weights, means, cov
