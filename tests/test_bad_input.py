@@ -1,0 +1,271 @@
+"""Bad input everywhere: a clear exception naming the problem, the user's files left
+untouched (bytes and modification time) and the estimator's state unchanged."""
+
+import copy
+import os
+import subprocess
+import sys
+import warnings
+
+import h5py
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from conftest import FILE_KINDS, file_fingerprint
+from emgmm import GaussianMixture
+
+PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
+
+
+def good_data(n=300, d=3, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, d))
+
+
+@pytest.fixture(scope="module")
+def _fitted_once():
+    gm = GaussianMixture(2, random_state=0, max_iter=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm.fit(good_data())
+    return gm
+
+
+@pytest.fixture
+def fitted(_fitted_once):
+    """A fitted estimator (a fresh copy for every test)."""
+    return copy.deepcopy(_fitted_once)
+
+
+def snapshot(gm):
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v)
+            for k, v in gm.__dict__.items()}
+
+
+def assert_state_unchanged(gm, before):
+    assert set(gm.__dict__) == set(before)
+    for key, value in before.items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(gm.__dict__[key], value, err_msg=key)
+        elif key != "callback":
+            assert gm.__dict__[key] == value or key.endswith("_init"), key
+
+
+def check_refused(gm, method, X, exc, match, paths=()):
+    """``method(X)`` raises ``exc`` matching ``match``; files and state unchanged."""
+    prints = [file_fingerprint(p) for p in paths]
+    before = snapshot(gm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(exc, match=match):
+            getattr(gm, method)(X)
+    assert_state_unchanged(gm, before)
+    for path, fp in zip(paths, prints):
+        assert file_fingerprint(path) == fp, path
+
+
+# ----------------------------------------------------------- NaN and infinity
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("row", [0, 157, 299])
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_nonfinite_at_any_row_of_a_file(make_sources, fitted, kind, row, value):
+    X = good_data()
+    X[row, 1] = value
+    source = make_sources.one(X, kind)
+    what = "NaN" if np.isnan(value) else "infinity"
+    match = rf"contains {what}.*{source.path.name}.*row {row}, column 1"
+    check_refused(fitted, "fit", source.obj, ValueError, match, [source.path])
+    for method in ("predict", "score_samples"):
+        check_refused(fitted, method, source.obj, ValueError, match, [source.path])
+
+
+@pytest.mark.parametrize("kind", ["npy", "h5_string"])
+def test_nonfinite_row_outside_the_init_subsample_with_workers(make_sources, kind):
+    """The bad row is found by a worker during an EM pass, not by the initialisation."""
+    X = good_data(2000)
+    X[1777, 2] = np.nan
+    source = make_sources.one(X, kind)
+    gm = GaussianMixture(2, random_state=0, init_max_samples=10, n_jobs=2,
+                         block_size=100)
+    check_refused(gm, "fit", source.obj, ValueError, r"row 1777, column 2",
+                  [source.path])
+    assert not hasattr(gm, "weights_")
+
+
+def test_nonfinite_in_memory(fitted):
+    X = good_data()
+    X[42, 0] = np.nan
+    check_refused(fitted, "fit", X, ValueError, "Input X contains NaN")
+
+
+# ------------------------------------------------------------- wrong dtypes
+
+
+@pytest.mark.parametrize("X,match", [
+    (np.array([[1, "a"], [2, "b"], [3, "c"]], dtype=object), "could not convert"),
+    (np.array([["1", "a"], ["2", "b"], ["3", "c"]]), "could not convert"),
+    (good_data() + 1j, "Complex data not supported"),
+], ids=["object", "string", "complex"])
+def test_non_real_arrays(fitted, X, match):
+    check_refused(fitted, "fit", X, ValueError, match)
+
+
+@pytest.mark.parametrize("array,match", [
+    (good_data() + 1j, "Complex data not supported: .*complex128"),
+    (np.array([["1", "a"], ["2", "b"]]), "needs real numbers"),
+], ids=["complex", "string"])
+def test_non_real_npy(tmp_path, fitted, array, match):
+    path = tmp_path / "X.npy"
+    np.save(path, array)
+    check_refused(fitted, "fit", str(path), ValueError, match, [path])
+
+
+def test_object_npy_needs_pickle_and_is_refused(tmp_path, fitted):
+    path = tmp_path / "X.npy"
+    np.save(path, np.array([[1, "a"], [2, "b"]], dtype=object), allow_pickle=True)
+    check_refused(fitted, "fit", str(path), ValueError, str(path.name), [path])
+
+
+@pytest.mark.parametrize("data,match", [
+    (np.array([[b"a", b"b"]] * 5), "needs real numbers"),
+    (good_data().astype(np.complex64), "Complex data not supported"),
+], ids=["bytes", "complex"])
+def test_non_real_hdf5(tmp_path, fitted, data, match):
+    path = tmp_path / "X.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("d", data=data)
+    check_refused(fitted, "fit", f"{path}:/d", ValueError, match, [path])
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_sparse_input_is_refused(fitted, fmt):
+    X = sp.random(300, 3, density=0.5, format=fmt, random_state=0)
+    for method in ("fit", "predict", "score_samples"):
+        check_refused(fitted, method, X, TypeError, "Sparse data was passed.*toarray")
+
+
+# ------------------------------------------------------------------- shapes
+
+
+@pytest.mark.parametrize("kind", ["ndarray", "npy", "h5_string"])
+@pytest.mark.parametrize("shape,match", [
+    ((0, 3), "0 sample"), ((1, 3), "1 sample"), ((5, 0), "0 feature"),
+], ids=["empty", "one sample", "no feature"])
+def test_empty_and_one_sample(tmp_path, fitted, kind, shape, match):
+    X = good_data(1) if shape == (1, 3) else np.zeros(shape)
+    paths = []
+    if kind == "npy":
+        paths = [tmp_path / "X.npy"]
+        np.save(paths[0], X)
+        X = str(paths[0])
+    elif kind == "h5_string":  # contiguous: h5py cannot chunk an empty dataset
+        paths = [tmp_path / "X.h5"]
+        with h5py.File(paths[0], "w") as f:
+            f.create_dataset("d", data=X)
+        X = f"{paths[0]}:/d"
+    check_refused(fitted, "fit", X, ValueError, match, paths)
+
+
+@pytest.mark.parametrize("kind", ["ndarray", "npy", "h5_string"])
+def test_too_few_samples_for_the_components(make_sources, kind):
+    source = make_sources.one(good_data(4), kind)
+    gm = GaussianMixture(5, random_state=0)
+    check_refused(gm, "fit", source.obj, ValueError,
+                  "n_samples >= n_components.*n_components = 5, n_samples = 4",
+                  [source.path] if source.path else [])
+
+
+@pytest.mark.parametrize("kind", ["ndarray", "npy", "h5", "h5_string"])
+@pytest.mark.parametrize("method", ["predict", "predict_proba", "score_samples",
+                                    "score", "bic"])
+def test_feature_count_mismatch(make_sources, fitted, kind, method):
+    source = make_sources.one(good_data(20, 4), kind)
+    check_refused(fitted, method, source.obj, ValueError,
+                  "X has 4 features, but GaussianMixture is expecting 3",
+                  [source.path] if source.path else [])
+
+
+def test_one_dimensional_file(tmp_path, fitted):
+    path = tmp_path / "X.npy"
+    np.save(path, np.arange(10.0))
+    check_refused(fitted, "fit", str(path), ValueError, "Expected 2D array", [path])
+
+
+# -------------------------------------------------------- initial parameters
+
+
+@pytest.mark.parametrize("covariance_type,precisions,match", [
+    ("full", np.array([np.eye(3), -np.eye(3)]), "symmetric, positive-definite"),
+    ("full", np.array([np.eye(3), [[1, 2, 0], [2, 1, 0], [0, 0, 1]]]),
+     "symmetric, positive-definite"),
+    ("full", np.array([np.eye(2), np.eye(2)]), r"shape of \(2, 3, 3\)"),
+    ("tied", -np.eye(3), "symmetric, positive-definite"),
+    ("tied", np.eye(4), r"shape of \(3, 3\)"),
+    ("diag", -np.ones((2, 3)), "should be positive"),
+    ("diag", np.ones((3, 3)), r"shape of \(2, 3\)"),
+    ("spherical", np.array([1.0, 0.0]), "should be positive"),
+    ("spherical", np.ones(3), r"shape of \(2,\)"),
+])
+def test_bad_precisions_init(fitted, covariance_type, precisions, match):
+    fitted.set_params(covariance_type=covariance_type, precisions_init=precisions)
+    check_refused(fitted, "fit", good_data(), ValueError, match)
+
+
+@pytest.mark.parametrize("weights,match", [
+    ([0.3, 0.3], "should be normalized"),
+    ([1.5, -0.5], r"should be in the range \[0, 1\]"),
+    ([0.2, 0.3, 0.5], r"shape of \(2,\)"),
+])
+def test_bad_weights_init(fitted, weights, match):
+    fitted.set_params(weights_init=weights)
+    check_refused(fitted, "fit", good_data(), ValueError, match)
+
+
+@pytest.mark.parametrize("means", [np.zeros((2, 4)), np.zeros((3, 3)), np.zeros(3)])
+def test_bad_means_init(fitted, means):
+    fitted.set_params(means_init=means)
+    check_refused(fitted, "fit", good_data(), ValueError, r"'means' should have the shape")
+
+
+# -------------------------------------------------------------------- files
+
+
+def test_hdf5_file_locked_by_a_writer(tmp_path, fitted):
+    if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE":
+        pytest.skip("HDF5 file locking is disabled in this environment")
+    path = tmp_path / "X.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("d", data=good_data())
+    writer = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time, h5py; f = h5py.File(sys.argv[1], 'r+'); "
+         "print('open', flush=True); time.sleep(120)", str(path)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "open"
+        # (fingerprinted after the writer opened it: opening for writing marks the file)
+        check_refused(fitted, "fit", f"{path}:/d", OSError,
+                      rf"{path.name}.*locked.*HDF5_USE_FILE_LOCKING", [path])
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+@pytest.mark.parametrize("cut", ["data", "header"])
+def test_truncated_npy(tmp_path, fitted, cut):
+    path = tmp_path / "X.npy"
+    np.save(path, good_data())
+    raw = path.read_bytes()
+    path.write_bytes(raw[:-100] if cut == "data" else raw[:40])
+    check_refused(fitted, "fit", str(path), ValueError, rf"{path.name}", [path])
+    check_refused(fitted, "predict", str(path), ValueError, rf"{path.name}", [path])
+
+
+def test_missing_files(tmp_path, fitted):
+    check_refused(fitted, "fit", str(tmp_path / "nope.npy"), FileNotFoundError, "nope.npy")
+    path = tmp_path / "X.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("d", data=good_data())
+    check_refused(fitted, "fit", f"{path}:/missing", KeyError, "missing", [path])
