@@ -324,16 +324,9 @@ def main(argv=None):
     blas_threads = args.blas_threads if args.blas_threads or not args.quick else 1
     rates = gemm_rates(200 if args.quick else args.gemm_size)
     log(f"DGEMM {rates['dgemm']:.1f} GFLOP/s, SGEMM {rates['sgemm']:.1f} GFLOP/s")
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="emgmm-bench-") as tmp:
-        for name in names:
-            cfg = dict(CONFIGS[name])
-            if args.quick:
-                cfg.update(QUICK[name])
-            rows.extend(run_config(name, cfg, Path(tmp), args.rtol, log, blas_threads))
+    out = Path(args.out) if args.out else RESULTS / f"{args.name or ('quick' if args.quick else 'latest')}.json"
     result = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "wall_seconds": time.time() - started,
         "quick": args.quick,
         "blas_threads": blas_threads,
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
@@ -341,7 +334,7 @@ def main(argv=None):
             "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "numpy": np.__version__,
             "sklearn": sklearn.__version__, "emgmm": getattr(emgmm, "__version__", None),
-            "load_average": os.getloadavg(),
+            "load_average_at_start": os.getloadavg(),
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
             "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
             "blas": [{"lib": i.get("internal_api"), "arch": i.get("architecture"),
@@ -353,11 +346,20 @@ def main(argv=None):
                               "per fit; extra = VmHWM - VmRSS after imports and loading X",
         "seconds_per_iteration_method": "median over iterations; sklearn: _e_step + "
                                         "_m_step; emgmm: history_[i]['seconds']",
-        "rows": rows,
+        "rows": [],
     }
-    out = Path(args.out) if args.out else RESULTS / f"{args.name or ('quick' if args.quick else 'latest')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    rows = result["rows"]
+    with tempfile.TemporaryDirectory(prefix="emgmm-bench-") as tmp:
+        for name in names:
+            cfg = dict(CONFIGS[name])
+            if args.quick:
+                cfg.update(QUICK[name])
+            rows.extend(run_config(name, cfg, Path(tmp), args.rtol, log, blas_threads))
+            # written after every configuration, so an interrupted run keeps its rows
+            result["wall_seconds"] = time.time() - started
+            result["machine"]["load_average_at_end"] = os.getloadavg()
+            out.write_text(json.dumps(result, indent=1))
     print(format_table(rows, rates))
     print(f"\nSGEMM {rates['sgemm']:.1f} GFLOP/s; written {out}; "
           f"{result['wall_seconds']:.0f} s")
