@@ -28,7 +28,10 @@ def test_demo_smallest_size_matches_sklearn(tmp_path, private_tmp, capsys):
     out.mkdir()
     assert cli.main(SMALL + ["--output-dir", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert (result["n_train"], result["n_test"], result["sklearn_n_train"]) == (800, 300, 800)
+    assert (result["n_train"], result["n_test"]) == (800, 300)
+    # --sklearn-patches (5000 by default) is above --n-patches: one emgmm fit, same data
+    assert result["emgmm_subsample"] is None
+    assert result["emgmm"]["n_patches"] == result["sklearn"]["n_patches"] == 800
     assert result["images"] == ["china.jpg", "flower.jpg"]
     # same data, same initialisation, tol=0: emgmm and scikit-learn run the same 4 steps
     assert result["emgmm"]["n_iter"] == result["sklearn"]["n_iter"] == 4
@@ -36,7 +39,11 @@ def test_demo_smallest_size_matches_sklearn(tmp_path, private_tmp, capsys):
         result["sklearn"]["heldout_score"], rel=1e-7)
     assert result["emgmm"]["train_lower_bound"] == pytest.approx(
         result["sklearn"]["train_lower_bound"], rel=1e-9)
+    assert result["score_difference"] == pytest.approx(abs(
+        result["emgmm"]["heldout_score"] - result["sklearn"]["heldout_score"]))
     assert result["score_difference"] < 1e-5
+    assert result["speedup"] == pytest.approx(
+        result["sklearn"]["fit_seconds"] / result["emgmm"]["fit_seconds"])
     png = out / "emgmm_demo_components.png"
     assert result["png"] == str(png)
     with Image.open(png) as img:
@@ -46,12 +53,22 @@ def test_demo_smallest_size_matches_sklearn(tmp_path, private_tmp, capsys):
     assert os.listdir(private_tmp) == []  # temporary HDF5 file removed
 
 
-def test_demo_table_and_sklearn_subsample(tmp_path, private_tmp, capsys):
-    assert cli.main(SMALL + ["--output-dir", str(tmp_path), "--sklearn-patches", "500"]) == 0
+def test_demo_sklearn_subsample_compares_on_the_same_data(tmp_path, private_tmp,
+                                                         capsys):
+    assert cli.main(SMALL + ["--output-dir", str(tmp_path), "--sklearn-patches",
+                             "500"]) == 0
     text = capsys.readouterr().out
     assert "800 training patches" in text and "300 held-out patches" in text
-    assert "scikit-learn was fitted on a random subsample of 500" in text
-    assert "emgmm (HDF5 on disk, n_jobs=1)" in text and "scikit-learn (in memory)" in text
+    assert "scikit-learn is fitted on a random subsample of 500" in text
+    full, sub, sk = (line for line in text.splitlines()
+                     if line.strip().startswith(("emgmm,", "scikit-learn,")))
+    assert "HDF5 on disk, n_jobs=1" in full and " 800 " in full
+    assert " 500 " in sub and " 500 " in sk
+    # the emgmm fit on scikit-learn's subsample gives scikit-learn's held-out score
+    sub_score, sk_score = float(sub.split()[-4]), float(sk.split()[-4])
+    assert sub_score == pytest.approx(sk_score, rel=1e-7)
+    difference = float(text.split("held-out score ")[1].split(";")[0])
+    assert difference < 1e-5
 
 
 def test_demo_failure_removes_temporary_files(tmp_path, private_tmp, monkeypatch, capsys):
