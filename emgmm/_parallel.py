@@ -196,7 +196,7 @@ class Executor:
         self.uses_threads = False
         self.worker_source = source
         self._folder = None
-        self._parallel = None
+        self._return_as = None
         self._limits = None
 
     def __enter__(self):
@@ -211,8 +211,10 @@ class Executor:
                 if self.uses_threads:
                     self._limits = threadpool_limits(limits=self.blas_threads,
                                                      user_api="blas")
-                self._parallel = Parallel(n_jobs=self.n_jobs, return_as="generator")
-                self._parallel.__enter__()
+                # results stream back in order; backends that cannot stream
+                # (multiprocessing) return the list
+                streams = getattr(backend, "supports_return_generator", False)
+                self._return_as = "generator" if streams else "list"
             except BaseException:
                 self.__exit__(None, None, None)
                 raise
@@ -231,18 +233,19 @@ class Executor:
         iterator
             Results in the order of ``task_args`` (a fixed reduction order).
         """
-        if self._parallel is None:
+        if self._return_as is None:
             return (func(self.worker_source, *args, blas_threads=None) for args in task_args)
         blas_threads = None if self.uses_threads else self.blas_threads
-        return self._parallel(
+        # One joblib call per map (the loky workers are reused between calls): joblib
+        # memory-maps large task arguments (the model) into a folder it removes at
+        # the end of each call, so they do not pile up over the iterations.
+        return Parallel(n_jobs=self.n_jobs, return_as=self._return_as)(
             delayed(func)(self.worker_source, *args, blas_threads=blas_threads)
             for args in task_args
         )
 
     def __exit__(self, *exc):
-        if self._parallel is not None:
-            self._parallel.__exit__(None, None, None)
-            self._parallel = None
+        self._return_as = None
         if self._limits is not None:
             self._limits.restore_original_limits()
             self._limits = None
