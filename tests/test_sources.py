@@ -206,6 +206,12 @@ def test_pickled_model_does_not_contain_data(make_sources):
 # ------------------------------------------------------------ validation of files
 
 
+@pytest.fixture(scope="module")
+def fitted3(data):
+    """GaussianMixture(n_components=3, random_state=0) fitted on ``data`` (copy per use)."""
+    return GaussianMixture(n_components=3, random_state=0).fit(data)
+
+
 def sk_error(X, method="fit", fitted_on=None, **kw):
     gm = SkGaussianMixture(**kw)
     if fitted_on is not None:
@@ -252,11 +258,11 @@ def bad_data(data, what):
 
 @pytest.mark.parametrize("what", ["nan", "inf"])
 @pytest.mark.parametrize("kind", SOURCE_KINDS)
-def test_nan_inf_named_by_first_row(make_sources, data, kind, what):
+def test_nan_inf_named_by_first_row(make_sources, data, fitted3, kind, what):
     X, row = bad_data(data, what)
     expected = sk_error(X, n_components=3)
     src = make_sources.one(X, kind)
-    fitted = GaussianMixture(n_components=3, random_state=0).fit(data)
+    fitted = copy.deepcopy(fitted3)
     for gm in (GaussianMixture(n_components=3, random_state=0, block_size=64), fitted):
         snap = snapshot(gm)
         with pytest.raises(type(expected)) as info:
@@ -279,7 +285,7 @@ def test_nan_inf_named_by_first_row(make_sources, data, kind, what):
     "case",
     ["1d", "3d", "one_sample", "fewer_samples_than_components"],
 )
-def test_shape_errors_like_sklearn(make_sources, data, kind, case):
+def test_shape_errors_like_sklearn(make_sources, data, fitted3, kind, case):
     if case == "1d":
         X, kw = np.array(data[:, 0]), dict(n_components=3)
     elif case == "3d":
@@ -290,7 +296,8 @@ def test_shape_errors_like_sklearn(make_sources, data, kind, case):
         X, kw = np.array(data[:3]), dict(n_components=5)
     expected = sk_error(X, **kw)
     src = make_sources.one(X, kind)
-    for gm in (GaussianMixture(**kw), GaussianMixture(**kw).fit(data)):
+    fitted = copy.deepcopy(fitted3).set_params(**kw)  # a fitted estimator, kw applied
+    for gm in (GaussianMixture(**kw), fitted):
         snap = snapshot(gm)
         with pytest.raises(type(expected)) as info:
             gm.fit(src.obj)
@@ -300,10 +307,10 @@ def test_shape_errors_like_sklearn(make_sources, data, kind, case):
 
 @pytest.mark.parametrize("method", ["predict", "predict_proba", "score_samples", "score", "bic", "aic"])
 @pytest.mark.parametrize("kind", SOURCE_KINDS)
-def test_feature_count_mismatch_at_predict(make_sources, data, kind, method):
+def test_feature_count_mismatch_at_predict(make_sources, data, fitted3, kind, method):
     X4 = np.hstack([data, data[:, :1]])
     expected = sk_error(X4, method=method, fitted_on=data, n_components=3, random_state=0)
-    gm = GaussianMixture(n_components=3, random_state=0).fit(data)
+    gm = copy.deepcopy(fitted3)
     snap = snapshot(gm)
     with pytest.raises(type(expected)) as info:
         getattr(gm, method)(make_sources.one(X4, kind).obj)
