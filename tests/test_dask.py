@@ -1,0 +1,87 @@
+"""The same fit on a Dask cluster: ``with joblib.parallel_config(backend="dask")``.
+
+A ``dask.distributed.LocalCluster`` with two worker processes (one thread each) reads
+file-backed data (HDF5 and .npy on a path the workers can read) and must give the
+model of the local fit.
+"""
+
+import os
+import warnings
+
+import h5py
+import joblib
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+
+from conftest import make_blobs_data
+from emgmm import GaussianMixture
+from emgmm._parallel import Executor
+from emgmm._sources import as_source
+
+distributed = pytest.importorskip("distributed")
+
+STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
+
+
+def where(source, start, stop, *, blas_threads):
+    """A task: the process that read rows start:stop, their sum, the BLAS limit."""
+    return os.getpid(), float(source.read(start, stop).sum()), blas_threads
+
+
+@pytest.fixture(scope="module")
+def client():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dashboard port, etc.
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1,
+                                           processes=True, dashboard_address=None)
+        client = distributed.Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    X = make_blobs_data(2000, 4, 3, seed=7)
+    folder = tmp_path_factory.mktemp("dask")
+    np.save(folder / "x.npy", X)
+    with h5py.File(folder / "x.h5", "w") as f:
+        f.create_dataset("data/x", data=X, chunks=(250, 4), compression="gzip")
+    return X, str(folder / "x.npy"), f"{folder / 'x.h5'}:/data/x"
+
+
+def test_executor_on_dask(client, files):
+    X, npy, _ = files
+    with joblib.parallel_config(backend="dask"):
+        executor = Executor(as_source(npy), None)
+        assert executor.n_workers == 2  # the cluster's threads
+        assert executor.blas_threads >= 1
+        with executor:
+            assert executor.uses_threads is False
+            out = list(executor.map(where, [(s, s + 250) for s in range(0, 2000, 250)]))
+    assert [s for _, s, _ in out] == [float(X[s:s + 250].sum()) for s in range(0, 2000, 250)]
+    worker_pids = set(client.run(os.getpid).values())
+    assert {pid for pid, _, _ in out} <= worker_pids
+    assert os.getpid() not in {pid for pid, _, _ in out}
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_fit_on_local_cluster_equals_local_fit(client, files, schedule):
+    X, npy, h5 = files
+    kw = dict(n_components=3, random_state=0, block_size=250, max_iter=5, tol=0,
+              schedule=schedule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+        local = GaussianMixture(**kw, n_jobs=1).fit(X)
+        with joblib.parallel_config(backend="dask"):
+            fits = [GaussianMixture(**kw).fit(npy), GaussianMixture(**kw).fit(h5)]
+    for got in fits:
+        # each task runs with one BLAS thread on the cluster and locally alike here
+        # (d=4), so the results are bitwise equal
+        for name in STATE:
+            assert_array_equal(getattr(got, name), getattr(local, name), err_msg=name)
+        assert_allclose(got.lower_bounds_, local.lower_bounds_, rtol=0)
+        assert_array_equal(got.predict(X), local.predict(X))
