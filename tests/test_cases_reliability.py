@@ -47,8 +47,13 @@ def assert_valid_model(gm):
     scale = (np.abs(np.asarray(gm.covariances_, dtype=np.float64)).max()
              + (np.asarray(gm.means_, dtype=np.float64) ** 2).max())
     d = gm.means_.shape[1]
-    assert np.all(min_eigenvalues(gm) > 0)
     assert np.all(min_eigenvalues(gm) >= gm.reg_covar - 10 * d * eps * scale)
+    # positive definite: the precision factors have a positive diagonal (a float32
+    # covariance of condition number above 1/eps may not be PD once rounded)
+    u = np.asarray(gm.precisions_cholesky_)
+    if gm.covariance_type in ("full", "tied"):
+        u = np.diagonal(u, axis1=-2, axis2=-1)
+    assert np.all(u > 0)
 
 
 def assert_bound_monotone(gm, rtol=1e-10):
