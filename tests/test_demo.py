@@ -11,7 +11,7 @@ from PIL import Image
 from emgmm import cli, demo
 
 SMALL = ["demo", "--n-patches", "800", "--n-test", "300", "-k", "4", "--max-iter", "4",
-         "--tol", "0", "--n-jobs", "1", "--quiet"]
+         "--sklearn-max-iter", "2", "--tol", "0", "--n-jobs", "1", "--quiet"]
 
 
 @pytest.fixture
@@ -29,21 +29,21 @@ def test_demo_smallest_size_matches_sklearn(tmp_path, private_tmp, capsys):
     assert cli.main(SMALL + ["--output-dir", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["n_train"], result["n_test"]) == (800, 300)
-    # --sklearn-patches (5000 by default) is above --n-patches: one emgmm fit, same data
-    assert result["emgmm_subsample"] is None
-    assert result["emgmm"]["n_patches"] == result["sklearn"]["n_patches"] == 800
     assert result["images"] == ["china.jpg", "flower.jpg"]
-    # same data, same initialisation, tol=0: emgmm and scikit-learn run the same 4 steps
-    assert result["emgmm"]["n_iter"] == result["sklearn"]["n_iter"] == 4
-    assert result["emgmm"]["heldout_score"] == pytest.approx(
-        result["sklearn"]["heldout_score"], rel=1e-7)
-    assert result["emgmm"]["train_lower_bound"] == pytest.approx(
-        result["sklearn"]["train_lower_bound"], rel=1e-9)
-    assert result["score_difference"] == pytest.approx(abs(
-        result["emgmm"]["heldout_score"] - result["sklearn"]["heldout_score"]))
+    assert result["emgmm"]["n_iter"] == 4
+    # same data, same initialisation, tol=0: emgmm and scikit-learn run the same 2 steps
+    emgmm_fit, sk_fit = result["emgmm_comparison"], result["sklearn"]
+    assert emgmm_fit["n_iter"] == sk_fit["n_iter"] == 2 == result["comparison_max_iter"]
+    assert emgmm_fit["heldout_score"] == pytest.approx(sk_fit["heldout_score"], rel=1e-7)
+    assert emgmm_fit["last_lower_bound"] == pytest.approx(sk_fit["last_lower_bound"],
+                                                          rel=1e-9)
+    assert result["score_difference"] == pytest.approx(
+        abs(emgmm_fit["heldout_score"] - sk_fit["heldout_score"]))
     assert result["score_difference"] < 1e-5
     assert result["speedup"] == pytest.approx(
-        result["sklearn"]["fit_seconds"] / result["emgmm"]["fit_seconds"])
+        sk_fit["fit_seconds"] / emgmm_fit["fit_seconds"])
+    # two more iterations of EM do not lower the training lower bound
+    assert result["emgmm"]["last_lower_bound"] >= emgmm_fit["last_lower_bound"] - 1e-9
     png = out / "emgmm_demo_components.png"
     assert result["png"] == str(png)
     with Image.open(png) as img:
@@ -53,20 +53,16 @@ def test_demo_smallest_size_matches_sklearn(tmp_path, private_tmp, capsys):
     assert os.listdir(private_tmp) == []  # temporary HDF5 file removed
 
 
-def test_demo_sklearn_subsample_compares_on_the_same_data(tmp_path, private_tmp,
-                                                         capsys):
-    assert cli.main(SMALL + ["--output-dir", str(tmp_path), "--sklearn-patches",
-                             "500"]) == 0
+def test_demo_table(tmp_path, private_tmp, capsys):
+    assert cli.main(SMALL + ["--output-dir", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "800 training patches" in text and "300 held-out patches" in text
-    assert "scikit-learn is fitted on a random subsample of 500" in text
-    full, sub, sk = (line for line in text.splitlines()
-                     if line.strip().startswith(("emgmm,", "scikit-learn,")))
-    assert "HDF5 on disk, n_jobs=1" in full and " 800 " in full
-    assert " 500 " in sub and " 500 " in sk
-    # the emgmm fit on scikit-learn's subsample gives scikit-learn's held-out score
-    sub_score, sk_score = float(sub.split()[-4]), float(sk.split()[-4])
-    assert sub_score == pytest.approx(sk_score, rel=1e-7)
+    assert "comparison on the same patches, 2 iterations (tol=0):" in text
+    main, short, sk = (line.split() for line in text.splitlines()
+                       if line.strip().startswith(("emgmm,", "scikit-learn,")))
+    assert main[:5] == ["emgmm,", "HDF5", "on", "disk,", "n_jobs=1"] and main[5] == "4"
+    assert short[-4] == sk[-4] == "2"
+    assert float(short[-3]) == pytest.approx(float(sk[-3]), rel=1e-7)
     difference = float(text.split("held-out score ")[1].split(";")[0])
     assert difference < 1e-5
 
