@@ -3,6 +3,7 @@
 import inspect
 import io
 import pickle
+import re
 
 import joblib
 import numpy as np
@@ -114,6 +115,10 @@ def test_clone_get_params_set_params(X):
         assert_array_equal(getattr(c3, name), getattr(c4, name))
 
 
+def _normalise(msg):
+    return re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", msg)
+
+
 def test_invalid_parameters_rejected_like_sklearn(X):
     for bad in (dict(n_components=0), dict(covariance_type="banana"), dict(tol=-1.0),
                 dict(init_params="nope"), dict(reg_covar=-1.0), dict(n_init=0)):
@@ -124,7 +129,9 @@ def test_invalid_parameters_rejected_like_sklearn(X):
             gm.fit(X)
         name = next(iter(bad))
         assert f"'{name}' parameter of GaussianMixture must be" in str(em_info.value)
-        assert str(em_info.value) == str(sk_info.value)
+        # identical text, except that the order in which a set of options is printed
+        # follows the set's iteration order (not part of the message's meaning)
+        assert _normalise(str(em_info.value)) == _normalise(str(sk_info.value))
         assert not hasattr(gm, "means_")
 
 
