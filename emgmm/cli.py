@@ -57,6 +57,8 @@ _ESTIMATOR_FLAGS = [
     (("--resp-threshold",), "resp_threshold", dict(type=float)),
     (("--schedule",), "schedule", dict(choices=["auto", "rows", "components"])),
     (("--on-degenerate",), "on_degenerate", dict(choices=["reinit", "raise"])),
+    (("--checkpoint",), "checkpoint", dict(metavar="NPZ")),
+    (("--checkpoint-interval",), "checkpoint_interval", dict(type=float, metavar="SECONDS")),
 ]
 _INIT_ARRAYS = ("weights_init", "means_init", "precisions_init")
 

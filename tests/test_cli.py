@@ -110,18 +110,21 @@ def test_fit_flags_reach_the_estimator(tmp_path, data):
             "--random-state", "3", "--verbose-interval", "5", "--n-jobs", "1",
             "--working-memory", "64", "--block-size", "50", "--init-max-samples", "1000",
             "--compute-dtype", "float64", "--memory-limit", "4096",
-            "--resp-threshold", "1e-12", "--schedule", "rows", "--on-degenerate", "raise"]
+            "--resp-threshold", "1e-12", "--schedule", "rows", "--on-degenerate", "raise",
+            "--checkpoint", str(tmp_path / "ckpt.npz"), "--checkpoint-interval", "0"]
     assert cli.main(argv) == 0
     model = load_model(out)
     expected = dict(n_components=3, covariance_type="tied", tol=1e-4, reg_covar=1e-5,
                     max_iter=50, init_params="random_from_data", random_state=3,
                     verbose_interval=5, n_jobs=1, working_memory=64.0, block_size=50,
                     init_max_samples=1000, compute_dtype="float64", memory_limit=4096.0,
-                    resp_threshold=1e-12, schedule="rows", on_degenerate="raise")
+                    resp_threshold=1e-12, schedule="rows", on_degenerate="raise",
+                    checkpoint=str(tmp_path / "ckpt.npz"), checkpoint_interval=0.0)
     params = model.get_params()
     assert {k: params[k] for k in expected} == expected
     np.testing.assert_array_equal(params["means_init"], X[[0, 100, 200]])
-    ref = _reference(X, **expected, means_init=X[[0, 100, 200]])
+    assert not (tmp_path / "ckpt.npz").exists()  # removed when the fit completes
+    ref = _reference(X, **dict(expected, checkpoint=None), means_init=X[[0, 100, 200]])
     np.testing.assert_allclose(model.means_, ref.means_, rtol=1e-12)
 
 
