@@ -58,7 +58,8 @@ _ESTIMATOR_FLAGS = [
     (("--schedule",), "schedule", dict(choices=["auto", "rows", "components"])),
     (("--on-degenerate",), "on_degenerate", dict(choices=["reinit", "raise"])),
     (("--checkpoint",), "checkpoint", dict(metavar="NPZ")),
-    (("--checkpoint-interval",), "checkpoint_interval", dict(type=float, metavar="SECONDS")),
+    (("--checkpoint-interval",), "checkpoint_interval",
+     dict(type=float, metavar="SECONDS")),
 ]
 _INIT_ARRAYS = ("weights_init", "means_init", "precisions_init")
 
@@ -144,7 +145,8 @@ def _cmd_predict(args):
         raise CommandError(f"--block-size must be at least 1, got {args.block_size}")
     rows = args.block_size or _default_block_rows(n_features, model.n_components)
     if args.proba:
-        shape, dtype, method = (n_samples, model.n_components), np.float64, model.predict_proba
+        shape, dtype = (n_samples, model.n_components), np.float64
+        method = model.predict_proba
     else:
         shape, dtype, method = (n_samples,), np.int64, model.predict
     with atomic_output(args.output) as tmp_path:
