@@ -5,8 +5,10 @@ A drop-in for :class:`sklearn.mixture.GaussianMixture` that fits data in memory,
 """
 
 from ._gaussian_mixture import GaussianMixture
+from ._model_io import ModelFileError, load_model, save_model
 from ._sources import as_source
 
 __version__ = "0.1.0"
 
-__all__ = ["GaussianMixture", "as_source", "__version__"]
+__all__ = ["GaussianMixture", "ModelFileError", "as_source", "load_model", "save_model",
+           "__version__"]
