@@ -96,6 +96,11 @@ BUFFER_BYTES = 256 * _MIB
 TASK_WORK = 2**26
 
 
+#: A data set is cut into at least this many blocks of at least MIN_BLOCK_ROWS rows.
+TARGET_BLOCKS = 64
+MIN_BLOCK_ROWS = 1024
+
+
 def statistics_nbytes(n_components, n_features, covariance_type):
     """Bytes of one task's second-moment statistics, float64.
 
@@ -253,6 +258,11 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
                chunk_rows=None, description="X"):
     """Rows per block so that one block's working set fits ``working_memory_mib``.
 
+    A large data set is also cut into at least ``TARGET_BLOCKS`` blocks (blocks of
+    no fewer than ``MIN_BLOCK_ROWS`` rows), so that there are tasks for several
+    workers even when one block could hold all the rows. The size depends only on
+    the arguments, never on the number of workers (determinism across ``n_jobs``).
+
     When the source is chunked by rows (HDF5), the block is a multiple of the chunk
     rows (or one chunk when a chunk is larger than the budget). When a chunk spans
     many more rows than a block needs, a warning says each read decompresses more
@@ -272,6 +282,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     """
     per_row = bytes_per_row(n_features, n_components, itemsize)
     rows = max(1, int(working_memory_mib * _MIB // per_row))
+    rows = min(rows, max(MIN_BLOCK_ROWS, -(-n_samples // TARGET_BLOCKS)))
     if chunk_rows:
         if rows >= chunk_rows:
             rows = rows // chunk_rows * chunk_rows
