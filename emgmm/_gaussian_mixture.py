@@ -121,6 +121,13 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         re-seeds it on the worst-explained sample of the same pass, warns naming the
         component and records it in ``history_``; 'raise' raises scikit-learn's
         ``ValueError`` naming the component (starved components are then kept).
+        A re-seeded component gets the weighted mean covariance of the healthy
+        components ('tied' keeps the shared one) and weight ``1 / K`` before
+        renormalisation; a row serves one re-seed per run before any row is reused.
+        The lower bound may decrease after an iteration that re-seeded. A component
+        whose initial covariance is not positive definite starts, under 'reinit',
+        from the mean covariance of the others. When no component is healthy, or
+        the 'tied' covariance is not positive definite, both policies raise.
     callback : callable or None, default=None
         Called after every EM iteration with a dict (``init``, ``n_iter``,
         ``lower_bound``, ``change``, ``seconds``, ``reseeded``).
