@@ -1,7 +1,6 @@
 """Checkpoint and resume: atomic writes, exact resume after SIGKILL, refusal of a
 checkpoint written for other data or parameters."""
 
-import os
 import signal
 import subprocess
 import sys
