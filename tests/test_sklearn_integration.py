@@ -6,7 +6,6 @@ import pickle
 import re
 
 import joblib
-import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.base import clone
