@@ -16,7 +16,7 @@ accumulated around (the means of the previous iteration).
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import linalg
+from scipy import linalg, sparse
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 
@@ -648,7 +648,14 @@ def _cancellation(S, scale, N):
 
 
 def _full_second_moments(X, resp, centers, nk, resp_threshold):
-    """``S_k`` for 'full' (see :func:`block_statistics`), shape (K, d, d), symmetric."""
+    """``S_k = sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` for 'full', shape (K, d, d).
+
+    Dense responsibilities: one GEMM per row chunk of the packed products
+    (:func:`_packed_second_moments`), with components whose expanded sums would lose
+    accuracy recomputed centred. Sparse ones (fewer than ``_GATHER_DENSITY`` of the
+    pairs above ``resp_threshold``): each component's rows gathered, centred and
+    reduced by one ``syrk`` (:func:`_gathered_second_moments`). Symmetric output.
+    """
     n, d = X.shape
     K = centers.shape[0]
     out = np.zeros((K, d, d))
@@ -669,17 +676,58 @@ def _full_second_moments(X, resp, centers, nk, resp_threshold):
     return out
 
 
+def _tied_second_moments(X, resp, centers):
+    """``sum_k sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` for 'tied', with no cancellation.
+
+    With ``m_i = sum_k r_ik c_k``, ``a_i = argmax_k r_ik`` and ``sum_k r_ik = 1``:
+    ``sum_i (x_i - m_i)(x_i - m_i)^T + sum_{j,k} W_jk (c_k - c_j)(c_k - c_j)^T
+    - sum_i e_i e_i^T``, where ``W_jk = sum_{i: a_i = j} r_ik`` and
+    ``e_i = m_i - c_{a_i}``. Every term is small when the responsibilities are nearly
+    one-hot, so nothing large cancels (exact copies give exactly zero). One
+    rank-k update over the rows plus ``nnz(W) d^2`` work on the centres.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d), float64
+    resp : ndarray of shape (n, K), float64
+    centers : ndarray of shape (K, d), float64
+
+    Returns
+    -------
+    ndarray of shape (d, d), symmetric
+    """
+    n, d = X.shape
+    K = centers.shape[0]
+    labels = resp.argmax(axis=1)
+    ref = centers[labels]
+    e = resp @ centers
+    e -= ref
+    diff = X - ref
+    diff -= e
+    (syrk,) = linalg.get_blas_funcs(("syrk",), (diff,))
+    upper = syrk(1.0, diff.T, trans=0, lower=0)
+    out = np.triu(upper) + np.triu(upper, 1).T
+    out -= e.T @ e
+    one_hot = sparse.csr_matrix((np.ones(n), (labels, np.arange(n))), shape=(K, n))
+    W = np.asarray(one_hot @ resp)
+    for j in np.flatnonzero(W.any(axis=1)):
+        others = np.flatnonzero(W[j])
+        others = others[others != j]
+        if others.size:
+            dc = centers[others] - centers[j]
+            out += (dc.T * W[j, others]) @ dc
+    return out
+
+
 def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0):
     """Sufficient statistics of one block, centred on ``centers``.
 
     ``N_k = sum_i r_ik``, ``s_k = sum_i r_ik (x_i - c_k)`` and
     ``S_k = sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` (Bishop eq. 9.24-9.27 rewritten
     around ``c_k``; centring keeps float32 data clear of the ``E[x^2] - mu^2``
-    cancellation). For 'full', ``S_k`` is one symmetric rank-k update of
-    ``sqrt(r_k) (X - c_k)`` over the rows with ``r_ik > resp_threshold``. For 'tied',
-    with ``m_i = sum_k r_ik c_k``: ``sum_k S_k = sum_i (x_i - m_i)(x_i - m_i)^T +
-    sum_k N_k c_k c_k^T - sum_i m_i m_i^T`` (one rank-k update). 'diag' and
-    'spherical' use matrix products around a common shift, in float64.
+    cancellation). For 'full', see :func:`_full_second_moments`; for 'tied',
+    :func:`_tied_second_moments`. 'diag' and 'spherical' use matrix products around
+    a common shift, in float64.
 
     Parameters
     ----------
@@ -711,15 +759,7 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0):
     if covariance_type == "full":
         sum_xx = _full_second_moments(X, resp, centers, nk, resp_threshold)
     elif covariance_type == "tied":
-        g = centers.mean(axis=0)
-        cg = centers - g
-        mg = resp @ cg
-        diff = np.subtract(X64, g)
-        diff -= mg
-        (syrk,) = linalg.get_blas_funcs(("syrk",), (diff,))
-        sum_xx = syrk(1.0, diff.T, trans=0, lower=0)
-        sum_xx = np.triu(sum_xx) + np.triu(sum_xx, 1).T
-        sum_xx += (cg.T * nk) @ cg - mg.T @ mg
+        sum_xx = _tied_second_moments(X64, resp, centers)
     else:
         g = (nk @ centers) / max(nk.sum(), np.finfo(np.float64).tiny)
         y = X64 - g
