@@ -29,6 +29,11 @@ def _check_numeric_dtype(dtype, where):
 
 
 def _check_shape(shape, where):
+    if len(shape) > 2:
+        raise ValueError(
+            f"Found array with dim {len(shape)}, while dim <= 2 is required by "
+            f"GaussianMixture: {where} has shape {tuple(shape)}."
+        )
     if len(shape) != 2:
         raise ValueError(
             f"Expected 2D array, got {len(shape)}D array instead: {where} has shape "
