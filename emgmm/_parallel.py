@@ -9,6 +9,7 @@ cores this process may use: all of them at the top level, the BLAS budget joblib
 it when it is itself a worker (e.g. emgmm inside ``GridSearchCV(n_jobs=2)``).
 """
 
+import dataclasses
 import os
 import re
 import shutil
@@ -18,12 +19,16 @@ from contextlib import nullcontext
 
 import numpy as np
 from joblib import Parallel, cpu_count, delayed, effective_n_jobs
+from joblib._parallel_backends import LokyBackend, MultiprocessingBackend
 from joblib.parallel import get_active_backend
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from ._sources import ArraySource, MemmapSource
 
 TEMP_PREFIX = "emgmm-"
+
+#: Task arguments larger than this (joblib's ``max_nbytes``) travel as files.
+SHARE_BYTES = 2**20
 _STRAY = re.compile(rf"^{TEMP_PREFIX}(\d+)-[0-9a-f]+$")
 
 
@@ -189,8 +194,9 @@ class Executor:
         backend, _ = get_active_backend()
         budget = core_budget(backend)
         n_workers = max(1, effective_n_jobs(n_jobs))
-        if getattr(backend, "nesting_level", 0) > 0:
-            n_workers = min(n_workers, budget)
+        if getattr(backend, "nesting_level", 0) > 0 and n_workers > budget:
+            n_workers = budget
+            self.n_jobs = budget  # what each joblib call asks for
         self.n_workers = n_workers
         self.blas_threads = max(1, budget // self.n_workers)
         self.uses_threads = False
@@ -198,6 +204,8 @@ class Executor:
         self._folder = None
         self._return_as = None
         self._limits = None
+        self._shares_files = False
+        self._shared = []
 
     def __enter__(self):
         if self.n_workers > 1:
@@ -215,6 +223,8 @@ class Executor:
                 # (multiprocessing) return the list
                 streams = getattr(backend, "supports_return_generator", False)
                 self._return_as = "generator" if streams else "list"
+                self._shares_files = isinstance(backend, (LokyBackend,
+                                                          MultiprocessingBackend))
             except BaseException:
                 self.__exit__(None, None, None)
                 raise
@@ -236,16 +246,60 @@ class Executor:
         if self._return_as is None:
             return (func(self.worker_source, *args, blas_threads=None) for args in task_args)
         blas_threads = None if self.uses_threads else self.blas_threads
-        # One joblib call per map (the loky workers are reused between calls): joblib
-        # memory-maps large task arguments (the model) into a folder it removes at
-        # the end of each call, so they do not pile up over the iterations.
+        if self._shares_files:
+            task_args = self._share_large_arguments(task_args)
+        # One joblib call per map (the loky workers are reused between calls).
         return Parallel(n_jobs=self.n_jobs, return_as=self._return_as)(
             delayed(func)(self.worker_source, *args, blas_threads=blas_threads)
             for args in task_args
         )
 
+    def _share_large_arguments(self, task_args):
+        """Write each large array of the arguments (also inside dataclasses such as
+        the model) once to the temporary folder and pass a read-only memory map of it.
+
+        joblib sends a memory map as its file name; left to itself it would hash and
+        dump large arrays for every task, keeping the files until the pool stops.
+        The files of the previous call are removed: at most one set is on disk.
+        """
+        for path in self._shared:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._shared = []
+        cache = {}
+        return [tuple(self._share(value, cache) for value in args) for args in task_args]
+
+    def _share(self, value, cache):
+        key = id(value)
+        if key in cache:
+            return cache[key][1]
+        shared = value
+        if (isinstance(value, np.ndarray) and not isinstance(value, np.memmap)
+                and value.nbytes > SHARE_BYTES):
+            if self._folder is None:
+                self._folder = make_temp_folder(joblib_temp_folder(), value.nbytes,
+                                                "sharing the model with the workers")
+            path = os.path.join(self._folder, f"arg-{uuid.uuid4().hex[:12]}.npy")
+            self._shared.append(path)
+            try:
+                np.save(path, value, allow_pickle=False)
+            except OSError as exc:
+                raise OSError(f"Writing a task argument to {self._folder} failed "
+                              f"({exc}). {_HOW_TO_MOVE}") from None
+            shared = np.load(path, mmap_mode="r")
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            changed = {name: self._share(v, cache) for name, v in fields.items()}
+            if any(changed[name] is not fields[name] for name in fields):
+                shared = dataclasses.replace(value, **changed)
+        cache[key] = (value, shared)  # keeps value alive: ids stay unique
+        return shared
+
     def __exit__(self, *exc):
         self._return_as = None
+        self._shared = []
         if self._limits is not None:
             self._limits.restore_original_limits()
             self._limits = None
