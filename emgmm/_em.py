@@ -372,6 +372,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
                 raise ValueError(_ill_defined_message(bad[0], compute_dtype))
         change = lower_bound - prev
         record = {
+            "event": "iteration",
             "init": init_index,
             "n_iter": n_iter,
             "lower_bound": lower_bound,

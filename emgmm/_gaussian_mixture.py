@@ -129,8 +129,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         from the mean covariance of the others. When no component is healthy, or
         the 'tied' covariance is not positive definite, both policies raise.
     callback : callable or None, default=None
-        Called after every EM iteration with a dict (``init``, ``n_iter``,
-        ``lower_bound``, ``change``, ``seconds``, ``reseeded``).
+        Called after every EM iteration with a dict (``event='iteration'``,
+        ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,
+        ``reseeded``), and while a pass over the data runs, after each finished
+        task, with ``{'event': 'progress', 'done': int, 'total': int}`` (for a
+        progress bar over blocks).
     checkpoint : str, os.PathLike or None, default=None
         Path of a checkpoint file (``.npz``, no pickle). After EM iterations the
         state of the fit (parameters, iteration, lower bounds, history, random
@@ -473,6 +476,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             n_init = self.n_init if do_init else 1
             random_state = check_random_state(self.random_state)
             executor = Executor(source, self.n_jobs)
+            if self.callback is not None:
+                executor.on_task = self._task_callback
             # refuse before writing X for the workers or starting them
             schedule, estimate = choose_schedule(self.schedule, self.n_components, d,
                                                  self.covariance_type, executor.n_workers,
@@ -543,6 +548,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         if checkpointer is not None:
             checkpointer.remove()
         return labels
+
+    def _task_callback(self, done, total):
+        self.callback({"event": "progress", "done": done, "total": total})
 
     def _iteration_callback(self, record):
         if self.verbose and record["n_iter"] % self.verbose_interval == 0:

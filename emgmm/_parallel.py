@@ -186,6 +186,9 @@ class Executor:
         BLAS threads each worker may use, ``max(1, core_budget // n_workers)``.
     uses_threads : bool
         Whether the workers are threads of this process (set on entering).
+    on_task : callable or None
+        ``on_task(done, total)`` after each finished task of a :meth:`map`, in
+        order (progress reporting).
     """
 
     def __init__(self, source, n_jobs):
@@ -206,6 +209,7 @@ class Executor:
         self._limits = None
         self._shares_files = False
         self._shared = []
+        self.on_task = None
 
     def __enter__(self):
         if self.n_workers > 1:
@@ -244,15 +248,25 @@ class Executor:
             Results in the order of ``task_args`` (a fixed reduction order).
         """
         if self._return_as is None:
-            return (func(self.worker_source, *args, blas_threads=None) for args in task_args)
-        blas_threads = None if self.uses_threads else self.blas_threads
-        if self._shares_files:
-            task_args = self._share_large_arguments(task_args)
-        # One joblib call per map (the loky workers are reused between calls).
-        return Parallel(n_jobs=self.n_jobs, return_as=self._return_as)(
-            delayed(func)(self.worker_source, *args, blas_threads=blas_threads)
-            for args in task_args
-        )
+            results = (func(self.worker_source, *args, blas_threads=None)
+                       for args in task_args)
+        else:
+            blas_threads = None if self.uses_threads else self.blas_threads
+            if self._shares_files:
+                task_args = self._share_large_arguments(task_args)
+            # One joblib call per map (the loky workers are reused between calls).
+            results = Parallel(n_jobs=self.n_jobs, return_as=self._return_as)(
+                delayed(func)(self.worker_source, *args, blas_threads=blas_threads)
+                for args in task_args
+            )
+        return self._reported(results, len(task_args))
+
+    def _reported(self, results, total):
+        """Yield ``results``, calling ``on_task(done, total)`` after each one."""
+        for done, result in enumerate(results, 1):
+            if self.on_task is not None:
+                self.on_task(done, total)
+            yield result
 
     def _share_large_arguments(self, task_args):
         """Write each large array of the arguments (also inside dataclasses such as

@@ -47,8 +47,12 @@ class ProgressReporter:
     Attributes
     ----------
     history : list of dict
-        Every dict received from the estimator, in order.
+        Every iteration dict received from the estimator, in order.
+    bar_after : float
+        Seconds into an iteration after which a bar over its blocks is drawn.
     """
+
+    bar_after = 2.0
 
     def __init__(self, max_iter, n_init=1, *, stream=None, quiet=False):
         self.max_iter = max_iter
@@ -57,23 +61,33 @@ class ProgressReporter:
         self.quiet = quiet
         self.history = []
         self._start = time.perf_counter()
+        self._iteration_start = self._start
+        self._bar_shown = False
 
     def __call__(self, info):
-        """Record and print the progress dict of one EM iteration.
+        """Record and print the progress dict of one EM iteration, or draw the bar.
 
         Parameters
         ----------
         info : dict
-            Keys ``n_iter`` (int, 1-based), ``lower_bound`` (float),
+            ``event='progress'`` dicts (``done``, ``total`` tasks of a pass) draw a
+            bar over the blocks once the iteration has run :attr:`bar_after`
+            seconds. Iteration dicts have keys ``n_iter`` (int, 1-based),
+            ``lower_bound`` (float),
             ``change`` (float; not shown when None or not finite, as on
             the first iteration),
             ``seconds`` (float, duration of the iteration), ``init`` (int,
             0-based index of the run) and optionally ``reseeded`` (list of
             the components re-seeded in this iteration).
         """
+        if info.get("event") == "progress":
+            self._draw_bar(info["done"], info["total"])
+            return
         self.history.append(dict(info))
+        self._iteration_start = time.perf_counter()
         if self.quiet:
             return
+        self._clear_bar()
         seconds = [h["seconds"] for h in self.history]
         per_iter = sum(seconds) / len(seconds)
         runs_left = self.n_init - info["init"] - 1
@@ -94,6 +108,20 @@ class ProgressReporter:
             flush=True,
         )
 
+    def _draw_bar(self, done, total):
+        if self.quiet or time.perf_counter() - self._iteration_start < self.bar_after:
+            return
+        width = 30
+        filled = width * done // max(total, 1)
+        print(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} blocks",
+              end="", file=self.stream or sys.stderr, flush=True)
+        self._bar_shown = True
+
+    def _clear_bar(self):
+        if self._bar_shown:
+            print("\r\033[K", end="", file=self.stream or sys.stderr, flush=True)
+            self._bar_shown = False
+
     def summary(self, estimator):
         """Summarise a finished fit.
 
@@ -110,6 +138,7 @@ class ProgressReporter:
             (mean over all reported iterations, ``None`` if none was
             reported).
         """
+        self._clear_bar()
         seconds = [h["seconds"] for h in self.history]
         return {
             "n_components": int(estimator.n_components),

@@ -1,0 +1,58 @@
+"""Progress events: a bar over the blocks of a pass, and per-iteration records."""
+
+import io
+import warnings
+
+import numpy as np
+
+from emgmm import GaussianMixture
+from emgmm._progress import ProgressReporter
+
+
+def _fit(callback, n_jobs=None):
+    X = np.random.default_rng(0).normal(size=(3000, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return GaussianMixture(2, max_iter=3, tol=0, block_size=100, random_state=0,
+                               n_jobs=n_jobs, callback=callback).fit(X)
+
+
+def test_progress_events_count_every_task_of_every_pass():
+    events = []
+    gm = _fit(events.append)
+    progress = [e for e in events if e["event"] == "progress"]
+    iterations = [e for e in events if e["event"] == "iteration"]
+    assert [e["n_iter"] for e in iterations] == [1, 2, 3]
+    assert [e["lower_bound"] for e in iterations] == gm.lower_bounds_
+    # 3000 rows in blocks of 100: 30 blocks split into tasks; 3 EM passes + 1 score pass
+    total = progress[0]["total"]
+    assert all(e["total"] == total for e in progress)
+    assert [e["done"] for e in progress] == list(range(1, total + 1)) * 4
+
+
+def test_progress_events_with_workers_arrive_in_order():
+    events = []
+    _fit(events.append, n_jobs=2)
+    done = [e["done"] for e in events if e["event"] == "progress"]
+    total = events[0]["total"]
+    assert done == list(range(1, total + 1)) * 4
+
+
+def test_reporter_draws_a_bar_and_clears_it():
+    out = io.StringIO()
+    reporter = ProgressReporter(3, stream=out)
+    reporter.bar_after = 0.0
+    gm = _fit(reporter)
+    text = out.getvalue()
+    assert "] " in text and " blocks" in text
+    assert len(reporter.history) == 3  # bars are not iterations
+    reporter.summary(gm)
+    assert out.getvalue().endswith("\r\033[K")
+
+
+def test_quiet_reporter_draws_nothing():
+    out = io.StringIO()
+    reporter = ProgressReporter(3, stream=out, quiet=True)
+    reporter.bar_after = 0.0
+    _fit(reporter)
+    assert out.getvalue() == ""
