@@ -131,9 +131,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     callback : callable or None, default=None
         Called after every EM iteration with a dict (``event='iteration'``,
         ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,
-        ``reseeded``), and while a pass over the data runs, after each finished
-        task, with ``{'event': 'progress', 'done': int, 'total': int}`` (for a
-        progress bar over blocks).
+        ``reseeded``). A callable whose attribute ``wants_progress`` is true is
+        also called while a pass over the data runs, after each finished task, with
+        ``{'event': 'progress', 'done': int, 'total': int}`` (for a progress bar
+        over the blocks of long iterations).
     checkpoint : str, os.PathLike or None, default=None
         Path of a checkpoint file (``.npz``, no pickle). After EM iterations the
         state of the fit (parameters, iteration, lower bounds, history, random
@@ -476,7 +477,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             n_init = self.n_init if do_init else 1
             random_state = check_random_state(self.random_state)
             executor = Executor(source, self.n_jobs)
-            if self.callback is not None:
+            if getattr(self.callback, "wants_progress", False):
                 executor.on_task = self._task_callback
             # refuse before writing X for the workers or starting them
             schedule, estimate = choose_schedule(self.schedule, self.n_components, d,

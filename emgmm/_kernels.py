@@ -269,7 +269,7 @@ def _packed_products(Y, out):
 def _packed_amplification(means_shifted, precisions):
     """``|m_k|^T |Lambda_k| |m_k|`` per component (float64 rounding amplification)."""
     a = np.abs(means_shifted)
-    return np.einsum("ki,kij,kj->k", a, np.abs(precisions), a)
+    return (np.matmul(np.abs(precisions), a[:, :, None])[:, :, 0] * a).sum(axis=1)
 
 
 def _full_maha_packed(X, g, means_shifted, precisions, out):
@@ -628,22 +628,28 @@ def _cancellation(S, scale, N):
 
     Features with ``a_j = 0`` (exactly zero in every row and centre) are left out;
     ``inf`` when the rest of ``S_k`` is not positive definite, 0 when ``N_k = 0``.
+    All components at once: one batched Cholesky and inverse of the factors
+    (``(S^{-1})_jj = sum_i (L^{-1})_ij^2``); a failed batch falls back per component.
     """
     K, d, _ = S.shape
-    out = np.zeros(K)
-    for k in range(K):
-        if N[k] == 0.0:
-            continue
-        live = np.flatnonzero(scale[k] > 0.0)
-        if live.size == 0:
-            continue
-        try:
-            chol = linalg.cholesky(S[k][np.ix_(live, live)], lower=True)
-        except linalg.LinAlgError:
-            out[k] = np.inf
-            continue
-        v = linalg.solve_triangular(chol, np.diag(np.sqrt(scale[k, live])), lower=True)
-        out[k] = np.einsum("ij,ij->", v, v)
+    live = (scale > 0.0) & (N[:, None] != 0.0)
+    # dead features get an identity row and column and zero weight
+    M = S * (live[:, :, None] & live[:, None, :])
+    M[:, np.arange(d), np.arange(d)] += ~live
+    try:
+        chol = np.linalg.cholesky(M)
+    except np.linalg.LinAlgError:
+        chol = np.full_like(M, np.nan)
+        for k in range(K):
+            try:
+                chol[k] = np.linalg.cholesky(M[k])
+            except np.linalg.LinAlgError:
+                pass
+    with np.errstate(invalid="ignore"):
+        inv_diag = (np.linalg.inv(chol) ** 2).sum(axis=1)
+        out = (np.where(live, scale, 0.0) * inv_diag).sum(axis=1)
+    out[~np.isfinite(out)] = np.inf
+    out[~live.any(axis=1)] = 0.0
     return out
 
 

@@ -97,8 +97,10 @@ TASK_WORK = 2**26
 
 
 #: A data set is cut into at least this many blocks of at least MIN_BLOCK_ROWS rows.
+#: Below ~8k rows the per-block work on the model (factor products, the accuracy
+#: check of the packed sums: ``K d^2`` each) costs as much as the rows themselves.
 TARGET_BLOCKS = 64
-MIN_BLOCK_ROWS = 1024
+MIN_BLOCK_ROWS = 8192
 
 
 def statistics_nbytes(n_components, n_features, covariance_type):
@@ -319,7 +321,3 @@ def partition(n_samples, block_size, max_tasks=64):
     step = per_task * block_size
     return [(s, min(s + step, n_samples)) for s in range(0, n_samples, step)]
 
-
-def itemsize_of(dtype):
-    """Bytes per value of a dtype."""
-    return np.dtype(dtype).itemsize

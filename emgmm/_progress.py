@@ -53,6 +53,8 @@ class ProgressReporter:
     """
 
     bar_after = 2.0
+    #: Ask the estimator for progress events within passes (see its ``callback``).
+    wants_progress = True
 
     def __init__(self, max_iter, n_init=1, *, stream=None, quiet=False):
         self.max_iter = max_iter

@@ -17,9 +17,25 @@ def _fit(callback, n_jobs=None):
                                n_jobs=n_jobs, callback=callback).fit(X)
 
 
-def test_progress_events_count_every_task_of_every_pass():
+class Recorder(list):
+    """A callback that asks for progress events."""
+
+    wants_progress = True
+
+    def __call__(self, record):
+        self.append(record)
+
+
+def test_plain_callbacks_get_only_iterations():
     events = []
-    gm = _fit(events.append)
+    _fit(events.append)
+    assert [e["n_iter"] for e in events] == [1, 2, 3]
+    assert all(e["event"] == "iteration" for e in events)
+
+
+def test_progress_events_count_every_task_of_every_pass():
+    events = Recorder()
+    gm = _fit(events)
     progress = [e for e in events if e["event"] == "progress"]
     iterations = [e for e in events if e["event"] == "iteration"]
     assert [e["n_iter"] for e in iterations] == [1, 2, 3]
@@ -31,8 +47,8 @@ def test_progress_events_count_every_task_of_every_pass():
 
 
 def test_progress_events_with_workers_arrive_in_order():
-    events = []
-    _fit(events.append, n_jobs=2)
+    events = Recorder()
+    _fit(events, n_jobs=2)
     done = [e["done"] for e in events if e["event"] == "progress"]
     total = events[0]["total"]
     assert done == list(range(1, total + 1)) * 4
