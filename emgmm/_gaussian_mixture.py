@@ -383,6 +383,25 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return Model(weights, means, covariances, u, self.covariance_type)
 
     def _current_model(self):
+        """The fitted parameters to warm-start from, checked against the parameters.
+
+        Raises
+        ------
+        ValueError
+            When ``n_components``, ``covariance_type`` or the number of features
+            differ from the fitted model's.
+        """
+        K, d = self.n_components, self.n_features_in_
+        expected = {"full": (K, d, d), "tied": (d, d), "diag": (K, d),
+                    "spherical": (K,)}[self.covariance_type]
+        if np.shape(self.means_) != (K, d) or np.shape(self.covariances_) != expected:
+            raise ValueError(
+                "warm_start=True continues the fitted model (means of shape "
+                f"{np.shape(self.means_)}, covariances of shape "
+                f"{np.shape(self.covariances_)}), which does not match "
+                f"n_components={K}, covariance_type={self.covariance_type!r} and {d} "
+                "features. Set warm_start=False to fit a new model."
+            )
         return Model(
             np.asarray(self.weights_, dtype=np.float64),
             np.asarray(self.means_, dtype=np.float64),

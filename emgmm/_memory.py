@@ -294,7 +294,8 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
                 f"{chunk_rows / rows:.0f}x the {rows} rows a block may hold within "
                 f"working_memory={working_memory_mib} MiB: every block read "
                 "decompresses far more than it uses. Rechunk the dataset by rows "
-                "(e.g. chunks=(1024, n_features)) or raise working_memory.",
+                "(e.g. chunks=(1024, n_features)), or pass block_size (rows per "
+                "block) a multiple of the chunk rows if the memory allows.",
                 UserWarning,
             )
     return int(min(rows, max(n_samples, 1)))

@@ -44,7 +44,8 @@ def atomic_output(path):
 
     The temporary file is created in the directory of ``path`` (so the final
     ``os.replace`` is atomic) and removed if the body raises, so a failed
-    run never leaves a partial or stray file behind.
+    run never leaves a partial or stray file behind. The result gets the
+    permissions of a newly created file (``0666`` less the umask).
 
     Parameters
     ----------
@@ -69,6 +70,10 @@ def atomic_output(path):
     os.close(fd)
     try:
         yield tmp_path
+        # mkstemp creates the file 0600; give it the mode a new file would get
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

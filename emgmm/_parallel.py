@@ -215,6 +215,13 @@ class Executor:
         if self.n_workers > 1:
             backend, _ = get_active_backend()
             self.uses_threads = bool(getattr(backend, "uses_threads", False))
+            if not (self.source.shareable or self.uses_threads):
+                raise ValueError(
+                    f"X ({self.source.description}) is an HDF5 dataset of a file open "
+                    "for writing or held in memory: worker processes would reopen it "
+                    "by name and could read stale data. Use n_jobs=1 or the threading "
+                    "backend, or close the file and pass 'file.h5:/dataset'."
+                )
             try:
                 if isinstance(self.source, ArraySource) and not self.uses_threads:
                     self._folder, self.worker_source = dump_array(

@@ -83,6 +83,8 @@ class Source:
     """
 
     chunk_rows = None
+    #: Whether worker processes can read the source by reference (reopening files).
+    shareable = True
 
     @property
     def n_samples(self):
@@ -315,19 +317,53 @@ class HDF5Source(Source):
         return state
 
 
+class OpenDatasetSource(Source):
+    """An ``h5py.Dataset`` whose file is open for writing or lives in memory.
+
+    Read through the user's own handle, in this process only: another process that
+    reopened the file by name could see stale contents (unflushed writes) or no file
+    at all (driver 'core'). The handle is never closed or written.
+    """
+
+    shareable = False
+
+    def __init__(self, dataset):
+        _check_numeric_dtype(dataset.dtype, dataset.name)
+        _check_shape(dataset.shape, dataset.name)
+        self._handle = dataset
+        self.shape = tuple(dataset.shape)
+        self.dtype = dataset.dtype
+        self.description = f"{dataset.file.filename}:{dataset.name}"
+        if dataset.chunks is not None:
+            self.chunk_rows = int(dataset.chunks[0])
+
+    def _read(self, start, stop):
+        return self._handle[start:stop]
+
+    def __getstate__(self):
+        raise TypeError(
+            f"{self.description} is open for writing or held in memory; worker "
+            "processes cannot read it. Use n_jobs=1, or close the file and pass "
+            "'file.h5:/dataset'."
+        )
+
+
 def split_hdf5_spec(spec):
     """Split ``"file.h5:/group/dataset"`` into its file name and dataset path.
 
     Returns ``None`` when ``spec`` does not name an existing or HDF5-suffixed file
-    followed by a dataset path.
+    followed by a dataset path. A dataset path without its leading ``/``
+    (``"file.h5:group/dataset"``) is taken from the root, as h5py does.
     """
     text = os.fspath(spec)
     idx = text.rfind(HDF5_SEPARATOR + "/")
-    if idx <= 0:
-        return None
-    filename, dataset = text[:idx], text[idx + 1:]
-    if os.path.isfile(filename) or filename.lower().endswith(_HDF5_SUFFIXES):
-        return filename, dataset
+    if idx > 0:
+        filename, dataset = text[:idx], text[idx + 1:]
+        if os.path.isfile(filename) or filename.lower().endswith(_HDF5_SUFFIXES):
+            return filename, dataset
+    idx = text.rfind(HDF5_SEPARATOR)
+    if idx > 0 and text[:idx].lower().endswith(_HDF5_SUFFIXES) and idx + 1 < len(text):
+        return text[:idx], "/" + text[idx + 1:]
     return None
 
 
@@ -371,6 +407,8 @@ def as_source(X):
             raise FileNotFoundError(f"No such file: {path}")
         return MemmapSource.from_npy(path)
     if is_hdf5_dataset(X):
+        if X.file.mode != "r" or X.file.driver == "core":
+            return OpenDatasetSource(X)
         # the user's handle is not used: reopened read-only by name in each process
         return HDF5Source(X.file.filename, X.name)
     if isinstance(X, np.memmap):

@@ -170,3 +170,17 @@ def test_pickle_and_joblib_still_work(tmp_path, blobs):
     joblib.dump(model, tmp_path / "m.joblib")
     again = joblib.load(tmp_path / "m.joblib")
     np.testing.assert_array_equal(again.predict(blobs), model.predict(blobs))
+
+
+def test_outputs_get_the_permissions_of_a_new_file(tmp_path):
+    from emgmm._model_io import atomic_output
+
+    old = os.umask(0o022)
+    try:
+        target = tmp_path / "out.bin"
+        with atomic_output(target) as tmp:
+            with open(tmp, "wb") as fh:
+                fh.write(b"x")
+        assert (os.stat(target).st_mode & 0o777) == 0o644
+    finally:
+        os.umask(old)

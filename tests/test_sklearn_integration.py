@@ -176,3 +176,23 @@ def test_feature_names_in_from_dataframe(X):
     assert not hasattr(gm2, "feature_names_in_")
     with pytest.warns(UserWarning, match="feature names"):
         gm.predict(X)  # fitted with names, predicted without: sklearn's warning
+
+
+@pytest.mark.parametrize("change", [dict(n_components=5), dict(covariance_type="diag")])
+def test_warm_start_refuses_a_model_of_another_shape(change):
+    X = make_blobs_data(300, 3, 3, seed=0)
+    gm = GaussianMixture(3, warm_start=True, random_state=0).fit(X)
+    before = pickle.dumps(gm.__dict__)
+    gm.set_params(**change)
+    with pytest.raises(ValueError, match="warm_start=True continues the fitted model"):
+        gm.fit(X)
+    gm.set_params(n_components=3, covariance_type="full")
+    assert pickle.dumps(gm.__dict__) == before
+
+
+def test_warm_start_refuses_another_feature_count():
+    X = make_blobs_data(300, 3, 3, seed=0)
+    gm = GaussianMixture(3, warm_start=True, random_state=0).fit(X)
+    with pytest.raises(ValueError, match="warm_start=True continues the fitted model"):
+        gm.fit(X[:, :2])
+    assert gm.n_features_in_ == 3

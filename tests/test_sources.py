@@ -330,3 +330,48 @@ def test_missing_files_and_datasets(tmp_path, make_sources, data):
         gm.fit(f"{fname}:/group/missing")
     assert "missing" in str(info.value)
     assert not hasattr(gm, "means_")
+
+
+def _quiet(gm, X):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return gm.fit(X)
+
+
+def test_writable_hdf5_dataset_is_read_through_its_handle(tmp_path, data):
+    """A dataset of a file open for writing: unflushed changes are what gets fitted
+    (read in process); worker processes, which would reopen the file by name and
+    could read stale data, are refused."""
+    path = tmp_path / "rw.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("g/X", data=data)
+    with h5py.File(path, "r+") as f:
+        ds = f["g/X"]
+        ds[:50] = 0.0  # not flushed
+        got = _quiet(GaussianMixture(3, random_state=0), ds)
+        want = _quiet(GaussianMixture(3, random_state=0), np.array(ds))
+        assert_array_equal(got.means_, want.means_)
+        with pytest.raises(ValueError, match="open for writing or held in memory"):
+            GaussianMixture(3, random_state=0, n_jobs=2).fit(ds)
+        assert f.mode == "r+" and f.id.valid  # the user's handle stays open
+
+
+def test_in_memory_hdf5_dataset(data):
+    f = h5py.File("in-memory.h5", "w", driver="core", backing_store=False)
+    try:
+        ds = f.create_dataset("X", data=data)
+        got = _quiet(GaussianMixture(3, random_state=0), ds)
+        want = _quiet(GaussianMixture(3, random_state=0), data)
+        assert_array_equal(got.means_, want.means_)
+    finally:
+        f.close()
+    assert not os.path.exists("in-memory.h5")
+
+
+def test_hdf5_dataset_path_without_leading_slash(tmp_path, data):
+    path = tmp_path / "rel.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("train/X", data=data)
+    got = _quiet(GaussianMixture(3, random_state=0), f"{path}:train/X")
+    want = _quiet(GaussianMixture(3, random_state=0), f"{path}:/train/X")
+    assert_array_equal(got.means_, want.means_)
