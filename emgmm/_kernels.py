@@ -346,6 +346,10 @@ def _full_maha(X, means, precisions_cholesky, weights):
     n, d = X.shape
     K = means.shape[0]
     g = _shift(means, weights if weights is not None else np.ones(K))
+    # The rows are shifted by g in the compute dtype: shift the means by the very
+    # same (rounded) g, or float32 data far from the origin sees every component
+    # displaced by the rounding of g (up to half an ulp of |g|).
+    g = g.astype(X.dtype).astype(np.float64)
     means_shifted = np.asarray(means, dtype=np.float64) - g
     u64 = np.asarray(precisions_cholesky, dtype=np.float64)
     maha = np.empty((n, K), dtype=np.float64)

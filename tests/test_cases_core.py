@@ -402,6 +402,26 @@ def test_case_c08_exact_duplicates(covariance_type, init_params, dtype):
     assert labels[0] != labels[-1]
 
 
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("offset", [1e4, 1e6, 1e8])
+def test_case_c07_float32_far_from_the_origin(offset, covariance_type):
+    """A sibling of C07: float32 blobs (std 100) far from the origin, computed in
+    float32, agree with the same values fitted in float64 to float32 precision
+    (the rows and the means must be shifted by the same rounded centre)."""
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(size=(500, 2)) * 100 + offset,
+                   rng.normal(size=(500, 2)) * 100 + offset + [800.0, 0.0]])
+    X = X.astype(np.float32)
+    kw = dict(n_components=2, covariance_type=covariance_type, tol=0.0, max_iter=20,
+              means_init=X[[0, 600]].astype(np.float64))
+    got = quiet_fit(GaussianMixture(**kw), X)
+    want = quiet_fit(GaussianMixture(**kw), X.astype(np.float64))
+    assert got.covariances_.dtype == np.float32
+    assert_allclose(got.covariances_, want.covariances_, rtol=1e-6)
+    # means are stored in float32, like scikit-learn's: half an ulp of the offset
+    assert_allclose(got.means_, want.means_, rtol=0, atol=np.spacing(np.float32(offset)))
+
+
 # ---------------------------------------------------------------------------- C11
 
 
