@@ -758,9 +758,7 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0):
         With ``log_likelihood = 0.0``; the caller adds the block's log-likelihood.
     """
     X = np.asarray(X)
-    dtype = X.dtype
-    n, d = X.shape
-    K = centers.shape[0]
+    n = X.shape[0]
     resp = np.asarray(resp, dtype=np.float64)
     centers = np.asarray(centers, dtype=np.float64)
     nk = resp.sum(axis=0)

@@ -320,7 +320,7 @@ def test_block_statistics(covariance_type, dtype):
 def test_block_statistics_float32_accumulates_in_float64(covariance_type):
     """4096 identical float32 rows: float32 accumulation drifts by ~1e-5 relative
     (systematic rounding of a growing partial sum); float64 accumulation does not."""
-    n, d, K = 4096, 3, 2
+    n, K = 4096, 2
     v = np.array([0.1, -0.3, 0.7], dtype=np.float32)
     X = np.tile(v, (n, 1))
     resp = np.zeros((n, K))
