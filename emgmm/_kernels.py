@@ -231,8 +231,11 @@ def _trmm_right_upper(block, u):
 # the BLAS peak rate (measured on OpenBLAS 0.3, 2 cores).
 _GEMM_COLUMNS = 1024      # columns of one batched product (components x features)
 _CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
-# The packed formulation (below) is used while its packed model fits in this many bytes.
+# The packed formulation (below) is used while its packed model fits in this many bytes
+# and a row chunk of packed products still has _PACKED_MIN_ROWS rows (beyond d ~ 90 the
+# products would be too thin to run at the GEMM rate).
 _PACKED_MODEL_BYTES = 64 * 2**20
+_PACKED_MIN_ROWS = 128
 # ... and only for components whose |m_k|^T |Lambda_k| |m_k| (m_k = mu_k - shift) is
 # at most this: its float64 rounding error then stays below ~1e-10 in log N.
 _PACKED_MAX_AMPLIFICATION = 1e5
@@ -242,6 +245,12 @@ def _chunk_rows(n_columns, itemsize, n_rows):
     """Rows per chunk so that a ``(rows, n_columns)`` buffer holds ``_CHUNK_BYTES``."""
     rows = _CHUNK_BYTES // max(1, n_columns * itemsize)
     return int(min(max(rows, 16), max(n_rows, 1)))
+
+
+def _use_packed(d, K):
+    """Whether the packed products suit ``d`` features and ``K`` components."""
+    T = d * (d + 1) // 2 + d + 1
+    return T * K * 8 <= _PACKED_MODEL_BYTES and _CHUNK_BYTES // (T * 8) >= _PACKED_MIN_ROWS
 
 
 def _packed_index(d):
@@ -354,8 +363,7 @@ def _full_maha(X, means, precisions_cholesky, weights):
     u64 = np.asarray(precisions_cholesky, dtype=np.float64)
     maha = np.empty((n, K), dtype=np.float64)
     dense = np.arange(K)
-    T = d * (d + 1) // 2 + d + 1
-    if X.dtype == np.float64 and T * K * 8 <= _PACKED_MODEL_BYTES and n * K > 0:
+    if X.dtype == np.float64 and _use_packed(d, K) and n * K > 0:
         precisions = np.matmul(u64, np.swapaxes(u64, 1, 2))
         ok = _packed_amplification(means_shifted, precisions) <= _PACKED_MAX_AMPLIFICATION
         if ok.all():
@@ -672,9 +680,8 @@ def _full_second_moments(X, resp, centers, nk, resp_threshold):
     if n == 0:
         return out
     kept = (resp > resp_threshold).T
-    T = d * (d + 1) // 2 + d + 1
     dense = (np.count_nonzero(kept) >= _GATHER_DENSITY * n * K
-             and T * K * 8 <= _PACKED_MODEL_BYTES)
+             and _use_packed(d, K))
     if not dense:
         return _gathered_second_moments(X, resp, centers, kept, range(K), out)
     r = resp if resp_threshold == 0.0 else np.where(kept.T, resp, 0.0)
