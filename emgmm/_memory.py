@@ -101,6 +101,9 @@ TASK_WORK = 2**26
 #: check of the packed sums: ``K d^2`` each) costs as much as the rows themselves.
 TARGET_BLOCKS = 64
 MIN_BLOCK_ROWS = 8192
+#: The number of blocks is rounded up to a multiple of this (equal shares for 2, 4
+#: and 8 workers), whatever ``n_jobs`` is.
+BLOCK_MULTIPLE = 8
 
 
 def statistics_nbytes(n_components, n_features, covariance_type):
@@ -262,7 +265,8 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
 
     A large data set is also cut into at least ``TARGET_BLOCKS`` blocks (blocks of
     no fewer than ``MIN_BLOCK_ROWS`` rows), so that there are tasks for several
-    workers even when one block could hold all the rows. The size depends only on
+    workers even when one block could hold all the rows, and the number of blocks
+    is rounded up to a multiple of ``BLOCK_MULTIPLE``. The size depends only on
     the arguments, never on the number of workers (determinism across ``n_jobs``).
 
     When the source is chunked by rows (HDF5), the block is a multiple of the chunk
@@ -285,6 +289,11 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     per_row = bytes_per_row(n_features, n_components, itemsize)
     rows = max(1, int(working_memory_mib * _MIB // per_row))
     rows = min(rows, max(MIN_BLOCK_ROWS, -(-n_samples // TARGET_BLOCKS)))
+    n_blocks = -(-n_samples // rows)
+    if n_blocks > 1:
+        # a multiple of BLOCK_MULTIPLE equal blocks keeps 2, 4 or 8 workers evenly busy
+        n_blocks = -(-n_blocks // BLOCK_MULTIPLE) * BLOCK_MULTIPLE
+        rows = max(1, -(-n_samples // n_blocks))
     if chunk_rows:
         if rows >= chunk_rows:
             rows = rows // chunk_rows * chunk_rows
