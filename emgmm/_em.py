@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import linalg
 
 from ._kernels import (
     _ill_defined_message,
     block_statistics,
     estimate_log_prob_resp,
+    factorize,
     m_step,
 )
 from ._memory import available_memory
@@ -118,58 +118,6 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
             if want_labels:
                 labels[b0 - start:b1 - start] = log_resp.argmax(axis=1)
     return total, labels
-
-
-def factorize(covariances, covariance_type, dtype=np.float64):
-    """Precision Cholesky factors and the components whose covariance is not PD.
-
-    A component also counts as not positive definite when its factor is so large that
-    its precision matrix would overflow ``dtype`` (a covariance within rounding of
-    singular, possible with ``reg_covar=0``).
-
-    Parameters
-    ----------
-    covariances : ndarray
-        sklearn's shapes, float64.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
-    dtype : numpy dtype, default=float64
-        The dtype the fitted precisions are stored in.
-
-    Returns
-    -------
-    precisions_cholesky : ndarray
-        Rows of bad components are left as NaN.
-    bad : list of int
-        For 'tied', ``[0]`` means the shared covariance failed.
-    """
-    d = covariances.shape[-1] if covariance_type in ("full", "tied", "diag") else 1
-    # |U_ij| below this keeps every entry of U U^T (a sum of d products) finite
-    limit = np.sqrt(np.finfo(dtype).max / d)
-    if covariance_type in ("full", "tied"):
-        stack = covariances if covariance_type == "full" else covariances[np.newaxis]
-        out = np.full_like(stack, np.nan)
-        eye = np.eye(stack.shape[-1])
-        bad = []
-        for k, cov in enumerate(stack):
-            try:
-                chol = linalg.cholesky(cov, lower=True, check_finite=True)
-            except (linalg.LinAlgError, ValueError):
-                bad.append(k)
-                continue
-            u = linalg.solve_triangular(chol, eye, lower=True).T
-            if not np.all(np.abs(u) < limit):
-                bad.append(k)
-                continue
-            out[k] = u
-        return (out if covariance_type == "full" else out[0]), bad
-    with np.errstate(divide="ignore", invalid="ignore"):
-        u = 1.0 / np.sqrt(covariances)
-    ok = (covariances > 0.0) & (u < limit)
-    if covariance_type == "diag":
-        ok = ok.all(axis=1)
-    out = np.full_like(covariances, np.nan)
-    out[ok] = u[ok]
-    return out, [int(k) for k in np.flatnonzero(~ok)]
 
 
 def initial_factors(covariances, covariance_type, on_degenerate, dtype=np.float64):

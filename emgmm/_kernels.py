@@ -44,6 +44,58 @@ def _ill_defined_message(component, dtype):
 # Parameterisation: covariances <-> precision Cholesky factors
 
 
+def factorize(covariances, covariance_type, dtype=np.float64):
+    """Precision Cholesky factors and the components whose covariance is not PD.
+
+    A component also counts as not positive definite when its factor is so large that
+    its precision matrix would overflow ``dtype`` (a covariance within rounding of
+    singular, possible with ``reg_covar=0``).
+
+    Parameters
+    ----------
+    covariances : ndarray
+        sklearn's shapes, float64.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    dtype : numpy dtype, default=float64
+        The dtype the fitted precisions are stored in.
+
+    Returns
+    -------
+    precisions_cholesky : ndarray
+        Rows of bad components are left as NaN.
+    bad : list of int
+        For 'tied', ``[0]`` means the shared covariance failed.
+    """
+    d = covariances.shape[-1] if covariance_type in ("full", "tied", "diag") else 1
+    # |U_ij| below this keeps every entry of U U^T (a sum of d products) finite
+    limit = np.sqrt(np.finfo(dtype).max / d)
+    if covariance_type in ("full", "tied"):
+        stack = covariances if covariance_type == "full" else covariances[np.newaxis]
+        out = np.full_like(stack, np.nan)
+        eye = np.eye(stack.shape[-1])
+        bad = []
+        for k, cov in enumerate(stack):
+            try:
+                chol = linalg.cholesky(cov, lower=True, check_finite=True)
+            except (linalg.LinAlgError, ValueError):
+                bad.append(k)
+                continue
+            u = linalg.solve_triangular(chol, eye, lower=True).T
+            if not np.all(np.abs(u) < limit):
+                bad.append(k)
+                continue
+            out[k] = u
+        return (out if covariance_type == "full" else out[0]), bad
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = 1.0 / np.sqrt(covariances)
+    ok = (covariances > 0.0) & (u < limit)
+    if covariance_type == "diag":
+        ok = ok.all(axis=1)
+    out = np.full_like(covariances, np.nan)
+    out[ok] = u[ok]
+    return out, [int(k) for k in np.flatnonzero(~ok)]
+
+
 def precisions_cholesky_from_covariances(covariances, covariance_type):
     """Upper Cholesky factors of the precisions, from the covariances.
 
@@ -66,27 +118,15 @@ def precisions_cholesky_from_covariances(covariances, covariance_type):
     Raises
     ------
     ValueError
-        If a covariance is not positive definite; the message names the component.
+        If a covariance is not positive definite (see :func:`factorize`); the message
+        names the component.
     """
     covariances = np.asarray(covariances)
-    dtype = covariances.dtype
-    if covariance_type in ("full", "tied"):
-        stack = covariances if covariance_type == "full" else covariances[np.newaxis]
-        out = np.empty_like(stack)
-        eye = np.eye(stack.shape[-1], dtype=dtype)
-        for k, cov in enumerate(stack):
-            try:
-                cov_chol = linalg.cholesky(cov, lower=True, check_finite=True)
-            except (linalg.LinAlgError, ValueError):
-                component = k if covariance_type == "full" else None
-                raise ValueError(_ill_defined_message(component, dtype)) from None
-            out[k] = linalg.solve_triangular(cov_chol, eye, lower=True).T
-        return out if covariance_type == "full" else out[0]
-    bad = ~(covariances > 0.0)
-    if np.any(bad):
-        component = int(np.flatnonzero(bad.reshape(len(covariances), -1).any(axis=1))[0])
-        raise ValueError(_ill_defined_message(component, dtype))
-    return 1.0 / np.sqrt(covariances)
+    u, bad = factorize(covariances, covariance_type, covariances.dtype)
+    if bad:
+        raise ValueError(_ill_defined_message(
+            None if covariance_type == "tied" else bad[0], covariances.dtype))
+    return u
 
 
 def precisions_cholesky_from_precisions(precisions, covariance_type):
