@@ -16,12 +16,12 @@ one. Only plain arrays and a JSON string are stored; loading never unpickles.
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from ._atomic import atomic_output
 from ._em import Model, RunResult
 
 FORMAT = "emgmm-checkpoint"
@@ -190,21 +190,8 @@ def write_state(path, state, fingerprint):
     if state.best_run is not None:
         arrays.update(_run_arrays("best_", state.best_run))
     arrays["meta"] = np.array(json.dumps(meta))
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_output(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
 
 
 def read_state(path, fingerprint):

@@ -19,14 +19,14 @@ function, a ``numpy.random.RandomState`` as ``random_state``) are stored as
 ``None``; their names are listed in the ``params_dropped`` attribute.
 """
 
-import contextlib
 import json
 import os
-import tempfile
 
 import h5py
 import numpy as np
 from scipy.linalg import solve_triangular
+
+from ._atomic import atomic_output
 
 FORMAT_NAME = "emgmm.GaussianMixture"
 FORMAT_VERSION = 1
@@ -36,49 +36,6 @@ _ARRAY_PARAMS = ("weights_init", "means_init", "precisions_init")
 
 class ModelFileError(ValueError):
     """A file is not an emgmm model file, or has an incompatible format."""
-
-
-@contextlib.contextmanager
-def atomic_output(path):
-    """Yield a temporary path next to ``path``; rename it to ``path`` on success.
-
-    The temporary file is created in the directory of ``path`` (so the final
-    ``os.replace`` is atomic) and removed if the body raises, so a failed
-    run never leaves a partial or stray file behind. The result gets the
-    permissions of a newly created file (``0666`` less the umask).
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        Final output path. Its directory must exist.
-
-    Yields
-    ------
-    tmp_path : str
-        Path of an empty temporary file to write to.
-
-    Raises
-    ------
-    FileNotFoundError
-        If the directory of ``path`` does not exist.
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp_path = tempfile.mkstemp(
-        dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp"
-    )
-    os.close(fd)
-    try:
-        yield tmp_path
-        # mkstemp creates the file 0600; give it the mode a new file would get
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)
-        os.replace(tmp_path, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_path)
-        raise
 
 
 def _package_version():

@@ -19,7 +19,8 @@ from numpy.lib.format import open_memmap
 from sklearn import get_config
 
 from . import demo
-from ._model_io import atomic_output, load_model, read_header, save_model
+from ._atomic import atomic_output
+from ._model_io import load_model, read_header, save_model
 from ._progress import ProgressReporter, format_summary
 from ._sources import as_source
 

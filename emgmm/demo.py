@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from ._model_io import atomic_output
+from ._atomic import atomic_output
 from ._progress import ProgressReporter, format_seconds
 
 SUMMARY = "fit a patch prior to scikit-learn's sample images; compare with scikit-learn"

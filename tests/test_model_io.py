@@ -173,7 +173,7 @@ def test_pickle_and_joblib_still_work(tmp_path, blobs):
 
 
 def test_outputs_get_the_permissions_of_a_new_file(tmp_path):
-    from emgmm._model_io import atomic_output
+    from emgmm._atomic import atomic_output
 
     old = os.umask(0o022)
     try:
