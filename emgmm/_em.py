@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._kernels import (
+    SCORE_MARGIN,
     _ill_defined_message,
     block_statistics,
     estimate_log_prob_resp,
     factorize,
     m_step,
+    relevance_margin,
 )
 from ._memory import available_memory
 from ._parallel import limit_blas
@@ -80,6 +82,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
         Centred on ``model.means``, with the summed log-likelihood.
     worst : Worst
     """
+    margin = relevance_margin(resp_threshold)
     with limit_blas(blas_threads):
         total, worst = None, Worst(n_worst)
         for b0 in range(start, stop, block_size):
@@ -87,7 +90,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
             X = source.read(b0, b1).astype(compute_dtype, copy=False)
             log_prob_norm, log_resp = estimate_log_prob_resp(
                 X, model.weights, model.means, model.precisions_cholesky,
-                model.covariance_type,
+                model.covariance_type, margin,
             )
             resp = np.exp(log_resp, out=log_resp)
             stats = block_statistics(X, resp, model.means, model.covariance_type,
@@ -112,7 +115,7 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
             X = source.read(b0, b1).astype(compute_dtype, copy=False)
             log_prob_norm, log_resp = estimate_log_prob_resp(
                 X, model.weights, model.means, model.precisions_cholesky,
-                model.covariance_type,
+                model.covariance_type, SCORE_MARGIN,
             )
             total += float(log_prob_norm.sum())
             if want_labels:

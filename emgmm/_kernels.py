@@ -21,6 +21,11 @@ from scipy import linalg, sparse
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 
 _LOG_2PI = np.log(2.0 * np.pi)
+# log(1 / smallest subnormal float64): exp() of anything lower is exactly zero
+_LOG_RANGE = 745.2
+#: Margin (nats) of the scoring passes: the pairs left estimated change a row's
+#: log-likelihood by less than exp(-50) ~ 2e-22 relative, and never hold its argmax.
+SCORE_MARGIN = 50.0
 
 
 def _ill_defined_message(component, dtype):
@@ -321,17 +326,14 @@ def _packed_amplification(means_shifted, precisions):
     return (np.matmul(np.abs(precisions), a[:, :, None])[:, :, 0] * a).sum(axis=1)
 
 
-def _full_maha_packed(X, g, means_shifted, precisions, out):
-    """Squared Mahalanobis distances by one GEMM per row chunk (float64 only).
+def _packed_weights(precisions, means_shifted):
+    """The ``(T + d + 1, K)`` matrix of :func:`_full_maha_packed` for these components.
 
     With ``y = x - g`` and ``m_k = mu_k - g``:
     ``(y - m_k)^T Lambda_k (y - m_k) = sum_{j<=l} c_jl Lambda_k[j, l] y_j y_l
-    - 2 y^T Lambda_k m_k + m_k^T Lambda_k m_k`` with ``c_jj = 1``, ``c_jl = 2``:
-    the packed products ``[y_j y_l, y, 1]`` of a chunk times a ``(T + d + 1, K)``
-    matrix. ``n K d^2`` flops, half of a dense ``(x - mu) U`` per component.
+    - 2 y^T Lambda_k m_k + m_k^T Lambda_k m_k`` with ``c_jj = 1``, ``c_jl = 2``.
     """
-    n, d = X.shape
-    K = means_shifted.shape[0]
+    K, d = means_shifted.shape
     iu = _packed_index(d)
     T = iu[0].size
     W = np.empty((T + d + 1, K))
@@ -340,8 +342,20 @@ def _full_maha_packed(X, g, means_shifted, precisions, out):
     lam_m = np.einsum("kij,kj->ki", precisions, means_shifted)
     W[T:T + d] = -2.0 * lam_m.T
     W[T + d] = np.einsum("ki,ki->k", lam_m, means_shifted)
-    rows = _chunk_rows(T + d + 1, 8, n)
-    P = np.empty((rows, T + d + 1))
+    return W
+
+
+def _full_maha_packed(X, g, W, out):
+    """Squared Mahalanobis distances by one GEMM per row chunk (float64 only).
+
+    The packed products ``[y_j y_l (j <= l), y, 1]`` of a chunk (``y = x - g``) times
+    ``W`` (:func:`_packed_weights`): ``n K d^2`` flops, half of a dense
+    ``(x - mu) U`` per component.
+    """
+    n, d = X.shape
+    cols = W.shape[0]
+    rows = _chunk_rows(cols, 8, n)
+    P = np.empty((rows, cols))
     Y = np.empty((rows, d))
     for r0 in range(0, n, rows):
         r1 = min(r0 + rows, n)
@@ -407,12 +421,12 @@ def _full_maha(X, means, precisions_cholesky, weights):
         precisions = np.matmul(u64, np.swapaxes(u64, 1, 2))
         ok = _packed_amplification(means_shifted, precisions) <= _PACKED_MAX_AMPLIFICATION
         if ok.all():
-            return _full_maha_packed(X, g, means_shifted, precisions, maha)
+            return _full_maha_packed(X, g, _packed_weights(precisions, means_shifted),
+                                     maha)
         if ok.sum() * 2 > K:
             packed = np.flatnonzero(ok)
-            maha[:, packed] = _full_maha_packed(X, g, means_shifted[packed],
-                                                precisions[packed],
-                                                np.empty((n, packed.size)))
+            W = _packed_weights(precisions[packed], means_shifted[packed])
+            maha[:, packed] = _full_maha_packed(X, g, W, np.empty((n, packed.size)))
             dense = np.flatnonzero(~ok)
     return _full_maha_dense(X, g.astype(X.dtype), means_shifted, u64, dense, maha)
 
@@ -491,7 +505,136 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     return maha
 
 
-def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type):
+def relevance_margin(resp_threshold):
+    """Nats below a row's best component beyond which a pair cannot reach the threshold.
+
+    A pair whose weighted log-density lies more than ``log(1 / resp_threshold)`` below
+    its row's largest has ``r_ik < resp_threshold``; two nats are added for safety.
+
+    Parameters
+    ----------
+    resp_threshold : float
+        In ``[0, 1)``.
+
+    Returns
+    -------
+    float or None
+        ``None`` for ``resp_threshold == 0`` (every pair must be exact).
+    """
+    if resp_threshold <= 0.0:
+        return None
+    return float(min(np.log(1.0 / resp_threshold), _LOG_RANGE) + 2.0)
+
+
+# Pairs whose proven error bound in log N is at most this keep the packed estimate
+# (the bound is worst-case; typical rounding is ~100x smaller).
+_REFINE_TOL = 1e-9
+# The refined E step probes this many rows first; if more than _REFINE_MAX_DENSITY of
+# their pairs would need the exact recomputation (broad components, ill-conditioned
+# precisions), the block takes the plain path of log_gaussian_prob instead.
+_REFINE_PROBE_ROWS = 512
+_REFINE_MAX_DENSITY = 0.3
+
+
+class _PackedEstimate:
+    """Packed estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` and its error bounds.
+
+    The estimate is :func:`_full_maha_packed` around the mixture mean ``g``. Its
+    rounding error is at most ``gamma_T |z|^T |W_k|`` over the ``T = d (d+1)/2 + d + 1``
+    products (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, eq.
+    3.5), which is at most ``gamma_T rho_k (||y|| + ||m_k||)^2`` with ``y = x - g``,
+    ``m_k = mu_k - g`` and ``rho_k = max_j sum_l |Lambda_k[j, l]|`` (a bound on the
+    spectral norm of ``|Lambda_k|``); half of it bounds the error in ``log N``.
+    """
+
+    def __init__(self, weights, means, precisions_cholesky):
+        self.means = np.asarray(means, dtype=np.float64)
+        self.u = np.asarray(precisions_cholesky, dtype=np.float64)
+        K, d = self.means.shape
+        self.g = _shift(self.means, weights)
+        self.means_shifted = self.means - self.g
+        precisions = np.matmul(self.u, np.swapaxes(self.u, 1, 2))
+        self.W = _packed_weights(precisions, self.means_shifted)
+        T = d * (d + 1) // 2 + d + 1
+        unit = np.finfo(np.float64).eps / 2
+        gamma = T * unit / (1.0 - T * unit)
+        self.half_rho = 0.5 * gamma * np.abs(precisions).sum(axis=2).max(axis=1)
+        self.m_norm = np.linalg.norm(self.means_shifted, axis=1)
+        with np.errstate(divide="ignore"):
+            self.offset = (np.log(np.asarray(weights, dtype=np.float64))
+                           + log_det_cholesky(self.u, "full", d) - 0.5 * d * _LOG_2PI)
+
+    def weighted(self, X, out):
+        """The estimate into ``out``, ``(n, K)`` float64; returns ``out``."""
+        _full_maha_packed(X, self.g, self.W, out)
+        out *= -0.5
+        out += self.offset
+        return out
+
+    def to_refine(self, X, weighted, margin):
+        """``(K, n)`` mask of the pairs to recompute: within ``margin`` nats of the
+        row's best (by the bounds) and with a bound above ``_REFINE_TOL``."""
+        n, K = weighted.shape
+        mask = np.empty((K, n), dtype=bool)
+        rows = _chunk_rows(K, 8, n)
+        err = np.empty((rows, K))
+        for r0 in range(0, n, rows):
+            r1 = min(r0 + rows, n)
+            y = X[r0:r1] - self.g
+            e = err[:r1 - r0]
+            np.add(np.sqrt(np.einsum("ij,ij->i", y, y))[:, None], self.m_norm, out=e)
+            e *= e
+            e *= self.half_rho
+            w = weighted[r0:r1]
+            with np.errstate(invalid="ignore"):
+                floor = (w - e).max(axis=1) - margin
+                inexact = e > _REFINE_TOL
+                e += w
+                mask[:, r0:r1] = ((e >= floor[:, None]) & inexact).T
+        return mask
+
+    def refine(self, X, weighted, mask):
+        """Recompute the masked pairs exactly, ``log w_k + log N`` with
+        ``||(x - mu_k) U_k||^2`` over each component's gathered rows; in place."""
+        K = weighted.shape[1]
+        comps, idx = np.nonzero(mask)
+        bounds = np.searchsorted(comps, np.arange(K + 1))
+        for k in np.flatnonzero(np.diff(bounds)):
+            rows = idx[bounds[k]:bounds[k + 1]]
+            z = np.take(X, rows, axis=0)
+            z -= self.means[k]
+            z = z @ self.u[k]
+            weighted[rows, k] = self.offset[k] - 0.5 * np.einsum("ij,ij->i", z, z)
+        return weighted
+
+
+def _full_weighted_log_prob_refined(X, weights, means, precisions_cholesky, margin):
+    """``log w_k + log N(x | mu_k, Lambda_k)`` for 'full' float64, exact where it matters.
+
+    Every pair is estimated by the packed products (``n K d^2`` flops at the GEMM
+    rate, :class:`_PackedEstimate`); the pairs that may lie within ``margin`` nats of
+    their row's best and whose error bound exceeds ``_REFINE_TOL`` are recomputed
+    exactly; the others either have ``r_ik < exp(-margin)`` or are accurate to
+    ``_REFINE_TOL``.
+
+    Returns
+    -------
+    weighted : ndarray of shape (n, K), float64, or None
+        ``None`` when a probe of the first rows finds that more than
+        ``_REFINE_MAX_DENSITY`` of the pairs would need recomputing.
+    """
+    estimate = _PackedEstimate(weights, means, precisions_cholesky)
+    weighted = np.empty((X.shape[0], means.shape[0]))
+    p = _REFINE_PROBE_ROWS
+    probe = estimate.weighted(X[:p], weighted[:p])
+    if estimate.to_refine(X[:p], probe, margin).mean() > _REFINE_MAX_DENSITY:
+        return None
+    estimate.weighted(X[p:], weighted[p:])
+    return estimate.refine(X, weighted, estimate.to_refine(X, weighted, margin))
+
+
+def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type,
+                           margin=None):
     """Per-row log-likelihood and log-responsibilities (Bishop eq. 9.23, 9.28).
 
     Parameters
@@ -501,6 +644,13 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
     means : ndarray of shape (K, d)
     precisions_cholesky : ndarray
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    margin : float or None, default=None
+        ``None``: every entry is exact. A number (see :func:`relevance_margin`): for
+        'full' float64 data, only the pairs within ``margin`` nats of their row's best
+        component are computed exactly; the others are estimated to within a proven
+        bound and have ``r_ik < exp(-margin)`` (see
+        :func:`_full_weighted_log_prob_refined`). ``log_prob_norm`` is exact either
+        way up to ``exp(-margin)`` relative.
 
     Returns
     -------
@@ -509,9 +659,19 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
     log_resp : ndarray of shape (n, K), float64
         ``log r_ik``; rows sum (in probability) to one.
     """
-    weighted = log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights)
-    with np.errstate(divide="ignore"):
-        weighted += np.log(np.asarray(weights, dtype=np.float64))
+    X = np.asarray(X)
+    n, d = X.shape
+    K = means.shape[0]
+    weighted = None
+    if (margin is not None and covariance_type == "full" and X.dtype == np.float64
+            and _use_packed(d, K) and n * K > 0):
+        weighted = _full_weighted_log_prob_refined(X, weights, means,
+                                                   precisions_cholesky, margin)
+    if weighted is None:
+        weighted = log_gaussian_prob(X, means, precisions_cholesky, covariance_type,
+                                     weights)
+        with np.errstate(divide="ignore"):
+            weighted += np.log(np.asarray(weights, dtype=np.float64))
     log_prob_norm = _logsumexp_rows(weighted)
     with np.errstate(under="ignore", invalid="ignore"):
         weighted -= log_prob_norm[:, np.newaxis]
@@ -624,9 +784,11 @@ def _gathered_second_moments(X, resp, centers, kept, components, out):
         work = buf[:m]
         np.subtract(raw[:m], centers[k], out=work)
         work *= np.sqrt(resp[rows, k])[:, None]
-        # work.T is Fortran-ordered (d, m): syrk(trans=0) gives work.T @ work
-        upper = syrk(1.0, work.T, trans=0, lower=0)
-        out[k] = np.triu(upper) + np.triu(upper, 1).T
+        # work.T is Fortran-ordered (d, m): syrk(trans=0) gives the upper triangle
+        # of work.T @ work (the strict lower triangle of its result is zero)
+        out[k] = syrk(1.0, work.T, trans=0, lower=0)
+    # mirror the upper triangles (lower ones are zero)
+    out[components] += np.triu(out[components], 1).transpose(0, 2, 1)
     return out
 
 
