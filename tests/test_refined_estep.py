@@ -1,0 +1,172 @@
+"""The relevance-refined E step of 'full' float64 (``estimate_log_prob_resp(margin=)``).
+
+Oracles: the definition ``log w_k + sum_j log U_k[j, j] - d/2 log(2 pi) - 1/2
+||(x - mu_k) U_k||^2`` evaluated in extended precision (``np.longdouble``, no BLAS),
+checked against ``scipy.stats.multivariate_normal.logpdf`` where the precisions are
+well conditioned; ``scipy.special.logsumexp``. The contract under test:
+
+* ``log_prob_norm`` equals the oracle's log-sum-exp;
+* every pair whose oracle log-responsibility is above ``-margin`` equals the oracle
+  (these are the pairs whose responsibility can reach ``resp_threshold``);
+* every other pair stays below ``-margin`` + its error bound, i.e. its responsibility
+  is below ``exp(-margin)`` up to that bound;
+* the packed estimate's error never exceeds the bound the kernel uses to decide.
+"""
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+from scipy.special import logsumexp
+from scipy.stats import multivariate_normal
+
+from conftest import random_spd
+
+kernels = pytest.importorskip("emgmm._kernels")
+
+
+def upper_factor(precision):
+    L = np.linalg.cholesky(np.linalg.inv(precision))
+    return np.linalg.inv(L).T
+
+
+def oracle_weighted(X, weights, means, U):
+    """Extended-precision evaluation of the definition, rounded to float64."""
+    ld = np.longdouble
+    Xl = X.astype(ld)
+    d = X.shape[1]
+    cols = []
+    for w, m, u in zip(weights, means, U):
+        z = np.einsum("ij,jl->il", Xl - m.astype(ld), u.astype(ld))
+        q = np.einsum("ij,ij->i", z, z)
+        logdet = np.sum(np.log(np.diag(u).astype(ld)))
+        cols.append(np.log(ld(w)) + logdet - ld(0.5) * d * np.log(2 * ld(np.pi)) - q / 2)
+    return np.stack(cols, axis=1).astype(np.float64)
+
+
+def test_oracle_agrees_with_scipy_when_well_conditioned():
+    rng = np.random.default_rng(1)
+    weights, means, U = separated_model(rng, 5, 6, 3.0, 10.0)
+    X = sample(rng, weights, means, U, 200)
+    scipy_weighted = np.stack(
+        [multivariate_normal(m, np.linalg.inv(u @ u.T)).logpdf(X) for m, u in zip(means, U)],
+        axis=1) + np.log(weights)
+    assert_allclose(oracle_weighted(X, weights, means, U), scipy_weighted, rtol=1e-12)
+
+
+def separated_model(rng, K, d, spread, cond, offset=0.0):
+    means = rng.normal(scale=spread, size=(K, d)) + offset
+    U = np.stack([upper_factor(random_spd(rng, d, cond=cond)) for _ in range(K)])
+    weights = rng.dirichlet(np.full(K, 5.0))
+    return weights, means, U
+
+
+def sample(rng, weights, means, U, n):
+    K, d = means.shape
+    labels = rng.choice(K, size=n, p=weights)
+    X = np.empty((n, d))
+    for k in range(K):
+        rows = labels == k
+        L = np.linalg.cholesky(np.linalg.inv(U[k] @ U[k].T))
+        X[rows] = means[k] + rng.normal(size=(rows.sum(), d)) @ L.T
+    return X
+
+
+CASES = {
+    # well separated, well conditioned: few pairs are refined
+    "separated": dict(K=30, d=12, spread=6.0, cond=10.0, offset=0.0),
+    # ill-conditioned precisions: the packed estimate is far off, the relevant pairs
+    # must all be recomputed
+    "ill_conditioned": dict(K=30, d=12, spread=6.0, cond=1e7, offset=0.0),
+    # far from the origin: the expansion around the mixture mean cancels
+    "far_from_origin": dict(K=30, d=12, spread=6.0, cond=100.0, offset=1e5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("margin", [kernels.relevance_margin(1e-20), 8.0])
+def test_refined_estep_matches_oracle_where_it_matters(case, margin):
+    rng = np.random.default_rng(7)
+    c = CASES[case]
+    weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
+                                        c["offset"])
+    X = sample(rng, weights, means, U, 3000)
+    log_norm, log_resp = kernels.estimate_log_prob_resp(X, weights, means, U, "full",
+                                                        margin)
+    weighted = oracle_weighted(X, weights, means, U)
+    exp_norm = logsumexp(weighted, axis=1)
+    exp_resp = weighted - exp_norm[:, None]
+    assert_allclose(log_norm, exp_norm, rtol=1e-11, atol=1e-9)
+    near = exp_resp > -margin + 1.0
+    assert near.any(axis=1).all()
+    assert_allclose(log_resp[near], exp_resp[near], rtol=1e-9, atol=1e-8)
+    # the rest: responsibilities below exp(-margin) in both
+    far = exp_resp < -margin - 1.0
+    assert np.all(log_resp[far] < -margin + 1.0)
+    # responsibilities of every pair agree in probability space
+    assert_allclose(np.exp(log_resp), np.exp(exp_resp), rtol=0, atol=1e-12)
+    # labels are the oracle's
+    np.testing.assert_array_equal(log_resp.argmax(axis=1), exp_resp.argmax(axis=1))
+
+
+def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
+    rng = np.random.default_rng(3)
+    weights, means, U = separated_model(rng, 30, 12, 6.0, 10.0)
+    X = sample(rng, weights, means, U, 2000)
+    margin = kernels.relevance_margin(1e-20)
+    assert kernels._full_weighted_log_prob_refined(X, weights, means, U, margin) is not None
+    # 30 coinciding components with a thin direction (variance 1e-6): every pair is
+    # relevant and the bound of the expansion (rho_k ~ 1e6) exceeds the tolerance, so
+    # the probe sends the block to the plain path
+    Q, _ = np.linalg.qr(rng.normal(size=(12, 12)))
+    cov = (Q * np.r_[1e-6, np.ones(11)]) @ Q.T
+    thin = np.stack([upper_factor(np.linalg.inv(cov))] * 30)
+    centre = rng.normal(size=(30, 12)) * 1e-9
+    Xt = rng.multivariate_normal(np.zeros(12), cov, size=2000)
+    assert kernels._full_weighted_log_prob_refined(Xt, weights, centre, thin,
+                                                   margin) is None
+    # and the result is then the plain (all-exact) one
+    got = kernels.estimate_log_prob_resp(Xt, weights, centre, thin, "full", margin)
+    plain = kernels.estimate_log_prob_resp(Xt, weights, centre, thin, "full")
+    assert_allclose(got[0], plain[0], rtol=0, atol=0)
+    assert_allclose(got[1], plain[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_packed_estimate_error_within_its_bound(case):
+    """|estimate - exact| <= the bound ``to_refine`` relies on, for every pair."""
+    rng = np.random.default_rng(11)
+    c = CASES[case]
+    weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
+                                        c["offset"])
+    X = sample(rng, weights, means, U, 1500)
+    est = kernels._PackedEstimate(weights, means, U)
+    approx = est.weighted(X, np.empty((len(X), len(means))))
+    exact = oracle_weighted(X, weights, means, U)
+    y = np.linalg.norm(X - est.g, axis=1)
+    bound = est.half_rho * (y[:, None] + est.m_norm) ** 2
+    # the oracle itself carries float64 rounding: allow its own size on top
+    slack = 1e-12 * np.abs(exact)
+    assert np.all(np.abs(approx - exact) <= bound + slack)
+
+
+def test_refined_statistics_equal_exact_ones():
+    """A fit with the default resp_threshold equals one with every pair exact."""
+    from emgmm import GaussianMixture
+
+    rng = np.random.default_rng(5)
+    weights, means, U = separated_model(rng, 20, 8, 5.0, 30.0)
+    X = sample(rng, weights, means, U, 4000)
+    kw = dict(n_components=20, covariance_type="full", max_iter=5, tol=0.0,
+              random_state=0, init_params="k-means++")
+    fast = GaussianMixture(**kw).fit(X)
+    exact = GaussianMixture(**kw, resp_threshold=0.0).fit(X)
+    assert_allclose(fast.lower_bounds_, exact.lower_bounds_, rtol=1e-12)
+    assert_allclose(fast.means_, exact.means_, rtol=1e-10, atol=1e-10)
+    assert_allclose(fast.covariances_, exact.covariances_, rtol=1e-9, atol=1e-12)
+
+
+def test_relevance_margin():
+    assert kernels.relevance_margin(0.0) is None
+    assert kernels.relevance_margin(1e-20) == pytest.approx(np.log(1e20) + 2.0)
+    # below the float64 range every non-zero responsibility counts
+    assert kernels.relevance_margin(1e-320) == pytest.approx(745.2 + 2.0)
