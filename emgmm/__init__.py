@@ -2,13 +2,34 @@
 
 A drop-in for :class:`sklearn.mixture.GaussianMixture` that fits data in memory, in
 ``np.memmap`` or ``.npy`` files and in HDF5 datasets, in row blocks, on joblib workers.
+
+The public names are imported on first use (PEP 562), so that a worker process
+which only unpickles the task functions of ``emgmm._em`` does not import
+scikit-learn.
 """
 
-from ._gaussian_mixture import GaussianMixture
-from ._model_io import ModelFileError, load_model, save_model
-from ._sources import as_source
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["GaussianMixture", "ModelFileError", "as_source", "load_model", "save_model",
-           "__version__"]
+_PUBLIC = {
+    "GaussianMixture": "._gaussian_mixture",
+    "ModelFileError": "._model_io",
+    "load_model": "._model_io",
+    "save_model": "._model_io",
+    "as_source": "._sources",
+}
+
+__all__ = sorted(_PUBLIC) + ["__version__"]
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -22,6 +22,7 @@ from ._kernels import (
     estimate_log_prob_resp,
     factorize,
     m_step,
+    prepare_log_prob,
     relevance_margin,
 )
 from ._memory import available_memory
@@ -35,13 +36,33 @@ _WORKER_DEATH_NAMES = ("KilledWorker",)
 
 @dataclass
 class Model:
-    """Mixture parameters in scikit-learn's shapes (covariances may be ``None``)."""
+    """Mixture parameters in scikit-learn's shapes (covariances may be ``None``).
+
+    ``prepared`` caches, per compute dtype, the work on the parameters that every
+    block of a pass shares (:func:`emgmm._kernels.prepare_log_prob`); it is filled
+    where the tasks run and never sent to workers.
+    """
 
     weights: np.ndarray
     means: np.ndarray
     covariances: np.ndarray
     precisions_cholesky: np.ndarray
     covariance_type: str
+    prepared: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def prepare(self, compute_dtype):
+        """:func:`~emgmm._kernels.prepare_log_prob` for ``compute_dtype``, cached."""
+        key = np.dtype(compute_dtype).str
+        if key not in self.prepared:
+            self.prepared[key] = prepare_log_prob(
+                self.weights, self.means, self.precisions_cholesky,
+                self.covariance_type, compute_dtype)
+        return self.prepared[key]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["prepared"] = {}
+        return state
 
 
 @dataclass
@@ -83,6 +104,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
     worst : Worst
     """
     margin = relevance_margin(resp_threshold)
+    prepared = None if margin is None else model.prepare(compute_dtype)
     with limit_blas(blas_threads):
         total, worst = None, Worst(n_worst)
         for b0 in range(start, stop, block_size):
@@ -90,7 +112,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
             X = source.read(b0, b1).astype(compute_dtype, copy=False)
             log_prob_norm, log_resp = estimate_log_prob_resp(
                 X, model.weights, model.means, model.precisions_cholesky,
-                model.covariance_type, margin,
+                model.covariance_type, margin, prepared,
             )
             resp = np.exp(log_resp, out=log_resp)
             stats = block_statistics(X, resp, model.means, model.covariance_type,
@@ -115,7 +137,7 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
             X = source.read(b0, b1).astype(compute_dtype, copy=False)
             log_prob_norm, log_resp = estimate_log_prob_resp(
                 X, model.weights, model.means, model.precisions_cholesky,
-                model.covariance_type, SCORE_MARGIN,
+                model.covariance_type, SCORE_MARGIN, model.prepare(compute_dtype),
             )
             total += float(log_prob_norm.sum())
             if want_labels:

@@ -593,6 +593,28 @@ class _PackedEstimate:
                 mask[:, r0:r1] = ((e >= floor[:, None]) & inexact).T
         return mask
 
+    def weighted_refined(self, X, margin):
+        """``log w_k + log N(x | mu_k, Lambda_k)``, exact where it matters.
+
+        Every pair is estimated (``n K d^2`` flops at the GEMM rate); the pairs that
+        may lie within ``margin`` nats of their row's best and whose error bound
+        exceeds ``_REFINE_TOL`` are recomputed exactly; the others either have
+        ``r_ik < exp(-margin)`` or are accurate to ``_REFINE_TOL``.
+
+        Returns
+        -------
+        weighted : ndarray of shape (n, K), float64, or None
+            ``None`` when a probe of the first rows finds that more than
+            ``_REFINE_MAX_DENSITY`` of the pairs would need recomputing.
+        """
+        weighted = np.empty((X.shape[0], self.means.shape[0]))
+        p = _REFINE_PROBE_ROWS
+        probe = self.weighted(X[:p], weighted[:p])
+        if self.to_refine(X[:p], probe, margin).mean() > _REFINE_MAX_DENSITY:
+            return None
+        self.weighted(X[p:], weighted[p:])
+        return self.refine(X, weighted, self.to_refine(X, weighted, margin))
+
     def refine(self, X, weighted, mask):
         """Recompute the masked pairs exactly, ``log w_k + log N`` with
         ``||(x - mu_k) U_k||^2`` over each component's gathered rows; in place."""
@@ -608,33 +630,21 @@ class _PackedEstimate:
         return weighted
 
 
-def _full_weighted_log_prob_refined(X, weights, means, precisions_cholesky, margin):
-    """``log w_k + log N(x | mu_k, Lambda_k)`` for 'full' float64, exact where it matters.
+def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype):
+    """Work on the model that every block of a pass shares, or ``None``.
 
-    Every pair is estimated by the packed products (``n K d^2`` flops at the GEMM
-    rate, :class:`_PackedEstimate`); the pairs that may lie within ``margin`` nats of
-    their row's best and whose error bound exceeds ``_REFINE_TOL`` are recomputed
-    exactly; the others either have ``r_ik < exp(-margin)`` or are accurate to
-    ``_REFINE_TOL``.
-
-    Returns
-    -------
-    weighted : ndarray of shape (n, K), float64, or None
-        ``None`` when a probe of the first rows finds that more than
-        ``_REFINE_MAX_DENSITY`` of the pairs would need recomputing.
+    For 'full' float64 with packed products (small ``d``), the
+    :class:`_PackedEstimate` (``K d^3`` flops) that :func:`estimate_log_prob_resp`
+    otherwise builds per call.
     """
-    estimate = _PackedEstimate(weights, means, precisions_cholesky)
-    weighted = np.empty((X.shape[0], means.shape[0]))
-    p = _REFINE_PROBE_ROWS
-    probe = estimate.weighted(X[:p], weighted[:p])
-    if estimate.to_refine(X[:p], probe, margin).mean() > _REFINE_MAX_DENSITY:
-        return None
-    estimate.weighted(X[p:], weighted[p:])
-    return estimate.refine(X, weighted, estimate.to_refine(X, weighted, margin))
+    K, d = np.shape(means)
+    if covariance_type == "full" and np.dtype(dtype) == np.float64 and _use_packed(d, K):
+        return _PackedEstimate(weights, means, precisions_cholesky)
+    return None
 
 
 def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type,
-                           margin=None):
+                           margin=None, prepared=None):
     """Per-row log-likelihood and log-responsibilities (Bishop eq. 9.23, 9.28).
 
     Parameters
@@ -649,8 +659,11 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
         'full' float64 data, only the pairs within ``margin`` nats of their row's best
         component are computed exactly; the others are estimated to within a proven
         bound and have ``r_ik < exp(-margin)`` (see
-        :func:`_full_weighted_log_prob_refined`). ``log_prob_norm`` is exact either
+        :meth:`_PackedEstimate.weighted_refined`). ``log_prob_norm`` is exact either
         way up to ``exp(-margin)`` relative.
+    prepared : object or None, default=None
+        :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
+        its work between the blocks of a pass.
 
     Returns
     -------
@@ -663,10 +676,12 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
     n, d = X.shape
     K = means.shape[0]
     weighted = None
-    if (margin is not None and covariance_type == "full" and X.dtype == np.float64
-            and _use_packed(d, K) and n * K > 0):
-        weighted = _full_weighted_log_prob_refined(X, weights, means,
-                                                   precisions_cholesky, margin)
+    if margin is not None and n * K > 0:
+        if prepared is None:
+            prepared = prepare_log_prob(weights, means, precisions_cholesky,
+                                        covariance_type, X.dtype)
+        if prepared is not None:
+            weighted = prepared.weighted_refined(X, margin)
     if weighted is None:
         weighted = log_gaussian_prob(X, means, precisions_cholesky, covariance_type,
                                      weights)

@@ -113,7 +113,7 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     weights, means, U = separated_model(rng, 30, 12, 6.0, 10.0)
     X = sample(rng, weights, means, U, 2000)
     margin = kernels.relevance_margin(1e-20)
-    assert kernels._full_weighted_log_prob_refined(X, weights, means, U, margin) is not None
+    assert kernels._PackedEstimate(weights, means, U).weighted_refined(X, margin) is not None
     # 30 coinciding components with a thin direction (variance 1e-6): every pair is
     # relevant and the bound of the expansion (rho_k ~ 1e6) exceeds the tolerance, so
     # the probe sends the block to the plain path
@@ -122,8 +122,7 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     thin = np.stack([upper_factor(np.linalg.inv(cov))] * 30)
     centre = rng.normal(size=(30, 12)) * 1e-9
     Xt = rng.multivariate_normal(np.zeros(12), cov, size=2000)
-    assert kernels._full_weighted_log_prob_refined(Xt, weights, centre, thin,
-                                                   margin) is None
+    assert kernels._PackedEstimate(weights, centre, thin).weighted_refined(Xt, margin) is None
     # and the result is then the plain (all-exact) one
     got = kernels.estimate_log_prob_resp(Xt, weights, centre, thin, "full", margin)
     plain = kernels.estimate_log_prob_resp(Xt, weights, centre, thin, "full")
