@@ -20,6 +20,7 @@ from ._kernels import (
     _ill_defined_message,
     block_statistics,
     estimate_log_prob_resp,
+    estimate_resp,
     factorize,
     m_step,
     prepare_log_prob,
@@ -38,9 +39,10 @@ _WORKER_DEATH_NAMES = ("KilledWorker",)
 class Model:
     """Mixture parameters in scikit-learn's shapes (covariances may be ``None``).
 
-    ``prepared`` caches, per compute dtype, the work on the parameters that every
-    block of a pass shares (:func:`emgmm._kernels.prepare_log_prob`); it is filled
-    where the tasks run and never sent to workers.
+    ``prepared`` holds the work on the parameters that every block of a pass shares
+    (:func:`emgmm._kernels.prepare_log_prob`), built once by :meth:`prepare`; the
+    parent builds it before a pass so that the workers receive it (as memory maps,
+    like the parameters) instead of each rebuilding it.
     """
 
     weights: np.ndarray
@@ -48,21 +50,16 @@ class Model:
     covariances: np.ndarray
     precisions_cholesky: np.ndarray
     covariance_type: str
-    prepared: dict = field(default_factory=dict, repr=False, compare=False)
+    prepared: object = field(default=None, repr=False, compare=False)
 
     def prepare(self, compute_dtype):
-        """:func:`~emgmm._kernels.prepare_log_prob` for ``compute_dtype``, cached."""
+        """:func:`~emgmm._kernels.prepare_log_prob` for ``compute_dtype``, kept."""
         key = np.dtype(compute_dtype).str
-        if key not in self.prepared:
-            self.prepared[key] = prepare_log_prob(
-                self.weights, self.means, self.precisions_cholesky,
-                self.covariance_type, compute_dtype)
-        return self.prepared[key]
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["prepared"] = {}
-        return state
+        if self.prepared is None or self.prepared.dtype != key:
+            self.prepared = prepare_log_prob(self.weights, self.means,
+                                             self.precisions_cholesky,
+                                             self.covariance_type, compute_dtype)
+        return self.prepared
 
 
 @dataclass
@@ -110,11 +107,10 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1).astype(compute_dtype, copy=False)
-            log_prob_norm, log_resp = estimate_log_prob_resp(
+            log_prob_norm, resp = estimate_resp(
                 X, model.weights, model.means, model.precisions_cholesky,
                 model.covariance_type, margin, prepared,
             )
-            resp = np.exp(log_resp, out=log_resp)
             stats = block_statistics(X, resp, model.means, model.covariance_type,
                                      resp_threshold)
             stats.log_likelihood = float(log_prob_norm.sum())
@@ -256,6 +252,8 @@ def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
         Summed over all tasks in their fixed order.
     worst : Worst
     """
+    if relevance_margin(resp_threshold) is not None:
+        model.prepare(compute_dtype)
     args = [(s, e, block_size, model, compute_dtype, resp_threshold, n_worst)
             for s, e in tasks]
     stats, worst = None, None
@@ -366,6 +364,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
 
 def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels):
     """Mean log-likelihood of all rows (and their labels) under ``model``."""
+    model.prepare(compute_dtype)
     args = [(s, e, block_size, model, compute_dtype, want_labels) for s, e in tasks]
     total, parts = 0.0, []
     for task_total, labels in executor.map(score_task, args):

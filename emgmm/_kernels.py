@@ -536,7 +536,8 @@ _REFINE_PROBE_ROWS = 512
 _REFINE_MAX_DENSITY = 0.3
 
 
-class _PackedEstimate:
+@dataclass
+class PackedEstimate:
     """Packed estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` and its error bounds.
 
     The estimate is :func:`_full_maha_packed` around the mixture mean ``g``. Its
@@ -545,24 +546,39 @@ class _PackedEstimate:
     3.5), which is at most ``gamma_T rho_k (||y|| + ||m_k||)^2`` with ``y = x - g``,
     ``m_k = mu_k - g`` and ``rho_k = max_j sum_l |Lambda_k[j, l]|`` (a bound on the
     spectral norm of ``|Lambda_k|``); half of it bounds the error in ``log N``.
+
+    A dataclass of arrays, so that a pass can build it once and share it with its
+    workers (:meth:`build`).
     """
 
-    def __init__(self, weights, means, precisions_cholesky):
-        self.means = np.asarray(means, dtype=np.float64)
-        self.u = np.asarray(precisions_cholesky, dtype=np.float64)
-        K, d = self.means.shape
-        self.g = _shift(self.means, weights)
-        self.means_shifted = self.means - self.g
-        precisions = np.matmul(self.u, np.swapaxes(self.u, 1, 2))
-        self.W = _packed_weights(precisions, self.means_shifted)
+    dtype: str
+    means: np.ndarray
+    u: np.ndarray
+    g: np.ndarray
+    W: np.ndarray
+    half_rho: np.ndarray
+    m_norm: np.ndarray
+    offset: np.ndarray
+
+    @classmethod
+    def build(cls, weights, means, precisions_cholesky):
+        """The estimate's work on the model: ``K d^3`` flops for the precisions."""
+        means = np.asarray(means, dtype=np.float64)
+        u = np.asarray(precisions_cholesky, dtype=np.float64)
+        K, d = means.shape
+        g = _shift(means, weights)
+        means_shifted = means - g
+        precisions = np.matmul(u, np.swapaxes(u, 1, 2))
         T = d * (d + 1) // 2 + d + 1
         unit = np.finfo(np.float64).eps / 2
         gamma = T * unit / (1.0 - T * unit)
-        self.half_rho = 0.5 * gamma * np.abs(precisions).sum(axis=2).max(axis=1)
-        self.m_norm = np.linalg.norm(self.means_shifted, axis=1)
         with np.errstate(divide="ignore"):
-            self.offset = (np.log(np.asarray(weights, dtype=np.float64))
-                           + log_det_cholesky(self.u, "full", d) - 0.5 * d * _LOG_2PI)
+            offset = (np.log(np.asarray(weights, dtype=np.float64))
+                      + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
+        return cls(np.dtype(np.float64).str, means, u, g,
+                   _packed_weights(precisions, means_shifted),
+                   0.5 * gamma * np.abs(precisions).sum(axis=2).max(axis=1),
+                   np.linalg.norm(means_shifted, axis=1), offset)
 
     def weighted(self, X, out):
         """The estimate into ``out``, ``(n, K)`` float64; returns ``out``."""
@@ -634,18 +650,18 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
     """Work on the model that every block of a pass shares, or ``None``.
 
     For 'full' float64 with packed products (small ``d``), the
-    :class:`_PackedEstimate` (``K d^3`` flops) that :func:`estimate_log_prob_resp`
+    :class:`PackedEstimate` (``K d^3`` flops) that :func:`estimate_log_prob_resp`
     otherwise builds per call.
     """
     K, d = np.shape(means)
     if covariance_type == "full" and np.dtype(dtype) == np.float64 and _use_packed(d, K):
-        return _PackedEstimate(weights, means, precisions_cholesky)
+        return PackedEstimate.build(weights, means, precisions_cholesky)
     return None
 
 
-def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type,
-                           margin=None, prepared=None):
-    """Per-row log-likelihood and log-responsibilities (Bishop eq. 9.23, 9.28).
+def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
+                      margin=None, prepared=None):
+    """``log w_k + log N(x | mu_k, Lambda_k)`` for every row and component.
 
     Parameters
     ----------
@@ -659,11 +675,42 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
         'full' float64 data, only the pairs within ``margin`` nats of their row's best
         component are computed exactly; the others are estimated to within a proven
         bound and have ``r_ik < exp(-margin)`` (see
-        :meth:`_PackedEstimate.weighted_refined`). ``log_prob_norm`` is exact either
-        way up to ``exp(-margin)`` relative.
+        :meth:`PackedEstimate.weighted_refined`).
     prepared : object or None, default=None
         :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
         its work between the blocks of a pass.
+
+    Returns
+    -------
+    weighted : ndarray of shape (n, K), float64
+    """
+    X = np.asarray(X)
+    n, d = X.shape
+    K = means.shape[0]
+    if margin is not None and n * K > 0:
+        if prepared is None:
+            prepared = prepare_log_prob(weights, means, precisions_cholesky,
+                                        covariance_type, X.dtype)
+        if prepared is not None:
+            weighted = prepared.weighted_refined(X, margin)
+            if weighted is not None:
+                return weighted
+    weighted = log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights)
+    with np.errstate(divide="ignore"):
+        weighted += np.log(np.asarray(weights, dtype=np.float64))
+    return weighted
+
+
+def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type,
+                           margin=None, prepared=None):
+    """Per-row log-likelihood and log-responsibilities (Bishop eq. 9.23, 9.28).
+
+    Parameters
+    ----------
+    X, weights, means, precisions_cholesky, covariance_type, margin, prepared
+        As in :func:`weighted_log_prob`. With a ``margin``, ``log_prob_norm`` is
+        exact up to ``exp(-margin)`` relative and the log-responsibilities below
+        ``-margin`` are estimates.
 
     Returns
     -------
@@ -672,25 +719,50 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
     log_resp : ndarray of shape (n, K), float64
         ``log r_ik``; rows sum (in probability) to one.
     """
-    X = np.asarray(X)
-    n, d = X.shape
-    K = means.shape[0]
-    weighted = None
-    if margin is not None and n * K > 0:
-        if prepared is None:
-            prepared = prepare_log_prob(weights, means, precisions_cholesky,
-                                        covariance_type, X.dtype)
-        if prepared is not None:
-            weighted = prepared.weighted_refined(X, margin)
-    if weighted is None:
-        weighted = log_gaussian_prob(X, means, precisions_cholesky, covariance_type,
-                                     weights)
-        with np.errstate(divide="ignore"):
-            weighted += np.log(np.asarray(weights, dtype=np.float64))
+    weighted = weighted_log_prob(X, weights, means, precisions_cholesky,
+                                 covariance_type, margin, prepared)
     log_prob_norm = _logsumexp_rows(weighted)
     with np.errstate(under="ignore", invalid="ignore"):
         weighted -= log_prob_norm[:, np.newaxis]
     return log_prob_norm, weighted
+
+
+def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margin=None,
+                  prepared=None):
+    """Per-row log-likelihood and responsibilities (Bishop eq. 9.23), one exp per pair.
+
+    ``r_ik = exp(a_ik - t_i) / sum_j exp(a_ij - t_i)`` with ``a`` the weighted
+    log-densities and ``t_i`` their row maximum: the same as ``exp(log_resp)`` of
+    :func:`estimate_log_prob_resp` to rounding, without the second exponential.
+
+    Parameters
+    ----------
+    X, weights, means, precisions_cholesky, covariance_type, margin, prepared
+        As in :func:`weighted_log_prob`.
+
+    Returns
+    -------
+    log_prob_norm : ndarray of shape (n,), float64
+    resp : ndarray of shape (n, K), float64
+    """
+    resp = weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
+                             margin, prepared)
+    n, K = resp.shape
+    log_prob_norm = np.empty(n)
+    rows = _chunk_rows(K, 8, n)
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        w = resp[r0:r1]
+        top = w.max(axis=1)
+        top[~np.isfinite(top)] = 0.0
+        w -= top[:, None]
+        np.exp(w, out=w)
+        total = w.sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w /= total[:, None]
+            np.log(total, out=log_prob_norm[r0:r1])
+        log_prob_norm[r0:r1] += top
+    return log_prob_norm, resp
 
 
 def _logsumexp_rows(a):

@@ -266,7 +266,8 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     A large data set is also cut into at least ``TARGET_BLOCKS`` blocks (blocks of
     no fewer than ``MIN_BLOCK_ROWS`` rows), so that there are tasks for several
     workers even when one block could hold all the rows, and the number of blocks
-    is rounded up to a multiple of ``BLOCK_MULTIPLE``. The size depends only on
+    is rounded to a multiple of ``BLOCK_MULTIPLE`` (down, to larger blocks, while
+    they fit the budget; else up). The size depends only on
     the arguments, never on the number of workers (determinism across ``n_jobs``).
 
     When the source is chunked by rows (HDF5), the block is a multiple of the chunk
@@ -287,12 +288,17 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
         At least 1, at most ``n_samples``.
     """
     per_row = bytes_per_row(n_features, n_components, itemsize)
-    rows = max(1, int(working_memory_mib * _MIB // per_row))
-    rows = min(rows, max(MIN_BLOCK_ROWS, -(-n_samples // TARGET_BLOCKS)))
+    budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
+    rows = min(budget_rows, max(MIN_BLOCK_ROWS, -(-n_samples // TARGET_BLOCKS)))
     n_blocks = -(-n_samples // rows)
     if n_blocks > 1:
-        # a multiple of BLOCK_MULTIPLE equal blocks keeps 2, 4 or 8 workers evenly busy
-        n_blocks = -(-n_blocks // BLOCK_MULTIPLE) * BLOCK_MULTIPLE
+        # a multiple of BLOCK_MULTIPLE equal blocks keeps 2, 4 or 8 workers evenly
+        # busy: fewer, larger blocks while they stay within the budget
+        down = n_blocks // BLOCK_MULTIPLE * BLOCK_MULTIPLE
+        if down and -(-n_samples // down) <= budget_rows:
+            n_blocks = down
+        else:
+            n_blocks = -(-n_blocks // BLOCK_MULTIPLE) * BLOCK_MULTIPLE
         rows = max(1, -(-n_samples // n_blocks))
     if chunk_rows:
         if rows >= chunk_rows:

@@ -240,7 +240,11 @@ class MemmapSource(Source):
         return self._map
 
     def _read(self, start, stop):
-        return np.array(self._open()[start:stop], order="C")
+        rows = self._open()[start:stop]
+        if self.order == "C":
+            # a read-only view of the mapped pages (no copy)
+            return np.asarray(rows)
+        return np.array(rows, order="C")
 
     def close(self):
         self._map = None

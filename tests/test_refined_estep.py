@@ -113,7 +113,7 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     weights, means, U = separated_model(rng, 30, 12, 6.0, 10.0)
     X = sample(rng, weights, means, U, 2000)
     margin = kernels.relevance_margin(1e-20)
-    assert kernels._PackedEstimate(weights, means, U).weighted_refined(X, margin) is not None
+    assert kernels.PackedEstimate.build(weights, means, U).weighted_refined(X, margin) is not None
     # 30 coinciding components with a thin direction (variance 1e-6): every pair is
     # relevant and the bound of the expansion (rho_k ~ 1e6) exceeds the tolerance, so
     # the probe sends the block to the plain path
@@ -122,7 +122,7 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     thin = np.stack([upper_factor(np.linalg.inv(cov))] * 30)
     centre = rng.normal(size=(30, 12)) * 1e-9
     Xt = rng.multivariate_normal(np.zeros(12), cov, size=2000)
-    assert kernels._PackedEstimate(weights, centre, thin).weighted_refined(Xt, margin) is None
+    assert kernels.PackedEstimate.build(weights, centre, thin).weighted_refined(Xt, margin) is None
     # and the result is then the plain (all-exact) one
     got = kernels.estimate_log_prob_resp(Xt, weights, centre, thin, "full", margin)
     plain = kernels.estimate_log_prob_resp(Xt, weights, centre, thin, "full")
@@ -138,7 +138,7 @@ def test_packed_estimate_error_within_its_bound(case):
     weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
                                         c["offset"])
     X = sample(rng, weights, means, U, 1500)
-    est = kernels._PackedEstimate(weights, means, U)
+    est = kernels.PackedEstimate.build(weights, means, U)
     approx = est.weighted(X, np.empty((len(X), len(means))))
     exact = oracle_weighted(X, weights, means, U)
     y = np.linalg.norm(X - est.g, axis=1)
@@ -169,3 +169,27 @@ def test_relevance_margin():
     assert kernels.relevance_margin(1e-20) == pytest.approx(np.log(1e20) + 2.0)
     # below the float64 range every non-zero responsibility counts
     assert kernels.relevance_margin(1e-320) == pytest.approx(745.2 + 2.0)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("margin", [None, 48.0])
+def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin):
+    """The one-exponential responsibilities equal exp(log_resp) and sum to one; a
+    zero weight gives zero responsibilities."""
+    rng = np.random.default_rng(2)
+    weights, means, U = separated_model(rng, 6, 4, 3.0, 10.0)
+    weights[2] = 0.0
+    X = sample(rng, np.r_[weights[:2], 0.0, weights[3:]] / weights.sum(), means, U, 500)
+    if covariance_type == "tied":
+        U = U[0]
+    elif covariance_type == "diag":
+        U = np.abs(U[:, np.arange(4), np.arange(4)])
+    elif covariance_type == "spherical":
+        U = np.abs(U[:, 0, 0])
+    log_norm, log_resp = kernels.estimate_log_prob_resp(X, weights, means, U,
+                                                        covariance_type, margin)
+    log_norm2, resp = kernels.estimate_resp(X, weights, means, U, covariance_type, margin)
+    assert_allclose(log_norm2, log_norm, rtol=1e-14)
+    assert_allclose(resp, np.exp(log_resp), rtol=1e-12, atol=1e-300)
+    assert_allclose(resp.sum(axis=1), 1.0, rtol=1e-14)
+    assert np.all(resp[:, 2] == 0.0)
