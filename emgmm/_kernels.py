@@ -463,46 +463,58 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     -------
     log_prob : ndarray of shape (n, K), float64
     """
+    return _log_prob(X, means, precisions_cholesky, covariance_type, weights, False)
+
+
+def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_weights):
+    """:func:`log_gaussian_prob`, plus ``log w_k`` if ``add_log_weights``."""
     X = np.asarray(X)
     n, d = X.shape
     K = means.shape[0]
-    log_det = log_det_cholesky(precisions_cholesky, covariance_type, d)
+    offset = log_det_cholesky(precisions_cholesky, covariance_type, d) - 0.5 * d * _LOG_2PI
+    if add_log_weights:
+        with np.errstate(divide="ignore"):
+            offset = offset + np.log(np.asarray(weights, dtype=np.float64))
     if covariance_type == "full":
-        maha = _full_maha(X, means, precisions_cholesky, weights)
-    else:
-        # Few products around one shift, in float64: the expansion cancels, so it
-        # must not run in float32.
-        if weights is None:
-            weights = np.full(K, 1.0 / K)
-        g = _shift(means, weights)
-        Y = np.subtract(X, g, dtype=np.float64)
-        M = np.asarray(means, dtype=np.float64) - g
-        u = np.asarray(precisions_cholesky, dtype=np.float64)
-        if covariance_type == "tied":
-            Yu = _trmm_right_upper(Y, u)
-            Mu = M @ u
-            maha = (
-                np.einsum("ij,ij->i", Yu, Yu)[:, None]
-                - 2.0 * (Yu @ Mu.T)
-                + np.einsum("ij,ij->i", Mu, Mu)[None, :]
-            )
-        elif covariance_type == "diag":
-            prec = u**2
-            maha = (Y * Y) @ prec.T
-            maha -= Y @ (2.0 * M * prec).T
-            maha += (M**2 * prec).sum(axis=1)
-        else:
-            prec = u**2
-            maha = (
-                np.einsum("ij,ij->i", Y, Y)[:, None]
-                - 2.0 * (Y @ M.T)
-                + np.einsum("ij,ij->i", M, M)[None, :]
-            ) * prec[None, :]
+        out = _full_maha(X, means, precisions_cholesky, weights)
+        out *= -0.5
+        out += offset
+        return out
+    # Few products around one shift, in float64: the expansion cancels, so it must
+    # not run in float32.
+    g = _shift(means, np.full(K, 1.0 / K) if weights is None else weights)
+    Y = np.subtract(X, g, dtype=np.float64)
+    M = np.asarray(means, dtype=np.float64) - g
+    u = np.asarray(precisions_cholesky, dtype=np.float64)
+    if covariance_type == "tied":
+        Yu = _trmm_right_upper(Y, u)
+        Mu = M @ u
+        maha = (
+            np.einsum("ij,ij->i", Yu, Yu)[:, None]
+            - 2.0 * (Yu @ Mu.T)
+            + np.einsum("ij,ij->i", Mu, Mu)[None, :]
+        )
         np.maximum(maha, 0.0, out=maha)
-    maha += d * _LOG_2PI
-    maha *= -0.5
-    maha += log_det
-    return maha
+        maha *= -0.5
+        maha += offset
+        return maha
+    # 'diag' and 'spherical': one product of [y^2, y] (or [|y|^2, y]) with the
+    # coefficients of -1/2 (y - m_k)^T Lambda_k (y - m_k), constants added once
+    prec = u**2
+    if covariance_type == "diag":
+        Z = np.empty((n, 2 * d))
+        np.multiply(Y, Y, out=Z[:, :d])
+        A = np.concatenate([-0.5 * prec.T, (M * prec).T])
+        const = (M**2 * prec).sum(axis=1)
+    else:
+        Z = np.empty((n, d + 1))
+        np.einsum("ij,ij->i", Y, Y, out=Z[:, 0])
+        A = np.concatenate([-0.5 * prec[None, :], (M * prec[:, None]).T])
+        const = prec * (M**2).sum(axis=1)
+    Z[:, -d:] = Y
+    out = Z @ A
+    out += offset - 0.5 * const
+    return out
 
 
 def relevance_margin(resp_threshold):
@@ -695,10 +707,7 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
             weighted = prepared.weighted_refined(X, margin)
             if weighted is not None:
                 return weighted
-    weighted = log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights)
-    with np.errstate(divide="ignore"):
-        weighted += np.log(np.asarray(weights, dtype=np.float64))
-    return weighted
+    return _log_prob(X, means, precisions_cholesky, covariance_type, weights, True)
 
 
 def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type,
@@ -1058,18 +1067,26 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0):
     resp = np.asarray(resp, dtype=np.float64)
     centers = np.asarray(centers, dtype=np.float64)
     nk = resp.sum(axis=0)
+    if covariance_type in ("diag", "spherical"):
+        # one product of the responsibilities with [x, y, y^2], y = x - g
+        d = X.shape[1]
+        g = (nk @ centers) / max(nk.sum(), np.finfo(np.float64).tiny)
+        Z = np.empty((n, 3 * d))
+        Z[:, :d] = X
+        np.subtract(Z[:, :d], g, out=Z[:, d:2 * d])
+        np.multiply(Z[:, d:2 * d], Z[:, d:2 * d], out=Z[:, 2 * d:])
+        G = resp.T @ Z
+        cg = centers - g
+        sum_x = G[:, :d] - nk[:, None] * centers
+        sum_xx = G[:, 2 * d:] - 2.0 * cg * G[:, d:2 * d] + nk[:, None] * cg**2
+        np.maximum(sum_xx, 0.0, out=sum_xx)
+        return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
     X64 = X.astype(np.float64, copy=False)
     sum_x = resp.T @ X64 - nk[:, None] * centers
     if covariance_type == "full":
         sum_xx = _full_second_moments(X, resp, centers, nk, resp_threshold)
-    elif covariance_type == "tied":
-        sum_xx = _tied_second_moments(X64, resp, centers)
     else:
-        g = (nk @ centers) / max(nk.sum(), np.finfo(np.float64).tiny)
-        y = X64 - g
-        cg = centers - g
-        sum_xx = resp.T @ (y * y) - 2.0 * cg * (resp.T @ y) + nk[:, None] * cg**2
-        np.maximum(sum_xx, 0.0, out=sum_xx)
+        sum_xx = _tied_second_moments(X64, resp, centers)
     return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
 
 
