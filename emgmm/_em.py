@@ -7,6 +7,7 @@ re-seeding a degenerate component). Tasks are reduced in their fixed order, so t
 result does not depend on the number of workers.
 """
 
+import dataclasses
 import time
 import warnings
 from concurrent.futures import BrokenExecutor
@@ -242,6 +243,14 @@ class RunResult:
     reseed_rows: list = field(default_factory=list)
 
 
+def _task_model(model, compute_dtype, prepare):
+    """What the tasks of a pass need of ``model``: no covariances (the workers use the
+    factors), and the shared work on the parameters built once here if ``prepare``."""
+    if prepare:
+        model.prepare(compute_dtype)
+    return dataclasses.replace(model, covariances=None)
+
+
 def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                          resp_threshold, n_worst):
     """Row-sharded schedule: every task computes all components over its rows.
@@ -252,8 +261,7 @@ def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
         Summed over all tasks in their fixed order.
     worst : Worst
     """
-    if relevance_margin(resp_threshold) is not None:
-        model.prepare(compute_dtype)
+    model = _task_model(model, compute_dtype, relevance_margin(resp_threshold) is not None)
     args = [(s, e, block_size, model, compute_dtype, resp_threshold, n_worst)
             for s, e in tasks]
     stats, worst = None, None
@@ -364,7 +372,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
 
 def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels):
     """Mean log-likelihood of all rows (and their labels) under ``model``."""
-    model.prepare(compute_dtype)
+    model = _task_model(model, compute_dtype, True)
     args = [(s, e, block_size, model, compute_dtype, want_labels) for s, e in tasks]
     total, parts = 0.0, []
     for task_total, labels in executor.map(score_task, args):

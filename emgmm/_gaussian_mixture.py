@@ -112,16 +112,15 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         ``None`` follows the data (float32 data computes in float32). Sums are
         accumulated in float64 in every case.
     resp_threshold : float, default=1e-20
-        For 'full', rows whose responsibility for a component is at most this are
+        For 'full', pairs (row, component) whose responsibility is at most this are
         left out of that component's second-moment statistic ``S_k``, and in float64
-        the E step computes exactly only the pairs that may exceed it (the others
-        are estimated within a proven bound; see
-        ``emgmm._kernels.estimate_log_prob_resp``). A left-out pair moves ``S_k``,
-        measured in the metric of component ``k``, by at most ``r_ik Q_ik``
-        (``Q_ik`` its squared Mahalanobis distance, about ``2 log(1 / r_ik)``), so
-        the default changes the result by less than ``1e-16`` relative per row
-        and sample fraction: below float64 rounding. ``0.0`` skips only exact
-        zeros and computes every pair exactly (slower).
+        the E step computes exactly only the pairs that may exceed it; the others
+        are estimated within a proven error bound (see
+        ``emgmm._kernels.PackedEstimate``). A pair left out moves ``S_k``, in the
+        metric of component ``k``, by at most ``r_ik Q_ik`` (``Q_ik`` its squared
+        Mahalanobis distance, about ``2 log(1 / r_ik)``): about 1e-18 at the
+        default, below float64 rounding. ``0.0`` skips only exact zeros and
+        computes every pair exactly (slower).
     on_degenerate : {'reinit', 'raise'}, default='reinit'
         What to do with a component whose covariance is not positive definite after
         ``reg_covar`` or whose weight falls below one sample (``N_k < 1``): 'reinit'

@@ -19,6 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_em.py"
 ROW_FIELDS = (
     "config", "n", "d", "K", "covariance_type", "iterations", "mode",
     "sklearn_s_per_iter", "emgmm_s_per_iter", "speedup", "useful_gflops",
+    "sklearn_mean_s_per_iter", "emgmm_mean_s_per_iter",
     "lower_bound_max_rel_diff", "lower_bounds_agree",
     "sklearn_peak_mb", "emgmm_peak_mb", "sklearn_extra_mb", "emgmm_extra_mb",
 )
@@ -43,7 +44,8 @@ def test_quick_run_writes_every_field(quick_result):
     assert result["machine"]["blas"], "threadpoolctl saw no BLAS"
     rows = result["rows"]
     assert {(r["config"], r["mode"]) for r in rows} == {
-        ("A", "float64"), ("A", "float32"), ("A", "wm64"), ("C", "float64")}
+        ("A", "float64"), ("A", "float32"), ("A", "wm64"), ("A", "exact"),
+        ("C", "float64")}
     for r in rows:
         for field in ROW_FIELDS:
             assert field in r, field
@@ -54,6 +56,9 @@ def test_quick_run_writes_every_field(quick_result):
             assert rec["peak_mb"] >= rec["baseline_mb"] > 0
         assert r["sklearn_s_per_iter"] > 0 and r["emgmm_s_per_iter"] > 0
         assert math.isclose(r["speedup"], r["sklearn_s_per_iter"] / r["emgmm_s_per_iter"])
+        for side in ("sklearn", "emgmm"):
+            assert math.isclose(r[f"{side}_mean_s_per_iter"],
+                                sum(r[side]["iteration_seconds"]) / r["iterations"])
         if r["covariance_type"] == "full":
             assert r["useful_gflops"] > 0
         else:
@@ -69,7 +74,7 @@ def test_quick_run_lower_bounds_agree_with_sklearn(quick_result):
         em = r["emgmm"]["lower_bounds"]
         rel = max(abs(a - b) / abs(b) for a, b in zip(em, sk))
         assert rel == pytest.approx(r["lower_bound_max_rel_diff"])
-        if r["mode"] in ("float64", "wm64"):
+        if r["mode"] in ("float64", "wm64", "exact"):
             assert r["lower_bounds_agree"] is True
             assert rel <= 1e-6
         else:
