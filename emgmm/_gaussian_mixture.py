@@ -115,7 +115,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         For 'full', pairs (row, component) whose responsibility is at most this are
         left out of that component's second-moment statistic ``S_k``, and in float64
         the E step computes exactly only the pairs that may exceed it; the others
-        are estimated within a proven error bound (see
+        are estimated within a first-order rounding-error bound (see
         ``emgmm._kernels.PackedEstimate``). A pair left out moves ``S_k``, in the
         metric of component ``k``, by at most ``r_ik Q_ik`` (``Q_ik`` its squared
         Mahalanobis distance, about ``2 log(1 / r_ik)``): about 1e-18 at the

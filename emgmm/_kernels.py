@@ -538,7 +538,7 @@ def relevance_margin(resp_threshold):
     return float(min(np.log(1.0 / resp_threshold), _LOG_RANGE) + 2.0)
 
 
-# Pairs whose proven error bound in log N is at most this keep the packed estimate
+# Pairs whose error bound in log N is at most this keep the packed estimate
 # (the bound is worst-case; typical rounding is ~100x smaller).
 _REFINE_TOL = 1e-9
 # The refined E step probes this many rows first; if more than _REFINE_MAX_DENSITY of
@@ -553,11 +553,14 @@ class PackedEstimate:
     """Packed estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` and its error bounds.
 
     The estimate is :func:`_full_maha_packed` around the mixture mean ``g``. Its
-    rounding error is at most ``gamma_T |z|^T |W_k|`` over the ``T = d (d+1)/2 + d + 1``
-    products (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, eq.
-    3.5), which is at most ``gamma_T rho_k (||y|| + ||m_k||)^2`` with ``y = x - g``,
-    ``m_k = mu_k - g`` and ``rho_k = max_j sum_l |Lambda_k[j, l]|`` (a bound on the
-    spectral norm of ``|Lambda_k|``); half of it bounds the error in ``log N``.
+    rounding error is, to first order in the unit roundoff ``u``, at most
+    ``gamma_m rho_k (||y|| + ||m_k||)^2`` with ``y = x - g``, ``m_k = mu_k - g``,
+    ``gamma_m = m u / (1 - m u)``, ``m = T + d + 3`` (``T = d (d+1)/2 + d + 1``
+    products in the dot product, Higham, *Accuracy and Stability of Numerical
+    Algorithms*, 2002, eq. 3.5, plus the roundings of ``y``, of the products and of
+    ``Lambda_k = U_k U_k^T``) and ``rho_k = max_j (|U_k| |U_k|^T 1)_j``, which bounds
+    the spectral norm of ``|U_k| |U_k|^T >= |Lambda_k|`` (elementwise). Half of it
+    bounds the error in ``log N``.
 
     A dataclass of arrays, so that a pass can build it once and share it with its
     workers (:meth:`build`).
@@ -581,15 +584,17 @@ class PackedEstimate:
         g = _shift(means, weights)
         means_shifted = means - g
         precisions = np.matmul(u, np.swapaxes(u, 1, 2))
-        T = d * (d + 1) // 2 + d + 1
+        m = d * (d + 1) // 2 + 2 * d + 4
         unit = np.finfo(np.float64).eps / 2
-        gamma = T * unit / (1.0 - T * unit)
+        gamma = m * unit / (1.0 - m * unit)
+        abs_u = np.abs(u)
+        rho = np.matmul(abs_u, abs_u.sum(axis=1)[:, :, None])[:, :, 0].max(axis=1)
         with np.errstate(divide="ignore"):
             offset = (np.log(np.asarray(weights, dtype=np.float64))
                       + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
         return cls(np.dtype(np.float64).str, means, u, g,
                    _packed_weights(precisions, means_shifted),
-                   0.5 * gamma * np.abs(precisions).sum(axis=2).max(axis=1),
+                   0.5 * gamma * rho,
                    np.linalg.norm(means_shifted, axis=1), offset)
 
     def weighted(self, X, out):
@@ -685,8 +690,8 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
     margin : float or None, default=None
         ``None``: every entry is exact. A number (see :func:`relevance_margin`): for
         'full' float64 data, only the pairs within ``margin`` nats of their row's best
-        component are computed exactly; the others are estimated to within a proven
-        bound and have ``r_ik < exp(-margin)`` (see
+        component are computed exactly; the others are estimated to within a
+        (first-order) rounding-error bound and have ``r_ik < exp(-margin)`` (see
         :meth:`PackedEstimate.weighted_refined`).
     prepared : object or None, default=None
         :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
