@@ -26,7 +26,13 @@ from ._em import (
     score_pass,
 )
 from ._init import initial_responsibilities, parameters_from_responsibilities, subsample_indices
-from ._memory import block_rows, bytes_per_row, choose_schedule, partition
+from ._memory import (
+    block_rows,
+    bytes_per_row,
+    choose_schedule,
+    partition,
+    row_threads_worthwhile,
+)
 from ._parallel import Executor
 from ._sources import ArraySource, as_source, is_file_backed
 
@@ -510,6 +516,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                                                  self.memory_limit)
             statistics_pass = (component_statistics_pass if schedule == "components"
                                else rows_statistics_pass)
+            if schedule == "components" or not row_threads_worthwhile(
+                    n, len(tasks), self.n_components, d, self.covariance_type):
+                executor.row_threads = 0
             checkpointer = open_checkpointer(self, source, compute_dtype, random_state,
                                              None if do_init else self._current_model())
             resume = None if checkpointer is None else checkpointer.resume

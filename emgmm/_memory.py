@@ -133,6 +133,36 @@ def _work_per_row(n_features, covariance_type):
     return n_features * n_features if covariance_type in ("full", "tied") else n_features
 
 
+#: Multiply-adds a task of rows must do before a pass runs its tasks in threads of
+#: one process (below, thread start-up and BLAS limits cost more than they save).
+ROW_THREAD_MIN_WORK = 2**22
+
+
+def row_threads_worthwhile(n_samples, n_tasks, n_components, n_features,
+                           covariance_type):
+    """Whether a single-process pass should run its row tasks in threads.
+
+    Yes when each task has at least ``ROW_THREAD_MIN_WORK`` multiply-adds and one
+    task's statistics are small (at most ``COMPONENT_SCHEDULE_MIN_BYTES``): then a
+    second copy per thread costs little, while large-``d`` models are dominated by
+    matrix products that BLAS threads already spread over the cores.
+
+    Parameters
+    ----------
+    n_samples, n_tasks, n_components, n_features : int
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+
+    Returns
+    -------
+    bool
+    """
+    work = (n_samples / max(n_tasks, 1)) * n_components * _work_per_row(
+        n_features, covariance_type)
+    small = statistics_nbytes(n_components, n_features, covariance_type) \
+        <= COMPONENT_SCHEDULE_MIN_BYTES
+    return small and work >= ROW_THREAD_MIN_WORK
+
+
 def component_slices(n_components, n_features, covariance_type):
     """Fixed split of the components into slices for the component schedule.
 

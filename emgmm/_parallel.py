@@ -159,6 +159,13 @@ def core_budget(backend):
     return max(1, cores)
 
 
+def blas_thread_count():
+    """The BLAS threads this process may use now (1 when no BLAS is loaded)."""
+    counts = [info["num_threads"] for info in threadpool_info()
+              if info.get("user_api") == "blas"]
+    return max(counts, default=1)
+
+
 class Executor:
     """Runs lists of tasks over a source, in process or with joblib workers.
 
@@ -184,8 +191,13 @@ class Executor:
         What the tasks receive: never an in-memory array for process workers.
     blas_threads : int
         BLAS threads each worker may use, ``max(1, core_budget // n_workers)``.
+    row_threads : int
+        With one worker at the top level, the threads of this process that run the
+        tasks of a pass (one BLAS thread each): ``min(core_budget, BLAS threads)``
+        when that is more than one, else 0 (tasks run one after the other). A
+        ``threadpoolctl`` limit of one BLAS thread thus keeps the pass serial.
     uses_threads : bool
-        Whether the workers are threads of this process (set on entering).
+        Whether the tasks run in threads of this process (set on entering).
     on_task : callable or None
         ``on_task(done, total)`` after each finished task of a :meth:`map`, in
         order (progress reporting).
@@ -197,10 +209,19 @@ class Executor:
         backend, _ = get_active_backend()
         budget = core_budget(backend)
         n_workers = max(1, effective_n_jobs(n_jobs))
-        if getattr(backend, "nesting_level", 0) > 0 and n_workers > budget:
+        nested = getattr(backend, "nesting_level", 0) > 0
+        if nested and n_workers > budget:
             n_workers = budget
             self.n_jobs = budget  # what each joblib call asks for
         self.n_workers = n_workers
+        # One worker (this process) at the top level: its cores run the tasks of a
+        # pass in threads, one BLAS thread each, as many as BLAS may use, so that the
+        # element-wise work is spread over the cores too, not only the products.
+        self.row_threads = 0
+        if n_workers == 1 and not nested:
+            threads = min(budget, blas_thread_count())
+            if threads > 1:
+                self.row_threads = threads
         self.blas_threads = max(1, budget // self.n_workers)
         self.uses_threads = False
         self.worker_source = source
@@ -211,7 +232,13 @@ class Executor:
         self._shared = []
         self.on_task = None
 
+    @property
+    def tasks_in_flight(self):
+        """How many tasks run at once (workers, or the threads of this process)."""
+        return max(self.n_workers, self.row_threads)
+
     def __enter__(self):
+        self.uses_threads = self.row_threads > 0
         if self.n_workers > 1:
             backend, _ = get_active_backend()
             self.uses_threads = bool(getattr(backend, "uses_threads", False))
@@ -254,7 +281,9 @@ class Executor:
         iterator
             Results in the order of ``task_args`` (a fixed reduction order).
         """
-        if self._return_as is None:
+        if self.row_threads and len(task_args) > 1:
+            results = self._threaded(func, task_args)
+        elif self._return_as is None:
             results = (func(self.worker_source, *args, blas_threads=None)
                        for args in task_args)
         else:
@@ -267,6 +296,16 @@ class Executor:
                 for args in task_args
             )
         return self._reported(results, len(task_args))
+
+    def _threaded(self, func, task_args):
+        """The tasks in ``row_threads`` threads of this process, one BLAS thread each
+        (threadpoolctl limits are process-wide: set once around the whole map)."""
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield from Parallel(n_jobs=self.row_threads, backend="threading",
+                                return_as="generator")(
+                delayed(func)(self.worker_source, *args, blas_threads=None)
+                for args in task_args
+            )
 
     def _reported(self, results, total):
         """Yield ``results``, calling ``on_task(done, total)`` after each one."""

@@ -272,3 +272,77 @@ def test_schedule_choice_and_refusal():
 def test_schedule_is_validated(X):
     with pytest.raises(ValueError, match="schedule"):
         GaussianMixture(2, schedule="columns").fit(X)
+
+
+# ------------------------------------------------------------ threads of one process
+
+
+class ExecutorSpy:
+    """Records each Executor's row_threads as the fit sees them and the BLAS threads
+    every task ran with."""
+
+    def __init__(self, monkeypatch):
+        self.row_threads, self.task_blas = [], []
+        spy = self
+        orig_enter = parallel.Executor.__enter__
+
+        def enter(executor):
+            spy.row_threads.append(executor.row_threads)
+            return orig_enter(executor)
+
+        monkeypatch.setattr(parallel.Executor, "__enter__", enter)
+        orig_map = parallel.Executor.map
+
+        def counted(func):
+            def run(*args, **kwargs):
+                spy.task_blas.append(parallel.blas_thread_count())
+                return func(*args, **kwargs)
+            return run
+
+        def map_(executor, func, task_args):
+            return orig_map(executor, counted(func), task_args)
+
+        monkeypatch.setattr(parallel.Executor, "map", map_)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_row_threads_equal_serial_bitwise(X, covariance_type, monkeypatch):
+    """n_jobs=1 runs the row tasks of a pass in threads (one BLAS thread each) when
+    BLAS may use several threads; the result is the serial one, bit for bit."""
+    from threadpoolctl import threadpool_limits
+
+    monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
+    spy = ExecutorSpy(monkeypatch)
+    before = parallel.blas_thread_count()
+    with threadpool_limits(limits=2, user_api="blas"):
+        threaded = fit(X, n_jobs=1, covariance_type=covariance_type)
+        assert parallel.blas_thread_count() == 2  # restored after the fit
+    with threadpool_limits(limits=1, user_api="blas"):
+        serial = fit(X, n_jobs=1, covariance_type=covariance_type)
+    assert parallel.blas_thread_count() == before
+    assert spy.row_threads == [min(2, joblib.cpu_count()), 0]
+    if joblib.cpu_count() > 1:
+        # every task of the threaded fit ran with one BLAS thread
+        assert set(spy.task_blas) == {1}
+    assert_same_state(threaded, serial)
+
+
+def test_row_threads_only_for_enough_work_and_small_statistics():
+    assert memory.row_threads_worthwhile(100_000, 8, 200, 64, "full")
+    assert memory.row_threads_worthwhile(1_000_000, 64, 64, 64, "diag")
+    # tiny tasks: thread start-up would cost more than the work
+    assert not memory.row_threads_worthwhile(20_000, 8, 3, 2, "full")
+    # d=900, K=200: 649 MB of statistics per task; the products keep BLAS threads
+    assert not memory.row_threads_worthwhile(1_000_000, 64, 200, 900, "full")
+
+
+def test_row_threads_off_for_tiny_fits_and_under_a_blas_limit(X, monkeypatch):
+    from threadpoolctl import threadpool_limits
+
+    spy = ExecutorSpy(monkeypatch)
+    fit(X, n_jobs=1)                     # 1500 rows: far below ROW_THREAD_MIN_WORK
+    monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
+    with threadpool_limits(limits=1, user_api="blas"):
+        fit(X, n_jobs=1)                 # the user's limit of one BLAS thread
+    fit(X, n_jobs=2)                     # two workers: no threads inside them
+    assert spy.row_threads == [0, 0, 0]
