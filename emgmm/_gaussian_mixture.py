@@ -90,7 +90,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         Workers for the blocked passes, with joblib's meaning (``None`` follows
         ``joblib.parallel_config``, else 1; ``-1`` all cores). Process workers read
         the data through files: an in-memory array is written once per fit to
-        joblib's temporary folder (removed at the end of the fit).
+        joblib's temporary folder (removed at the end of the fit). When ``None``
+        resolves to one worker, the blocks of a pass run in threads of this
+        process, as many as BLAS may use, with one BLAS thread each (same result
+        bit for bit); an explicit ``1`` runs them one after the other.
     working_memory : float or None, default=None
         Memory for one block's working set, in MiB, per worker. ``None`` uses
         ``sklearn.get_config()["working_memory"]`` (1024 by default).

@@ -192,9 +192,10 @@ class Executor:
     blas_threads : int
         BLAS threads each worker may use, ``max(1, core_budget // n_workers)``.
     row_threads : int
-        With one worker at the top level, the threads of this process that run the
-        tasks of a pass (one BLAS thread each): ``min(core_budget, BLAS threads)``
-        when that is more than one, else 0 (tasks run one after the other). A
+        With ``n_jobs=None`` resolving to one worker at the top level, the threads
+        of this process that run the tasks of a pass (one BLAS thread each):
+        ``min(core_budget, BLAS threads)`` when that is more than one, else 0 (tasks
+        run one after the other, as with an explicit ``n_jobs=1``). A
         ``threadpoolctl`` limit of one BLAS thread thus keeps the pass serial.
     uses_threads : bool
         Whether the tasks run in threads of this process (set on entering).
@@ -206,7 +207,7 @@ class Executor:
     def __init__(self, source, n_jobs):
         self.source = source
         self.n_jobs = n_jobs
-        backend, _ = get_active_backend()
+        backend, config_n_jobs = get_active_backend()
         budget = core_budget(backend)
         n_workers = max(1, effective_n_jobs(n_jobs))
         nested = getattr(backend, "nesting_level", 0) > 0
@@ -214,11 +215,14 @@ class Executor:
             n_workers = budget
             self.n_jobs = budget  # what each joblib call asks for
         self.n_workers = n_workers
-        # One worker (this process) at the top level: its cores run the tasks of a
-        # pass in threads, one BLAS thread each, as many as BLAS may use, so that the
-        # element-wise work is spread over the cores too, not only the products.
+        # n_jobs=None (here and in joblib.parallel_config) with one worker (this
+        # process) at the top level: its cores run the tasks of a pass in threads,
+        # one BLAS thread each, as many as BLAS may use, so that the element-wise
+        # work is spread over the cores too, not only the products. An explicit
+        # n_jobs=1 stays serial.
         self.row_threads = 0
-        if n_workers == 1 and not nested:
+        if (n_jobs is None and config_n_jobs is None and n_workers == 1
+                and not nested):
             threads = min(budget, blas_thread_count())
             if threads > 1:
                 self.row_threads = threads

@@ -307,7 +307,7 @@ class ExecutorSpy:
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_row_threads_equal_serial_bitwise(X, covariance_type, monkeypatch):
-    """n_jobs=1 runs the row tasks of a pass in threads (one BLAS thread each) when
+    """n_jobs=None runs the row tasks of a pass in threads (one BLAS thread each) when
     BLAS may use several threads; the result is the serial one, bit for bit."""
     from threadpoolctl import threadpool_limits
 
@@ -315,15 +315,18 @@ def test_row_threads_equal_serial_bitwise(X, covariance_type, monkeypatch):
     spy = ExecutorSpy(monkeypatch)
     before = parallel.blas_thread_count()
     with threadpool_limits(limits=2, user_api="blas"):
-        threaded = fit(X, n_jobs=1, covariance_type=covariance_type)
+        threaded = fit(X, n_jobs=None, covariance_type=covariance_type)
+        threaded_blas = set(spy.task_blas)
         assert parallel.blas_thread_count() == 2  # restored after the fit
+        explicit_one = fit(X, n_jobs=1, covariance_type=covariance_type)
     with threadpool_limits(limits=1, user_api="blas"):
-        serial = fit(X, n_jobs=1, covariance_type=covariance_type)
+        serial = fit(X, n_jobs=None, covariance_type=covariance_type)
     assert parallel.blas_thread_count() == before
-    assert spy.row_threads == [min(2, joblib.cpu_count()), 0]
+    assert spy.row_threads == [min(2, joblib.cpu_count()), 0, 0]
+    assert_same_state(explicit_one, serial)
     if joblib.cpu_count() > 1:
         # every task of the threaded fit ran with one BLAS thread
-        assert set(spy.task_blas) == {1}
+        assert threaded_blas == {1}
     assert_same_state(threaded, serial)
 
 
@@ -340,9 +343,11 @@ def test_row_threads_off_for_tiny_fits_and_under_a_blas_limit(X, monkeypatch):
     from threadpoolctl import threadpool_limits
 
     spy = ExecutorSpy(monkeypatch)
-    fit(X, n_jobs=1)                     # 1500 rows: far below ROW_THREAD_MIN_WORK
+    fit(X, n_jobs=None)                  # 1500 rows: far below ROW_THREAD_MIN_WORK
     monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
     with threadpool_limits(limits=1, user_api="blas"):
-        fit(X, n_jobs=1)                 # the user's limit of one BLAS thread
+        fit(X, n_jobs=None)              # the user's limit of one BLAS thread
     fit(X, n_jobs=2)                     # two workers: no threads inside them
-    assert spy.row_threads == [0, 0, 0]
+    with joblib.parallel_config(n_jobs=1):
+        fit(X, n_jobs=None)              # joblib's n_jobs=1 (not None) resolves first
+    assert spy.row_threads == [0, 0, 0, 0]
