@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import tracemalloc
 import warnings
 
@@ -386,7 +385,8 @@ def test_case_c21_worker_killed_for_memory(tmp_path, monkeypatch):
     """Workers SIGKILLed in the middle of a pass, as the out-of-memory killer does.
 
     (Workers killed while idle between two passes are replaced by joblib without
-    losing work, so the kill is timed 50 ms into a pass that lasts far longer.)
+    losing work, so the kill comes from the progress callback of the second pass,
+    after its first of 40 tasks: the others are still running or queued.)
     """
     temp = tmp_path / "joblib-temp"
     temp.mkdir()
@@ -403,12 +403,18 @@ def test_case_c21_worker_killed_for_memory(tmp_path, monkeypatch):
             os.kill(worker.pid, signal.SIGKILL)
         killed.extend(psutil.wait_procs(workers, timeout=10)[0])
 
-    def kill_during_next_pass(record):
-        if record["n_iter"] == 1:
-            threading.Timer(0.05, kill_workers).start()
+    class KillDuringSecondPass:
+        wants_progress = True
+        passes_done = 0
+
+        def __call__(self, record):
+            if record["event"] == "iteration":
+                self.passes_done += 1
+            elif self.passes_done == 1 and record["done"] == 1 and not killed:
+                kill_workers()
 
     gm.set_params(n_jobs=2, max_iter=3, tol=0.0, block_size=5000,
-                  callback=kill_during_next_pass)
+                  callback=KillDuringSecondPass())
     with pytest.raises(MemoryError) as info:
         gm.fit(X)
     assert killed
