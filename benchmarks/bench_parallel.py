@@ -13,7 +13,8 @@ every ``n_jobs``):
    The component-sharded schedule and scikit-learn (one BLAS thread) are timed on the
    same fit for reference.
 2. ``default``: the same fit with default settings (no thread limit: n_jobs=1 lets
-   BLAS use every core). Target: n_jobs=2 no slower than n_jobs=1.
+   BLAS use every core). Target: n_jobs=2 no slower than n_jobs=1. Also timed:
+   ``n_jobs=None``, which runs the row blocks in threads of one process.
 3. ``memory``: a 4 GB float64 ``.npy`` (5,000,000 x 100) is written, fitted with K=50
    'full', n_jobs=2 and ``--mem-iters`` iterations, while a thread samples every
    0.2 s the anonymous memory (``Anonymous:`` of ``/proc/<pid>/smaps_rollup``, i.e.
@@ -281,7 +282,9 @@ def main():
     if "default" in parts:
         t1 = timed("default n_jobs=1", n_jobs=1, blas=None)
         t2 = timed("default n_jobs=2", n_jobs=2, blas=None)
+        t0 = timed("default n_jobs=None (row threads)", n_jobs=None, blas=None)
         s["default_speedup_n_jobs_1_over_2"] = t1 / t2
+        s["default_speedup_n_jobs_none_over_2"] = t0 / t2
         save()
     if "memory" in parts:
         mn, md, mK = (200_000, 100, 10) if args.quick else (5_000_000, 100, 50)
