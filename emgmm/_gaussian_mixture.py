@@ -34,7 +34,7 @@ from ._memory import (
     row_threads_worthwhile,
 )
 from ._parallel import Executor
-from ._sources import ArraySource, as_source, is_file_backed
+from ._sources import ArraySource, as_source, check_block_finite, is_file_backed
 
 
 class GaussianMixture(DensityMixin, BaseEstimator):
@@ -325,8 +325,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             return source
         X = validate_data(
             self, X, dtype=[np.float64, np.float32], reset=reset,
-            ensure_min_samples=2 if reset else 1,
+            ensure_min_samples=2 if reset else 1, ensure_all_finite=False,
         )
+        # our check names the row and column, as for file-backed data
+        check_block_finite(X, 0, "X")
         return ArraySource(X)
 
     def _compute_dtype(self, source):

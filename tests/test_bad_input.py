@@ -94,10 +94,15 @@ def test_nonfinite_row_outside_the_init_subsample_with_workers(make_sources, kin
     assert not hasattr(gm, "weights_")
 
 
-def test_nonfinite_in_memory(fitted):
-    X = good_data()
-    X[42, 0] = np.nan
-    check_refused(fitted, "fit", X, ValueError, "Input X contains NaN")
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_nonfinite_in_memory_named_by_row_and_column(fitted, value, dtype):
+    X = good_data().astype(dtype)
+    X[42, 3] = value
+    what = "NaN" if np.isnan(value) else "infinity"
+    match = rf"Input X contains {what}.*row 42, column 3"
+    for method in ("fit", "predict", "score_samples"):
+        check_refused(fitted, method, X, ValueError, match)
 
 
 # ------------------------------------------------------------- wrong dtypes
