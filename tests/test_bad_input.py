@@ -98,9 +98,9 @@ def test_nonfinite_row_outside_the_init_subsample_with_workers(make_sources, kin
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_nonfinite_in_memory_named_by_row_and_column(fitted, value, dtype):
     X = good_data().astype(dtype)
-    X[42, 3] = value
+    X[42, 2] = value
     what = "NaN" if np.isnan(value) else "infinity"
-    match = rf"Input X contains {what}.*row 42, column 3"
+    match = rf"Input X contains {what}.*row 42, column 2"
     for method in ("fit", "predict", "score_samples"):
         check_refused(fitted, method, X, ValueError, match)
 
