@@ -236,11 +236,6 @@ class Executor:
         self._shared = []
         self.on_task = None
 
-    @property
-    def tasks_in_flight(self):
-        """How many tasks run at once (workers, or the threads of this process)."""
-        return max(self.n_workers, self.row_threads)
-
     def __enter__(self):
         self.uses_threads = self.row_threads > 0
         if self.n_workers > 1:
