@@ -345,15 +345,11 @@ def _packed_weights(precisions, means_shifted):
     return W
 
 
-def _full_maha_packed(X, g, W, out):
-    """Squared Mahalanobis distances by one GEMM per row chunk (float64 only).
-
-    The packed products ``[y_j y_l (j <= l), y, 1]`` of a chunk (``y = x - g``) times
-    ``W`` (:func:`_packed_weights`): ``n K d^2`` flops, half of a dense
-    ``(x - mu) U`` per component.
-    """
+def _packed_chunks(X, g):
+    """Yield ``(r0, r1, y, P)`` over cache-sized row chunks of ``X``: ``y = x - g`` and
+    its packed products ``P = [y_j y_l (j <= l), y, 1]`` (work buffers, reused)."""
     n, d = X.shape
-    cols = W.shape[0]
+    cols = d * (d + 1) // 2 + d + 1
     rows = _chunk_rows(cols, 8, n)
     P = np.empty((rows, cols))
     Y = np.empty((rows, d))
@@ -361,8 +357,20 @@ def _full_maha_packed(X, g, W, out):
         r1 = min(r0 + rows, n)
         m = r1 - r0
         np.subtract(X[r0:r1], g, out=Y[:m])
-        _packed_products(Y[:m], P[:m])
-        np.matmul(P[:m], W, out=out[r0:r1])
+        yield r0, r1, Y[:m], _packed_products(Y[:m], P[:m])
+
+
+def _full_maha_packed(X, g, W, out, y_norm=None):
+    """Squared Mahalanobis distances by one GEMM per row chunk (float64 only).
+
+    The packed products of a chunk (:func:`_packed_chunks`) times ``W``
+    (:func:`_packed_weights`): ``n K d^2`` flops, half of a dense ``(x - mu) U`` per
+    component. ``y_norm``, if given, receives ``||x - g||`` per row.
+    """
+    for r0, r1, y, P in _packed_chunks(X, g):
+        np.matmul(P, W, out=out[r0:r1])
+        if y_norm is not None:
+            np.sqrt(np.einsum("ij,ij->i", y, y), out=y_norm[r0:r1])
     np.maximum(out, 0.0, out=out)
     return out
 
@@ -483,11 +491,10 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
     # Few products around one shift, in float64: the expansion cancels, so it must
     # not run in float32.
     g = _shift(means, np.full(K, 1.0 / K) if weights is None else weights)
-    Y = np.subtract(X, g, dtype=np.float64)
     M = np.asarray(means, dtype=np.float64) - g
     u = np.asarray(precisions_cholesky, dtype=np.float64)
     if covariance_type == "tied":
-        Yu = _trmm_right_upper(Y, u)
+        Yu = _trmm_right_upper(np.subtract(X, g, dtype=np.float64), u)
         Mu = M @ u
         maha = (
             np.einsum("ij,ij->i", Yu, Yu)[:, None]
@@ -501,17 +508,18 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
     # 'diag' and 'spherical': one product of [y^2, y] (or [|y|^2, y]) with the
     # coefficients of -1/2 (y - m_k)^T Lambda_k (y - m_k), constants added once
     prec = u**2
+    square_cols = d if covariance_type == "diag" else 1
+    Z = np.empty((n, square_cols + d))
+    Y = Z[:, square_cols:]
+    np.subtract(X, g, out=Y, dtype=np.float64)
     if covariance_type == "diag":
-        Z = np.empty((n, 2 * d))
         np.multiply(Y, Y, out=Z[:, :d])
         A = np.concatenate([-0.5 * prec.T, (M * prec).T])
         const = (M**2 * prec).sum(axis=1)
     else:
-        Z = np.empty((n, d + 1))
         np.einsum("ij,ij->i", Y, Y, out=Z[:, 0])
         A = np.concatenate([-0.5 * prec[None, :], (M * prec[:, None]).T])
         const = prec * (M**2).sum(axis=1)
-    Z[:, -d:] = Y
     out = Z @ A
     out += offset - 0.5 * const
     return out
@@ -597,14 +605,15 @@ class PackedEstimate:
                    0.5 * gamma * rho,
                    np.linalg.norm(means_shifted, axis=1), offset)
 
-    def weighted(self, X, out):
-        """The estimate into ``out``, ``(n, K)`` float64; returns ``out``."""
-        _full_maha_packed(X, self.g, self.W, out)
+    def weighted(self, X, out, y_norm=None):
+        """The estimate into ``out``, ``(n, K)`` float64; returns ``out``.
+        ``y_norm``, if given, receives ``||x - g||`` per row (for the bounds)."""
+        _full_maha_packed(X, self.g, self.W, out, y_norm)
         out *= -0.5
         out += self.offset
         return out
 
-    def to_refine(self, X, weighted, margin):
+    def to_refine(self, weighted, y_norm, margin):
         """``(K, n)`` mask of the pairs to recompute: within ``margin`` nats of the
         row's best (by the bounds) and with a bound above ``_REFINE_TOL``."""
         n, K = weighted.shape
@@ -613,9 +622,8 @@ class PackedEstimate:
         err = np.empty((rows, K))
         for r0 in range(0, n, rows):
             r1 = min(r0 + rows, n)
-            y = X[r0:r1] - self.g
             e = err[:r1 - r0]
-            np.add(np.sqrt(np.einsum("ij,ij->i", y, y))[:, None], self.m_norm, out=e)
+            np.add(y_norm[r0:r1, None], self.m_norm, out=e)
             e *= e
             e *= self.half_rho
             w = weighted[r0:r1]
@@ -641,12 +649,13 @@ class PackedEstimate:
             ``_REFINE_MAX_DENSITY`` of the pairs would need recomputing.
         """
         weighted = np.empty((X.shape[0], self.means.shape[0]))
+        y_norm = np.empty(X.shape[0])
         p = _REFINE_PROBE_ROWS
-        probe = self.weighted(X[:p], weighted[:p])
-        if self.to_refine(X[:p], probe, margin).mean() > _REFINE_MAX_DENSITY:
+        probe = self.weighted(X[:p], weighted[:p], y_norm[:p])
+        if self.to_refine(probe, y_norm[:p], margin).mean() > _REFINE_MAX_DENSITY:
             return None
-        self.weighted(X[p:], weighted[p:])
-        return self.refine(X, weighted, self.to_refine(X, weighted, margin))
+        self.weighted(X[p:], weighted[p:], y_norm[p:])
+        return self.refine(X, weighted, self.to_refine(weighted, y_norm, margin))
 
     def refine(self, X, weighted, mask):
         """Recompute the masked pairs exactly, ``log w_k + log N`` with
@@ -910,18 +919,10 @@ def _packed_second_moments(X, resp, centers, g, out):
     K = centers.shape[0]
     iu = _packed_index(d)
     T = iu[0].size
-    cols = T + d + 1
-    rows = _chunk_rows(cols, 8, n)
-    P = np.empty((rows, cols))
-    Y = np.empty((rows, d))
-    acc = np.zeros((K, cols))
-    part = np.empty((K, cols))
-    for r0 in range(0, n, rows):
-        r1 = min(r0 + rows, n)
-        m = r1 - r0
-        np.subtract(X[r0:r1], g, out=Y[:m])
-        _packed_products(Y[:m], P[:m])
-        np.matmul(resp[r0:r1].T, P[:m], out=part)
+    acc = np.zeros((K, T + d + 1))
+    part = np.empty_like(acc)
+    for r0, r1, _, P in _packed_chunks(X, g):
+        np.matmul(resp[r0:r1].T, P, out=part)
         acc += part
     m_k = centers - g
     s = acc[:, T:T + d]

@@ -152,10 +152,7 @@ def core_budget(backend):
     """
     cores = cpu_count()
     if getattr(backend, "nesting_level", 0) > 0:
-        blas = [info["num_threads"] for info in threadpool_info()
-                if info.get("user_api") == "blas"]
-        if blas:
-            return max(1, min(cores, max(blas)))
+        return max(1, min(cores, blas_thread_count()))
     return max(1, cores)
 
 

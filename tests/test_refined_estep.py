@@ -148,9 +148,11 @@ def test_packed_estimate_error_within_its_bound(case):
                                         c["offset"])
     X = sample(rng, weights, means, U, 1500)
     est = kernels.PackedEstimate.build(weights, means, U)
-    approx = est.weighted(X, np.empty((len(X), len(means))))
+    y_norm = np.empty(len(X))
+    approx = est.weighted(X, np.empty((len(X), len(means))), y_norm)
     exact = oracle_weighted(X, weights, means, U)
     y = np.linalg.norm(X - est.g, axis=1)
+    assert_allclose(y_norm, y, rtol=1e-13)
     bound = est.half_rho * (y[:, None] + est.m_norm) ** 2
     # the oracle itself carries float64 rounding: allow its own size on top
     slack = 1e-12 * np.abs(exact)
