@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 import h5py
+import joblib
 import numpy as np
 import pytest
 
@@ -180,3 +181,12 @@ def blobs_small():
 @pytest.fixture(params=COVARIANCE_TYPES)
 def covariance_type(request):
     return request.param
+
+
+@pytest.fixture
+def temp_folder(tmp_path):
+    """joblib's temporary folder for the test (joblib's and emgmm's files)."""
+    folder = tmp_path / "joblib_tmp"
+    folder.mkdir()
+    with joblib.parallel_config(temp_folder=str(folder)):
+        yield folder

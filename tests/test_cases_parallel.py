@@ -53,14 +53,6 @@ def assert_same_state(a, b, rtol=None, precision_rtol=None):
     assert a.n_iter_ == b.n_iter_
 
 
-@pytest.fixture
-def temp_folder(tmp_path):
-    folder = tmp_path / "joblib_tmp"
-    folder.mkdir()
-    with joblib.parallel_config(temp_folder=str(folder)):
-        yield folder
-
-
 def blas_threads():
     """BLAS threads this process would use now."""
     counts = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]

@@ -60,15 +60,6 @@ def emgmm_entries(folder):
     return [name for name in os.listdir(folder) if name.startswith(parallel.TEMP_PREFIX)]
 
 
-@pytest.fixture
-def temp_folder(tmp_path):
-    """joblib's temporary folder for the test (joblib's and emgmm's files)."""
-    folder = tmp_path / "joblib_tmp"
-    folder.mkdir()
-    with joblib.parallel_config(temp_folder=str(folder)):
-        yield folder
-
-
 @pytest.fixture(autouse=True)
 def fine_split(monkeypatch):
     """Cut the small test models into several component slices and row pieces (the
