@@ -817,6 +817,27 @@ def _logsumexp_rows(a):
 # Sufficient statistics and M step
 
 
+def _pack_upper(S):
+    """Rows of the upper triangles of ``S`` (K, d, d), one after another: (K, d(d+1)/2)."""
+    K, d, _ = S.shape
+    out = np.empty((K, d * (d + 1) // 2), dtype=S.dtype)
+    start = 0
+    for i in range(d):  # d slice copies: faster than one fancy index
+        out[:, start:start + d - i] = S[:, i, i:]
+        start += d - i
+    return out
+
+
+def _unpack_upper(packed, d):
+    """Inverse of :func:`_pack_upper`; the strict lower triangles are zero."""
+    S = np.zeros((packed.shape[0], d, d), dtype=packed.dtype)
+    start = 0
+    for i in range(d):
+        S[:, i, i:] = packed[:, start:start + d - i]
+        start += d - i
+    return S
+
+
 @dataclass
 class SufficientStatistics:
     """Sums over rows that the M step needs, centred on fixed centres ``c_k``.
@@ -853,6 +874,21 @@ class SufficientStatistics:
         )
 
     merge = __add__
+
+    def __getstate__(self):
+        """'full' second moments travel (pickled, e.g. from a worker process) as their
+        upper triangles only: half the bytes; :meth:`__setstate__` unpacks them."""
+        state = dict(self.__dict__)
+        if self.sum_xx.ndim == 3:
+            state["sum_xx"] = _pack_upper(self.sum_xx)
+            state["n_features"] = self.sum_xx.shape[1]
+        return state
+
+    def __setstate__(self, state):
+        d = state.pop("n_features", None)
+        if d is not None:
+            state["sum_xx"] = _unpack_upper(state["sum_xx"], d)
+        self.__dict__.update(state)
 
     def __iadd__(self, other):
         self.nk += other.nk
