@@ -34,7 +34,7 @@ from ._memory import (
     row_threads_worthwhile,
 )
 from ._parallel import Executor
-from ._sources import ArraySource, as_source, check_block_finite, is_file_backed
+from ._sources import ArraySource, as_source, is_file_backed
 
 
 class GaussianMixture(DensityMixin, BaseEstimator):
@@ -327,8 +327,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             self, X, dtype=[np.float64, np.float32], reset=reset,
             ensure_min_samples=2 if reset else 1, ensure_all_finite=False,
         )
-        # our check names the row and column, as for file-backed data
-        check_block_finite(X, 0, "X")
+        # ArraySource's check names the row and column, as for file-backed data
         return ArraySource(X)
 
     def _compute_dtype(self, source):
@@ -605,7 +604,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     # ---------------------------------------------------------------- predict
 
     def _per_block(self, X, func):
-        """Apply ``func(block) -> array`` over the blocks of X and stack the results."""
+        """Apply ``func(block) -> array`` over the blocks of X and stack the results
+        (C-ordered, as scikit-learn returns them)."""
         check_is_fitted(self)
         source = self._source(X, reset=False)
         try:
@@ -613,7 +613,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             parts = [func(block) for _, _, block in source.blocks(block_size)]
         finally:
             source.close()
-        return np.concatenate(parts)
+        return np.ascontiguousarray(np.concatenate(parts))
 
     def _log_prob_resp(self, block):
         return _kernels.estimate_log_prob_resp(

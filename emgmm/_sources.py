@@ -80,9 +80,13 @@ class Source:
         How messages name the data set.
     chunk_rows : int or None
         Rows per storage chunk (HDF5), for aligned block reads.
+    known_finite : bool
+        Whether the whole data set was checked for NaN and infinity already (then
+        :meth:`read` does not check each block).
     """
 
     chunk_rows = None
+    known_finite = False
     #: Whether worker processes can read the source by reference (reopening files).
     shareable = True
 
@@ -118,12 +122,14 @@ class Source:
         Raises
         ------
         ValueError
-            If the block holds NaN or infinity (names the row and column).
+            If the block holds NaN or infinity (names the row and column); not checked
+        again when :attr:`known_finite`.
         """
         block = np.asarray(self._read(start, stop))
         if block.dtype != self.compute_dtype:
             block = block.astype(self.compute_dtype)
-        check_block_finite(block, start, self.description)
+        if not self.known_finite:
+            check_block_finite(block, start, self.description)
         return block
 
     def take(self, indices, block_size):
@@ -174,13 +180,22 @@ class Source:
 
 
 class ArraySource(Source):
-    """An in-memory array (already validated by scikit-learn)."""
+    """An in-memory array (already validated by scikit-learn), checked for NaN and
+    infinity once here rather than block by block on every pass.
+
+    Raises
+    ------
+    ValueError
+        If ``array`` holds NaN or infinity (names the row and column).
+    """
 
     def __init__(self, array, description="X"):
+        check_block_finite(array, 0, description)
         self.array = array
         self.shape = array.shape
         self.dtype = array.dtype
         self.description = description
+        self.known_finite = True
 
     def _read(self, start, stop):
         block = self.array[start:stop]
