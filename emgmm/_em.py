@@ -20,6 +20,7 @@ from ._kernels import (
     SCORE_MARGIN,
     _ill_defined_message,
     block_statistics,
+    centred_products,
     estimate_log_prob_resp,
     estimate_resp,
     factorize,
@@ -63,6 +64,18 @@ class Model:
         return self.prepared
 
 
+def smallest(values, size):
+    """Indices of the ``size`` smallest of ``values`` (1-D), ties in index order:
+    ``np.argsort(values, kind="stable")[:size]`` in O(n) time (one partition)."""
+    if size >= values.size:
+        return np.argsort(values, kind="stable")
+    kth = np.partition(values, size - 1)[size - 1]
+    if np.isnan(kth):
+        return np.argsort(values, kind="stable")[:size]
+    candidates = np.flatnonzero(values <= kth)
+    return candidates[np.argsort(values[candidates], kind="stable")[:size]]
+
+
 @dataclass
 class Worst:
     """The rows with the lowest log-likelihood seen so far (at most ``size``)."""
@@ -75,7 +88,7 @@ class Worst:
     def update(self, values, first_row, X):
         if self.size == 0:
             return self
-        keep = np.argsort(values, kind="stable")[: self.size]
+        keep = smallest(values, self.size)
         other = Worst(self.size, values[keep], first_row + keep, np.asarray(X[keep]))
         return self.merge(other)
 
@@ -108,12 +121,15 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1).astype(compute_dtype, copy=False)
+            # 'diag'/'spherical': the centred block of the E step serves the M step
+            products = (centred_products(X, model.means, model.weights)
+                        if model.covariance_type in ("diag", "spherical") else None)
             log_prob_norm, resp = estimate_resp(
                 X, model.weights, model.means, model.precisions_cholesky,
-                model.covariance_type, margin, prepared,
+                model.covariance_type, margin, prepared, products,
             )
             stats = block_statistics(X, resp, model.means, model.covariance_type,
-                                     resp_threshold)
+                                     resp_threshold, products)
             stats.log_likelihood = float(log_prob_norm.sum())
             if total is None:
                 total = stats

@@ -474,8 +474,33 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     return _log_prob(X, means, precisions_cholesky, covariance_type, weights, False)
 
 
-def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_weights):
-    """:func:`log_gaussian_prob`, plus ``log w_k`` if ``add_log_weights``."""
+@dataclass
+class CentredProducts:
+    """``Z = [(x - g)^2, x - g, 1]`` of a block (float64, shape ``(n, 2d + 1)``) around
+    the shift ``g`` (shape ``(d,)``): the operand of the 'diag'/'spherical' E step,
+    kept for the M step of the same block (:func:`block_statistics`)."""
+
+    Z: np.ndarray
+    shift: np.ndarray
+
+
+def centred_products(X, means, weights):
+    """:class:`CentredProducts` of ``X`` (n, d) around the mixture mean
+    ``g = sum_k w_k mu_k / sum_k w_k`` of ``means`` (K, d) and ``weights`` (K,)."""
+    n, d = X.shape
+    g = _shift(means, weights)
+    Z = np.empty((n, 2 * d + 1))
+    Y = Z[:, d:2 * d]
+    np.subtract(X, g, out=Y, dtype=np.float64)
+    np.multiply(Y, Y, out=Z[:, :d])
+    Z[:, 2 * d] = 1.0
+    return CentredProducts(Z, g)
+
+
+def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_weights,
+              products=None):
+    """:func:`log_gaussian_prob`, plus ``log w_k`` if ``add_log_weights``; 'diag' and
+    'spherical' use ``products`` (:func:`centred_products` of ``X``) if given."""
     X = np.asarray(X)
     n, d = X.shape
     K = means.shape[0]
@@ -490,10 +515,10 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
         return out
     # Few products around one shift, in float64: the expansion cancels, so it must
     # not run in float32.
-    g = _shift(means, np.full(K, 1.0 / K) if weights is None else weights)
-    M = np.asarray(means, dtype=np.float64) - g
-    u = np.asarray(precisions_cholesky, dtype=np.float64)
     if covariance_type == "tied":
+        g = _shift(means, np.full(K, 1.0 / K) if weights is None else weights)
+        M = np.asarray(means, dtype=np.float64) - g
+        u = np.asarray(precisions_cholesky, dtype=np.float64)
         Yu = _trmm_right_upper(np.subtract(X, g, dtype=np.float64), u)
         Mu = M @ u
         maha = (
@@ -505,23 +530,36 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
         maha *= -0.5
         maha += offset
         return maha
-    # 'diag' and 'spherical': one product of [y^2, y] (or [|y|^2, y]) with the
-    # coefficients of -1/2 (y - m_k)^T Lambda_k (y - m_k), constants added once
-    prec = u**2
-    square_cols = d if covariance_type == "diag" else 1
-    Z = np.empty((n, square_cols + d))
-    Y = Z[:, square_cols:]
-    np.subtract(X, g, out=Y, dtype=np.float64)
-    if covariance_type == "diag":
-        np.multiply(Y, Y, out=Z[:, :d])
-        A = np.concatenate([-0.5 * prec.T, (M * prec).T])
-        const = (M**2 * prec).sum(axis=1)
-    else:
-        np.einsum("ij,ij->i", Y, Y, out=Z[:, 0])
-        A = np.concatenate([-0.5 * prec[None, :], (M * prec[:, None]).T])
-        const = prec * (M**2).sum(axis=1)
-    out = Z @ A
-    out += offset - 0.5 * const
+    # 'diag' and 'spherical': one product of [y^2, y, 1] with the coefficients of
+    # log w_k - 1/2 log|2 pi Sigma_k| - 1/2 (y - m_k)^T Lambda_k (y - m_k)
+    if products is None:
+        products = centred_products(X, means, np.full(K, 1.0 / K) if weights is None
+                                    else weights)
+    M = np.asarray(means, dtype=np.float64) - products.shift
+    prec = np.asarray(precisions_cholesky, dtype=np.float64) ** 2
+    if covariance_type == "spherical":
+        prec = np.repeat(prec[:, None], d, axis=1)
+    A = np.concatenate([-0.5 * prec.T, (M * prec).T,
+                        (offset - 0.5 * (M**2 * prec).sum(axis=1))[None, :]])
+    # (K, n) C-ordered, returned as its (n, K) transpose: the row-wise softmax then
+    # reduces over contiguous columns (see estimate_resp)
+    out = (A.T @ products.Z.T).T
+    # The expansion cancels for a tight component far from the shift; the rounding
+    # of the product is at most gamma_m times the sum of the magnitudes of its terms,
+    # <= 1/2 max_j Lambda_kj (max_i ||y_i|| + ||m_k||)^2 + |c_k| (Higham 2002,
+    # eq. 3.5; m = 2d + 4). Columns where that may exceed _REFINE_TOL are recomputed
+    # directly. (||y_i||^2 as a product with ones: faster than a strided reduction.)
+    if n:
+        unit = np.finfo(np.float64).eps / 2
+        m = 2 * d + 4
+        gamma = m * unit / (1.0 - m * unit)
+        y_max = np.sqrt((products.Z[:, :d] @ np.ones(d)).max())
+        bound = gamma * (0.5 * prec.max(axis=1) * (y_max + np.linalg.norm(M, axis=1)) ** 2
+                         + np.abs(A[-1]))
+        for k in np.flatnonzero(~(bound <= _REFINE_TOL)):
+            diff = np.subtract(X, means[k], dtype=np.float64)
+            diff *= diff
+            out[:, k] = offset[k] - 0.5 * (diff @ prec[k])
     return out
 
 
@@ -686,7 +724,7 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
 
 
 def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
-                      margin=None, prepared=None):
+                      margin=None, prepared=None, products=None):
     """``log w_k + log N(x | mu_k, Lambda_k)`` for every row and component.
 
     Parameters
@@ -705,6 +743,9 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
     prepared : object or None, default=None
         :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
         its work between the blocks of a pass.
+    products : CentredProducts or None, default=None
+        'diag' and 'spherical': :func:`centred_products` of ``X`` around
+        ``weights`` and ``means``, to reuse in the M step (built here if ``None``).
 
     Returns
     -------
@@ -721,7 +762,8 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
             weighted = prepared.weighted_refined(X, margin)
             if weighted is not None:
                 return weighted
-    return _log_prob(X, means, precisions_cholesky, covariance_type, weights, True)
+    return _log_prob(X, means, precisions_cholesky, covariance_type, weights, True,
+                     products)
 
 
 def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type,
@@ -751,7 +793,7 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
 
 
 def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margin=None,
-                  prepared=None):
+                  prepared=None, products=None):
     """Per-row log-likelihood and responsibilities (Bishop eq. 9.23), one exp per pair.
 
     ``r_ik = exp(a_ik - t_i) / sum_j exp(a_ij - t_i)`` with ``a`` the weighted
@@ -760,7 +802,7 @@ def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margi
 
     Parameters
     ----------
-    X, weights, means, precisions_cholesky, covariance_type, margin, prepared
+    X, weights, means, precisions_cholesky, covariance_type, margin, prepared, products
         As in :func:`weighted_log_prob`.
 
     Returns
@@ -769,47 +811,58 @@ def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margi
     resp : ndarray of shape (n, K), float64
     """
     resp = weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
-                             margin, prepared)
-    n, K = resp.shape
-    log_prob_norm = np.empty(n)
-    rows = _chunk_rows(K, 8, n)
-    for r0 in range(0, n, rows):
-        r1 = min(r0 + rows, n)
-        w = resp[r0:r1]
-        top = w.max(axis=1)
+                             margin, prepared, products)
+    log_prob_norm = np.empty(resp.shape[0])
+    for r0, r1, w, axis in _row_chunks(resp):
+        top = w.max(axis=axis, keepdims=True)
         top[~np.isfinite(top)] = 0.0
-        w -= top[:, None]
+        w -= top
         np.exp(w, out=w)
-        total = w.sum(axis=1)
+        total = w.sum(axis=axis, keepdims=True)
         with np.errstate(divide="ignore", invalid="ignore"):
-            w /= total[:, None]
-            np.log(total, out=log_prob_norm[r0:r1])
-        log_prob_norm[r0:r1] += top
+            w /= total
+            np.log(total, out=total)
+        total += top
+        log_prob_norm[r0:r1] = total.ravel()
     return log_prob_norm, resp
 
 
+def _row_chunks(a):
+    """Yield ``(r0, r1, chunk, axis)`` over cache-sized row chunks of ``a`` (n, K):
+    ``chunk`` is a view of rows ``r0:r1`` with the components on ``axis``. For a
+    C-ordered ``a`` that is ``(rows, K)``, axis 1; for an F-ordered one (the 'diag'
+    E step's) its C-ordered transpose ``(K, rows)``, axis 0, so that reductions over
+    the components run across contiguous memory (several times faster than strided).
+    """
+    n, K = a.shape
+    by_columns = a.flags.f_contiguous and not a.flags.c_contiguous
+    rows = _chunk_rows(K, 8, n)
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        if by_columns:
+            yield r0, r1, a.T[:, r0:r1], 0
+        else:
+            yield r0, r1, a[r0:r1], 1
+
+
 def _logsumexp_rows(a):
-    """``log sum_k exp(a_ik)`` per row, with one ``(rows, K)`` work buffer per chunk.
+    """``log sum_k exp(a_ik)`` per row, with one ``(rows, K)`` temporary per chunk.
 
     Same as ``scipy.special.logsumexp(a, axis=1)`` for finite rows and rows with some
     ``-inf`` entries (a row of all ``-inf`` gives ``-inf``), without its full-size
     temporaries.
     """
-    n, K = a.shape
-    out = np.empty(n)
-    rows = _chunk_rows(K, 8, n)
-    work = np.empty((rows, K))
-    for r0 in range(0, n, rows):
-        r1 = min(r0 + rows, n)
-        m = r1 - r0
-        top = a[r0:r1].max(axis=1)
+    out = np.empty(a.shape[0])
+    for r0, r1, chunk, axis in _row_chunks(a):
+        top = chunk.max(axis=axis, keepdims=True)
         top[~np.isfinite(top)] = 0.0
-        w = work[:m]
-        np.subtract(a[r0:r1], top[:, None], out=w)
+        w = np.subtract(chunk, top)
         np.exp(w, out=w)
+        total = w.sum(axis=axis, keepdims=True)
         with np.errstate(divide="ignore"):
-            np.log(w.sum(axis=1), out=out[r0:r1])
-        out[r0:r1] += top
+            np.log(total, out=total)
+        total += top
+        out[r0:r1] = total.ravel()
     return out
 
 
@@ -1076,7 +1129,8 @@ def _tied_second_moments(X, resp, centers):
     return out
 
 
-def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0):
+def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
+                     products=None):
     """Sufficient statistics of one block, centred on ``centers``.
 
     ``N_k = sum_i r_ik``, ``s_k = sum_i r_ik (x_i - c_k)`` and
@@ -1098,6 +1152,9 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0):
     resp_threshold : float, default=0.0
         Rows with ``r_ik <= resp_threshold`` are left out of component ``k``'s 'full'
         second-moment statistic. ``0.0`` only skips exact zeros (exact).
+    products : CentredProducts or None, default=None
+        'diag' and 'spherical': :func:`centred_products` of ``X`` (those of the E
+        step). ``None``: built around the responsibility-weighted mean of the centres.
 
     Returns
     -------
@@ -1108,21 +1165,30 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0):
     n = X.shape[0]
     resp = np.asarray(resp, dtype=np.float64)
     centers = np.asarray(centers, dtype=np.float64)
-    nk = resp.sum(axis=0)
     if covariance_type in ("diag", "spherical"):
-        # one product of the responsibilities with [x, y, y^2], y = x - g
+        # one product of the responsibilities with [y^2, y, 1], y = x - g:
+        # sum r (x - c)^2 = sum r y^2 - 2 (c - g) sum r y + N (c - g)^2
         d = X.shape[1]
-        g = (nk @ centers) / max(nk.sum(), np.finfo(np.float64).tiny)
-        Z = np.empty((n, 3 * d))
-        Z[:, :d] = X
-        np.subtract(Z[:, :d], g, out=Z[:, d:2 * d])
-        np.multiply(Z[:, d:2 * d], Z[:, d:2 * d], out=Z[:, 2 * d:])
-        G = resp.T @ Z
-        cg = centers - g
-        sum_x = G[:, :d] - nk[:, None] * centers
-        sum_xx = G[:, 2 * d:] - 2.0 * cg * G[:, d:2 * d] + nk[:, None] * cg**2
+        if products is None:
+            products = centred_products(X, centers, resp.sum(axis=0))
+        G = resp.T @ products.Z
+        nk = G[:, 2 * d]
+        cg = centers - products.shift
+        sum_x = G[:, d:2 * d] - nk[:, None] * cg
+        sum_xx = G[:, :d] - 2.0 * cg * G[:, d:2 * d] + nk[:, None] * cg**2
+        # components whose expanded terms are far larger than the result (a tight
+        # component far from the shift) lose digits: recompute them centred
+        scale = G[:, :d] + nk[:, None] * cg**2
+        redo = np.flatnonzero((scale > _PACKED_MAX_CANCELLATION * sum_xx).any(axis=1))
+        for k in redo:
+            rows = np.flatnonzero(resp[:, k])
+            diff = np.subtract(X[rows], centers[k], dtype=np.float64)
+            r = resp[rows, k]
+            sum_x[k] = r @ diff
+            sum_xx[k] = r @ (diff * diff)
         np.maximum(sum_xx, 0.0, out=sum_xx)
         return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
+    nk = resp.sum(axis=0)
     X64 = X.astype(np.float64, copy=False)
     sum_x = resp.T @ X64 - nk[:, None] * centers
     if covariance_type == "full":

@@ -8,7 +8,7 @@ from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from conftest import COVARIANCE_TYPES
 from emgmm import GaussianMixture
-from emgmm._em import Worst, initial_factors, reseed
+from emgmm._em import Worst, initial_factors, reseed, smallest
 from emgmm._kernels import factorize
 from test_cases_reliability import assert_bound_monotone, assert_valid_model
 
@@ -177,3 +177,19 @@ def test_every_component_collapsed_is_a_clear_error(dtype, covariance_type):
         gm.fit(X)
     assert gm.means_.dtype == dtype
     assert_valid_model(gm)
+
+
+def test_smallest_equals_stable_argsort():
+    """The worst rows are picked by one partition; the choice (ties in row order,
+    NaN last, -inf first) must equal a stable sort's."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(1, 60))
+        values = rng.integers(0, 5, size=n).astype(float)  # many ties
+        if rng.random() < 0.3:
+            values[rng.integers(n)] = np.nan
+        if rng.random() < 0.3:
+            values[rng.integers(n)] = -np.inf
+        size = int(rng.integers(0, n + 3))
+        np.testing.assert_array_equal(smallest(values, size),
+                                      np.argsort(values, kind="stable")[:size])

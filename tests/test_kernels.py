@@ -610,3 +610,52 @@ def test_precisions_cholesky_from_precisions_not_pd(covariance_type):
         P = np.stack([np.eye(3), P])
     with pytest.raises(ValueError):
         kernels.precisions_cholesky_from_precisions(ro(P), covariance_type)
+
+
+# ------------------------------------------- 'diag'/'spherical': E step products reused
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+def test_block_statistics_from_e_step_products(covariance_type, dtype):
+    """The M step on the centred products of the E step (another shift than its own)
+    gives the statistics of the oracle."""
+    rng = np.random.default_rng(12)
+    n, d, K = 2000, 4, 3
+    weights, means, U, _ = make_model(rng, K, d, covariance_type)
+    X = data_for(rng, means, n, dtype)
+    resp = random_resp(rng, n, K)
+    products = kernels.centred_products(X, means, weights)
+    stats = kernels.block_statistics(*ro(X, resp, means), covariance_type,
+                                     products=products)
+    assert_stats_match(stats, X, resp, means, covariance_type)
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+def test_tight_component_far_from_shift_is_exact(covariance_type):
+    """A component of variance 1e-10 on points 1e3 from the mixture mean: the expanded
+    log-density and second moments cancel ~1e13-fold; the kernels recompute that
+    component directly (log-density to 1e-9 nats plus 1e-15 relative for the pairs
+    at ~1e16 nats, statistics exactly zero)."""
+    rng = np.random.default_rng(13)
+    d = 5
+    tight = np.full(d, 1000.3)
+    X = np.vstack([np.tile(tight, (50, 1)), rng.normal(size=(200, d))])
+    means = np.vstack([tight, rng.normal(scale=0.1, size=d)])
+    weights = np.array([0.23, 0.77])
+    var = np.array([1e-10, 1.0])
+    if covariance_type == "diag":
+        U = np.sqrt(1.0 / np.repeat(var[:, None], d, axis=1))
+    else:
+        U = np.sqrt(1.0 / var)
+    prec_dense = np.stack([np.eye(d) / v for v in var])
+    X, means, U, weights = ro(X, means, U, weights)
+    got = kernels.weighted_log_prob(X, weights, means, U, covariance_type)
+    expected = oracle_log_prob(X, means, prec_dense) + np.log(weights)
+    assert_allclose(got, expected, rtol=1e-15, atol=1e-9)
+    log_prob_norm, resp = kernels.estimate_resp(X, weights, means, U, covariance_type)
+    assert_allclose(log_prob_norm, logsumexp(expected, axis=1), rtol=0, atol=1e-9)
+    stats = kernels.block_statistics(X, resp, means, covariance_type,
+                                     products=kernels.centred_products(X, means, weights))
+    assert_array_equal(stats.sum_xx[0], 0.0)
+    assert_array_equal(stats.sum_x[0], 0.0)

@@ -184,9 +184,13 @@ def test_relevance_margin():
 
 @pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
 @pytest.mark.parametrize("margin", [None, 48.0])
-def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin):
+@pytest.mark.parametrize("chunk_bytes", [None, 512])
+def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,
+                                          monkeypatch):
     """The one-exponential responsibilities equal exp(log_resp) and sum to one; a
-    zero weight gives zero responsibilities."""
+    zero weight gives zero responsibilities. Also over many row chunks (16 rows)."""
+    if chunk_bytes is not None:
+        monkeypatch.setattr(kernels, "_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(2)
     weights, means, U = separated_model(rng, 6, 4, 3.0, 10.0)
     weights[2] = 0.0
