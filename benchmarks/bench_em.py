@@ -60,7 +60,7 @@ CONFIGS = {
     "A": dict(n=100_000, d=64, K=200, cov="full", iters=6, data="mixture",
               modes=["float32", "wm64", "exact"]),
     "B": dict(n=20_000, d=400, K=50, cov="full", iters=2, data="mixture", modes=[]),
-    "C": dict(n=1_000_000, d=64, K=64, cov="diag", iters=3, data="mixture", modes=[]),
+    "C": dict(n=1_000_000, d=64, K=64, cov="diag", iters=6, data="mixture", modes=[]),
     "D": dict(n=100_000, d=64, K=200, cov="full", iters=6, data="patches",
               modes=["float32", "thr1e-8", "exact"]),
 }

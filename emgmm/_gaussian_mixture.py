@@ -344,7 +344,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return block_rows(
             source.n_samples, source.n_features, self.n_components,
             np.dtype(self._compute_dtype(source)).itemsize, budget,
-            source.chunk_rows, source.description,
+            source.chunk_rows, source.description, self.covariance_type,
         )
 
     # ------------------------------------------------------------ parameters

@@ -991,8 +991,9 @@ def _gathered_second_moments(X, resp, centers, kept, components, out):
     return out
 
 
-def _packed_second_moments(X, resp, centers, g, out):
-    """Centred second moments from one GEMM per row chunk (float64 accumulation).
+def _packed_second_moments(X, resp, centers, g, out, resp_threshold=0.0):
+    """Centred second moments from one GEMM per row chunk (float64 accumulation),
+    leaving out the pairs with ``r_ik <= resp_threshold`` (> 0; masked per chunk).
 
     ``R^T [y_j y_l (j <= l), y, 1]`` over the rows of a chunk (``y = x - g``) gives
     ``sum_i r_ik y y^T``, ``sum_i r_ik y`` and ``N_k`` for every component at once;
@@ -1011,7 +1012,10 @@ def _packed_second_moments(X, resp, centers, g, out):
     acc = np.zeros((K, T + d + 1))
     part = np.empty_like(acc)
     for r0, r1, _, P in _packed_chunks(X, g):
-        np.matmul(resp[r0:r1].T, P, out=part)
+        r = resp[r0:r1]
+        if resp_threshold > 0.0:
+            r = np.where(r > resp_threshold, r, 0.0)
+        np.matmul(r.T, P, out=part)
         acc += part
     m_k = centers - g
     s = acc[:, T:T + d]
@@ -1077,9 +1081,8 @@ def _full_second_moments(X, resp, centers, nk, resp_threshold):
              and _use_packed(d, K))
     if not dense:
         return _gathered_second_moments(X, resp, centers, kept, range(K), out)
-    r = resp if resp_threshold == 0.0 else np.where(kept.T, resp, 0.0)
     g = _shift(centers, nk)
-    cancellation = _packed_second_moments(X, r, centers, g, out)
+    cancellation = _packed_second_moments(X, resp, centers, g, out, resp_threshold)
     redo = np.flatnonzero(cancellation > _PACKED_MAX_CANCELLATION)
     if redo.size:
         _gathered_second_moments(X, resp, centers, kept, redo, out)

@@ -101,6 +101,11 @@ TASK_WORK = 2**26
 #: check of the packed sums: ``K d^2`` each) costs as much as the rows themselves.
 TARGET_BLOCKS = 64
 MIN_BLOCK_ROWS = 8192
+#: 'diag' and 'spherical' blocks stay within this working set: their passes are a few
+#: products and element-wise sweeps bound by memory traffic, faster when a block's
+#: arrays stay in the last-level cache (measured: [1M, 64], K=64, 2 threads, 15% less
+#: time per iteration than 4x larger blocks); they have no per-block model work.
+STREAMING_BLOCK_MIB = 32
 #: The number of blocks is rounded up to a multiple of this (equal shares for 2, 4
 #: and 8 workers), whatever ``n_jobs`` is.
 BLOCK_MULTIPLE = 8
@@ -290,8 +295,9 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
 
 
 def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib,
-               chunk_rows=None, description="X"):
-    """Rows per block so that one block's working set fits ``working_memory_mib``.
+               chunk_rows=None, description="X", covariance_type="full"):
+    """Rows per block so that one block's working set fits ``working_memory_mib``
+    (for 'diag' and 'spherical' also ``STREAMING_BLOCK_MIB``).
 
     A large data set is also cut into at least ``TARGET_BLOCKS`` blocks (blocks of
     no fewer than ``MIN_BLOCK_ROWS`` rows), so that there are tasks for several
@@ -311,12 +317,15 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     working_memory_mib : float
     chunk_rows : int or None
     description : str
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}, default='full'
 
     Returns
     -------
     int
         At least 1, at most ``n_samples``.
     """
+    if covariance_type in ("diag", "spherical"):
+        working_memory_mib = min(working_memory_mib, STREAMING_BLOCK_MIB)
     per_row = bytes_per_row(n_features, n_components, itemsize)
     budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
     rows = min(budget_rows, max(MIN_BLOCK_ROWS, -(-n_samples // TARGET_BLOCKS)))

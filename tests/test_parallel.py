@@ -342,3 +342,21 @@ def test_row_threads_off_for_tiny_fits_and_under_a_blas_limit(X, monkeypatch):
     with joblib.parallel_config(n_jobs=1):
         fit(X, n_jobs=None)              # joblib's n_jobs=1 (not None) resolves first
     assert spy.row_threads == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_block_rows_within_budget(covariance_type):
+    """Blocks fit working_memory; 'diag'/'spherical' blocks also fit the streaming
+    working set, and the others keep the larger blocks their per-block work needs."""
+    n, d, K = 1_000_000, 64, 64
+    per_row = memory.bytes_per_row(d, K, 8)
+    rows = memory.block_rows(n, d, K, 8, 1024, covariance_type=covariance_type)
+    assert rows * per_row <= 1024 * 2**20
+    n_blocks = -(-n // rows)
+    assert n_blocks % memory.BLOCK_MULTIPLE == 0
+    if covariance_type in ("diag", "spherical"):
+        assert rows * per_row <= memory.STREAMING_BLOCK_MIB * 2**20
+    else:
+        assert rows >= memory.MIN_BLOCK_ROWS
+    small = memory.block_rows(n, d, K, 8, 4, covariance_type=covariance_type)
+    assert small * per_row <= 4 * 2**20
