@@ -498,9 +498,11 @@ def centred_products(X, means, weights):
 
 
 def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_weights,
-              products=None):
+              products=None, margin=None):
     """:func:`log_gaussian_prob`, plus ``log w_k`` if ``add_log_weights``; 'diag' and
-    'spherical' use ``products`` (:func:`centred_products` of ``X``) if given."""
+    'spherical' use ``products`` (:func:`centred_products` of ``X``) if given, and
+    with a ``margin`` recompute only the pairs that may lie within it of their row's
+    best (see :func:`weighted_log_prob`)."""
     X = np.asarray(X)
     n, d = X.shape
     K = means.shape[0]
@@ -546,20 +548,29 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
     out = (A.T @ products.Z.T).T
     # The expansion cancels for a tight component far from the shift; the rounding
     # of the product is at most gamma_m times the sum of the magnitudes of its terms,
-    # <= 1/2 max_j Lambda_kj (max_i ||y_i|| + ||m_k||)^2 + |c_k| (Higham 2002,
-    # eq. 3.5; m = 2d + 4). Columns where that may exceed _REFINE_TOL are recomputed
-    # directly. (||y_i||^2 as a product with ones: faster than a strided reduction.)
+    # b_k = 1/2 max_j Lambda_kj (max_i ||y_i|| + ||m_k||)^2 + |c_k| (Higham 2002,
+    # eq. 3.5; m = 2d + 4). Where b_k may exceed _REFINE_TOL, the pairs of component
+    # k are recomputed directly: all of them, or with a margin those that may lie
+    # within it of their row's best. (||y_i||^2 as a product with ones: faster than
+    # a strided reduction.)
     if n:
         unit = np.finfo(np.float64).eps / 2
         m = 2 * d + 4
         gamma = m * unit / (1.0 - m * unit)
         y_max = np.sqrt((products.Z[:, :d] @ np.ones(d)).max())
+        # (a zero weight's constant, -inf, is exact)
+        constant = np.where(np.isfinite(A[-1]), np.abs(A[-1]), 0.0)
         bound = gamma * (0.5 * prec.max(axis=1) * (y_max + np.linalg.norm(M, axis=1)) ** 2
-                         + np.abs(A[-1]))
-        for k in np.flatnonzero(~(bound <= _REFINE_TOL)):
-            diff = np.subtract(X, means[k], dtype=np.float64)
+                         + constant)
+        inexact = np.flatnonzero(~(bound <= _REFINE_TOL))
+        if inexact.size and margin is not None:
+            floor = (out.T - bound[:, None]).max(axis=0) - margin
+        for k in inexact:
+            rows = (slice(None) if margin is None
+                    else np.flatnonzero(out[:, k] + bound[k] >= floor))
+            diff = np.subtract(X[rows], means[k], dtype=np.float64)
             diff *= diff
-            out[:, k] = offset[k] - 0.5 * (diff @ prec[k])
+            out[rows, k] = offset[k] - 0.5 * (diff @ prec[k])
     return out
 
 
@@ -736,10 +747,10 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     margin : float or None, default=None
         ``None``: every entry is exact. A number (see :func:`relevance_margin`): for
-        'full' float64 data, only the pairs within ``margin`` nats of their row's best
-        component are computed exactly; the others are estimated to within a
-        (first-order) rounding-error bound and have ``r_ik < exp(-margin)`` (see
-        :meth:`PackedEstimate.weighted_refined`).
+        'full' float64 data, 'diag' and 'spherical', only the pairs within ``margin``
+        nats of their row's best component are computed exactly; the others are
+        estimated to within a (first-order) rounding-error bound and have
+        ``r_ik < exp(-margin)`` (see :meth:`PackedEstimate.weighted_refined`).
     prepared : object or None, default=None
         :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
         its work between the blocks of a pass.
@@ -763,7 +774,7 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
             if weighted is not None:
                 return weighted
     return _log_prob(X, means, precisions_cholesky, covariance_type, weights, True,
-                     products)
+                     products, margin)
 
 
 def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type,
