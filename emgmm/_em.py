@@ -136,6 +136,8 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
             else:
                 total += stats
             worst = worst.update(log_prob_norm, b0, X)
+            # release this block's arrays before the next block allocates its own
+            del X, products, log_prob_norm, resp, stats
     return total, worst
 
 

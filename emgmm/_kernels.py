@@ -995,10 +995,10 @@ def _gathered_second_moments(X, resp, centers, kept, components, out):
         np.subtract(raw[:m], centers[k], out=work)
         work *= np.sqrt(resp[rows, k])[:, None]
         # work.T is Fortran-ordered (d, m): syrk(trans=0) gives the upper triangle
-        # of work.T @ work (the strict lower triangle of its result is zero)
-        out[k] = syrk(1.0, work.T, trans=0, lower=0)
-    # mirror the upper triangles (lower ones are zero)
-    out[components] += np.triu(out[components], 1).transpose(0, 2, 1)
+        # of work.T @ work (the strict lower triangle of its result is zero), mirrored
+        upper = syrk(1.0, work.T, trans=0, lower=0)
+        out[k] = upper
+        out[k] += np.triu(upper, 1).T
     return out
 
 
@@ -1035,10 +1035,10 @@ def _packed_second_moments(X, resp, centers, g, out, resp_threshold=0.0):
     out[:, iu[1], iu[0]] = acc[:, :T]
     # per-feature magnitude of the expanded terms, a_j = sum r y_j^2 + N m_j^2
     scale = np.diagonal(out, axis1=1, axis2=2) + N[:, None] * m_k**2
-    cross = s[:, :, None] * m_k[:, None, :]
+    # s m^T + m s^T - N m m^T = t m^T + m t^T with t = s - N m / 2 (one temporary)
+    cross = (s - 0.5 * N[:, None] * m_k)[:, :, None] * m_k[:, None, :]
     out -= cross
     out -= np.swapaxes(cross, 1, 2)
-    out += N[:, None, None] * (m_k[:, :, None] * m_k[:, None, :])
     return _cancellation(out, scale, N)
 
 
@@ -1053,9 +1053,12 @@ def _cancellation(S, scale, N):
     """
     K, d, _ = S.shape
     live = (scale > 0.0) & (N[:, None] != 0.0)
-    # dead features get an identity row and column and zero weight
-    M = S * (live[:, :, None] & live[:, None, :])
-    M[:, np.arange(d), np.arange(d)] += ~live
+    if live.all():
+        M = S
+    else:
+        # dead features get an identity row and column and zero weight
+        M = S * (live[:, :, None] & live[:, None, :])
+        M[:, np.arange(d), np.arange(d)] += ~live
     try:
         chol = np.linalg.cholesky(M)
     except np.linalg.LinAlgError:
@@ -1066,7 +1069,9 @@ def _cancellation(S, scale, N):
             except np.linalg.LinAlgError:
                 pass
     with np.errstate(invalid="ignore"):
-        inv_diag = (np.linalg.inv(chol) ** 2).sum(axis=1)
+        inv = np.linalg.inv(chol)
+        del chol
+        inv_diag = np.square(inv, out=inv).sum(axis=1)
         out = (np.where(live, scale, 0.0) * inv_diag).sum(axis=1)
     out[~np.isfinite(out)] = np.inf
     out[~live.any(axis=1)] = 0.0
