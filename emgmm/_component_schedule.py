@@ -124,8 +124,9 @@ def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, *, blas
 
 
 def component_statistics_task(source, r0, start, stop, block_size, model, k0, buffer,
-                              compute_dtype, resp_threshold, *, blas_threads):
-    """Sufficient statistics of components ``k0:k1`` over rows ``start:stop``."""
+                              compute_dtype, resp_threshold, centers, *, blas_threads):
+    """Sufficient statistics of components ``k0:k1`` over rows ``start:stop``, centred
+    on ``centers`` (those of the slice)."""
     with limit_blas(blas_threads):
         buf = buffer.open(writable=False)
         k1 = k0 + model.means.shape[0]
@@ -134,7 +135,7 @@ def component_statistics_task(source, r0, start, stop, block_size, model, k0, bu
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1).astype(compute_dtype, copy=False)
             resp = np.exp(buf[b0 - r0:b1 - r0, k0:k1])
-            stats = block_statistics(X, resp, model.means, model.covariance_type,
+            stats = block_statistics(X, resp, centers, model.covariance_type,
                                      resp_threshold)
             if total is None:
                 total = stats
@@ -171,11 +172,12 @@ def _concatenate(parts, covariance_type, n_samples, log_likelihood):
 
 
 def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
-                              resp_threshold, n_worst):
+                              resp_threshold, n_worst, centers=None):
     """Component-sharded schedule of one statistics pass (see the module notes).
 
     Same signature, semantics and result as :func:`emgmm._em.rows_statistics_pass`:
-    the statistics are centred on ``model.means``, the log-likelihood is the sum over
+    the statistics are centred on ``centers`` (default ``model.means``), the
+    log-likelihood is the sum over
     all rows, and ``worst`` holds the ``n_worst`` rows of lowest log-likelihood.
     ``tasks`` gives the rows (their union); the row split of this schedule is
     ``buffer_rows`` ranges of whole blocks, each cut by ``range_pieces``.
@@ -195,6 +197,8 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     ct = model.covariance_type
     slices = component_slices(K, d, ct)
     models = [_slice_model(model, k0, k1) for k0, k1 in slices]
+    if centers is None:
+        centers = model.means
     range_rows = buffer_rows(n_samples, K, block_size)
     folder = make_temp_folder(joblib_temp_folder(), 8 * range_rows * K,
                               "the log-responsibility buffer of the component schedule")
@@ -220,8 +224,9 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                 order = np.lexsort((rows, values))[:n_worst]
                 values, rows = values[order], rows[order]
             results = executor.map(component_statistics_task, [
-                (r0, a, b, block_size, m, k0, buffer, compute_dtype, resp_threshold)
-                for (k0, _k1), m in zip(slices, models) for a, b in pieces])
+                (r0, a, b, block_size, m, k0, buffer, compute_dtype, resp_threshold,
+                 centers[k0:k1])
+                for (k0, k1), m in zip(slices, models) for a, b in pieces])
             for j in range(len(slices)):
                 for _ in pieces:
                     stats = next(results)

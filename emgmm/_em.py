@@ -25,6 +25,7 @@ from ._kernels import (
     estimate_resp,
     factorize,
     m_step,
+    needs_recentring,
     prepare_log_prob,
     relevance_margin,
 )
@@ -105,15 +106,18 @@ class Worst:
 
 
 def statistics_task(source, start, stop, block_size, model, compute_dtype,
-                    resp_threshold, n_worst, *, blas_threads):
+                    resp_threshold, n_worst, centers=None, *, blas_threads):
     """Sufficient statistics and worst-explained rows of rows ``start:stop``.
 
     Returns
     -------
     stats : SufficientStatistics
-        Centred on ``model.means``, with the summed log-likelihood.
+        Centred on ``centers`` (default ``model.means``), with the summed
+        log-likelihood.
     worst : Worst
     """
+    if centers is None:
+        centers = model.means
     margin = relevance_margin(resp_threshold)
     prepared = None if margin is None else model.prepare(compute_dtype)
     with limit_blas(blas_threads):
@@ -128,7 +132,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
                 X, model.weights, model.means, model.precisions_cholesky,
                 model.covariance_type, margin, prepared, products,
             )
-            stats = block_statistics(X, resp, model.means, model.covariance_type,
+            stats = block_statistics(X, resp, centers, model.covariance_type,
                                      resp_threshold, products)
             stats.log_likelihood = float(log_prob_norm.sum())
             if total is None:
@@ -270,17 +274,18 @@ def _task_model(model, compute_dtype, prepare):
 
 
 def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
-                         resp_threshold, n_worst):
+                         resp_threshold, n_worst, centers=None):
     """Row-sharded schedule: every task computes all components over its rows.
 
     Returns
     -------
     stats : SufficientStatistics
-        Summed over all tasks in their fixed order.
+        Summed over all tasks in their fixed order, centred on ``centers`` (default
+        ``model.means``).
     worst : Worst
     """
     model = _task_model(model, compute_dtype, relevance_margin(resp_threshold) is not None)
-    args = [(s, e, block_size, model, compute_dtype, resp_threshold, n_worst)
+    args = [(s, e, block_size, model, compute_dtype, resp_threshold, n_worst, centers)
             for s, e in tasks]
     stats, worst = None, None
     for task_stats, task_worst in executor.map(statistics_task, args):
@@ -343,8 +348,19 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
                                        compute_dtype, resp_threshold, n_worst)
         prev, lower_bound = lower_bound, stats.log_likelihood / n_samples
         weights, means, covariances = m_step(stats, model.means, reg_covar, ct)
+        if needs_recentring(stats, covariances, reg_covar, ct).any():
+            # a tight component moved far from its centre: the same responsibilities
+            # summed again around the new means (one more pass, rarely needed)
+            stats, _ = statistics_pass(executor, tasks, block_size, model,
+                                       compute_dtype, resp_threshold, 0, centers=means)
+            weights, means, covariances = m_step(stats, means, reg_covar, ct)
         u, bad = factorize(covariances, ct, compute_dtype)
-        starved = [int(k) for k in np.flatnonzero(stats.nk < min_count)]
+        # a component re-seeded before that starves again is kept, as scikit-learn
+        # keeps it (its covariance is positive definite; re-seeding it on every
+        # iteration would keep the fit from converging, e.g. K close to n)
+        seeded_before = {k for record in state.history for k in record["reseeded"]}
+        starved = [int(k) for k in np.flatnonzero(stats.nk < min_count)
+                   if int(k) not in seeded_before]
         reseeded = []
         if on_degenerate == "raise" or (ct == "tied" and bad):
             if bad:

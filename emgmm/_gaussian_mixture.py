@@ -132,7 +132,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         computes every pair exactly (slower).
     on_degenerate : {'reinit', 'raise'}, default='reinit'
         What to do with a component whose covariance is not positive definite after
-        ``reg_covar`` or whose weight falls below one sample (``N_k < 1``): 'reinit'
+        ``reg_covar`` or whose weight falls below one sample (``N_k < 1``; a
+        component re-seeded before that starves again is kept, as scikit-learn keeps
+        it): 'reinit'
         re-seeds it on the worst-explained sample of the same pass, warns naming the
         component and records it in ``history_``; 'raise' raises scikit-learn's
         ``ValueError`` naming the component (starved components are then kept).

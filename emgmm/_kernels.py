@@ -1217,6 +1217,51 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
     return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
 
 
+# A covariance left by subtracting the squared shift of the mean from second moments
+# around the previous centre loses about log10(shift^2 / variance) digits; beyond
+# this ratio (1e-10 relative left) the statistics are accumulated again around the
+# new means (see needs_recentring).
+_RECENTRE_RATIO = 1e6
+
+
+def needs_recentring(stats, covariances, reg_covar, covariance_type):
+    """Components whose M step cancelled too much: ``(K,)`` bool.
+
+    :func:`m_step` forms ``Sigma_k = S_k / N_k - delta_k delta_k^T`` with the shift
+    ``delta_k = s_k / N_k`` of the mean from the centre the statistics were summed
+    around. Its rounding is about ``u (Sigma_jj + delta_j^2)`` per feature, so a
+    component whose ``delta_kj^2`` exceeds ``_RECENTRE_RATIO`` times the variance it
+    leaves (``Sigma_kjj - reg_covar``; or that variance is not positive) has lost
+    more than 6 of its digits (a tight component whose mean moved far; Chan, Golub and
+    LeVeque 1983 on updating variances). Components without weight are never flagged.
+
+    Parameters
+    ----------
+    stats : SufficientStatistics
+    covariances : ndarray
+        :func:`m_step`'s result for ``stats`` (scikit-learn's shapes).
+    reg_covar : float
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+
+    Returns
+    -------
+    ndarray of shape (K,), bool
+    """
+    nk = stats.nk
+    shift_sq = (stats.sum_x / (nk + 10 * np.finfo(np.float64).eps)[:, None]) ** 2
+    if covariance_type == "full":
+        var = np.diagonal(covariances, axis1=1, axis2=2)
+    elif covariance_type == "tied":
+        var = np.diagonal(covariances)[None, :]
+    elif covariance_type == "diag":
+        var = covariances
+    else:
+        var = covariances[:, None]
+    var = var - reg_covar
+    lost = (shift_sq > _RECENTRE_RATIO * np.maximum(var, 0.0)) & (shift_sq > 0.0)
+    return lost.any(axis=1) & (nk > 0.0)
+
+
 def m_step(stats, centers, reg_covar, covariance_type):
     """Maximisation step from summed sufficient statistics (Bishop eq. 9.24-9.26).
 

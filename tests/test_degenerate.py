@@ -193,3 +193,55 @@ def test_smallest_equals_stable_argsort():
         size = int(rng.integers(0, n + 3))
         np.testing.assert_array_equal(smallest(values, size),
                                       np.argsort(values, kind="stable")[:size])
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_tight_component_whose_mean_moves_far_keeps_its_variance(covariance_type,
+                                                                 schedule):
+    """A component of spread 1e-8 whose mean moves by 1e-2 in one M step: summed
+    around the old mean, its variance (1e-16) is lost to the subtraction of the
+    squared shift (1e-4); emgmm sums that pass again around the new means. Oracle:
+    the two-pass weighted variance of the same responsibilities (scikit-learn's E
+    step from the same start)."""
+    rng = np.random.default_rng(0)
+    X = np.concatenate([5 + 1e-8 * rng.standard_normal(500),
+                        rng.standard_normal(500)])[:, None]
+    precisions = {"full": [[[1e4]], [[1.0]]], "diag": [[1e4], [1.0]],
+                  "spherical": [1e4, 1.0], "tied": [[1.0]]}[covariance_type]
+    kw = dict(n_components=2, covariance_type=covariance_type, reg_covar=1e-20,
+              max_iter=1, tol=0.0, weights_init=np.array([0.5, 0.5]),
+              means_init=np.array([[5.01], [0.0]]), precisions_init=np.array(precisions))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = GaussianMixture(**kw, schedule=schedule).fit(X)
+        sk = SkGaussianMixture(**kw)
+        sk._initialize_parameters(X, np.random.RandomState(0))
+    _, log_resp = sk._e_step(X)
+    resp = np.exp(log_resp)
+    nk = resp.sum(axis=0)
+    means = resp.T @ X / nk[:, None]
+    var = np.array([resp[:, k] @ (X[:, 0] - means[k, 0]) ** 2 / nk[k] for k in range(2)])
+    if covariance_type == "tied":
+        var = np.array([(var * nk).sum() / nk.sum()])
+    var += 1e-20  # reg_covar
+    assert gm.history_[0]["reseeded"] == []
+    np.testing.assert_allclose(np.ravel(gm.covariances_), var, rtol=1e-6)
+    np.testing.assert_allclose(gm.means_, means, rtol=1e-12)
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+def test_components_starving_again_are_kept_and_the_fit_converges(covariance_type):
+    """K close to n: components with less than one sample's weight are re-seeded once;
+    starving again, they are kept (as scikit-learn keeps them), so the fit converges
+    instead of re-seeding on every iteration."""
+    X = np.random.default_rng(0).normal(size=(40, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = GaussianMixture(30, covariance_type=covariance_type, random_state=0,
+                             max_iter=100).fit(X)
+    reseeded = [k for record in gm.history_ for k in record["reseeded"]]
+    assert reseeded, "the case must starve some component"
+    assert len(reseeded) == len(set(reseeded))
+    assert gm.converged_
+    assert_valid_model(gm)
