@@ -1224,23 +1224,23 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
 _RECENTRE_RATIO = 1e6
 
 
-def needs_recentring(stats, covariances, reg_covar, covariance_type):
+def needs_recentring(stats, covariances, covariance_type):
     """Components whose M step cancelled too much: ``(K,)`` bool.
 
     :func:`m_step` forms ``Sigma_k = S_k / N_k - delta_k delta_k^T`` with the shift
     ``delta_k = s_k / N_k`` of the mean from the centre the statistics were summed
     around. Its rounding is about ``u (Sigma_jj + delta_j^2)`` per feature, so a
-    component whose ``delta_kj^2`` exceeds ``_RECENTRE_RATIO`` times the variance it
-    leaves (``Sigma_kjj - reg_covar``; or that variance is not positive) has lost
-    more than 6 of its digits (a tight component whose mean moved far; Chan, Golub and
-    LeVeque 1983 on updating variances). Components without weight are never flagged.
+    component whose ``delta_kj^2`` exceeds ``_RECENTRE_RATIO`` times its variance
+    (``Sigma_kjj`` with ``reg_covar``, the value the model uses; or that is not
+    positive) has lost more than 6 of its digits: a tight component whose mean moved
+    far (Chan, Golub and LeVeque 1983 on updating variances). Components without
+    weight are never flagged.
 
     Parameters
     ----------
     stats : SufficientStatistics
     covariances : ndarray
         :func:`m_step`'s result for ``stats`` (scikit-learn's shapes).
-    reg_covar : float
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
 
     Returns
@@ -1257,7 +1257,6 @@ def needs_recentring(stats, covariances, reg_covar, covariance_type):
         var = covariances
     else:
         var = covariances[:, None]
-    var = var - reg_covar
     lost = (shift_sq > _RECENTRE_RATIO * np.maximum(var, 0.0)) & (shift_sq > 0.0)
     return lost.any(axis=1) & (nk > 0.0)
 

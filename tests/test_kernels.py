@@ -696,3 +696,23 @@ def test_statistics_pickle_round_trip(covariance_type):
 def dataclass_copy(stats):
     """The statistics as a plain tuple (pickled with every entry of sum_xx)."""
     return (stats.nk, stats.sum_x, stats.sum_xx, stats.log_likelihood, stats.n_samples)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_needs_recentring(covariance_type):
+    """Flagged: a component whose squared mean shift is 1e12 times its regularised
+    variance. Not flagged: a one-point component (variance 0 + reg_covar, shift 1e-40),
+    nor a component without weight."""
+    X = np.array([[5.0], [5.0 + 1e-8], [5.0 - 1e-8], [0.0], [3.0]])
+    resp = np.array([[1, 0, 0], [1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 1, 0]], float)
+    centers = np.array([[5.01], [0.0], [7.0]])
+    for reg, flagged in ((1e-20, True), (1e-6, False)):
+        stats = kernels.block_statistics(X, resp, centers, covariance_type)
+        _, _, cov = kernels.m_step(stats, centers, reg, covariance_type)
+        got = kernels.needs_recentring(stats, cov, covariance_type)
+        assert got.shape == (3,)
+        assert got[0] == (flagged and covariance_type != "tied"), reg
+        assert not got[2]  # no weight
+    one_point = kernels.block_statistics(X[3:4], resp[3:4], centers, covariance_type)
+    _, _, cov = kernels.m_step(one_point, centers, 1e-6, covariance_type)
+    assert not kernels.needs_recentring(one_point, cov, covariance_type).any()
