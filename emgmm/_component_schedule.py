@@ -81,7 +81,7 @@ def log_prob_task(source, r0, start, stop, block_size, model, k0, buffer, comput
             log_weights = np.log(model.weights)
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
-            X = source.read(b0, b1).astype(compute_dtype, copy=False)
+            X = source.read(b0, b1, compute_dtype)
             weighted = log_gaussian_prob(X, model.means, model.precisions_cholesky,
                                          model.covariance_type, model.weights)
             weighted += log_weights
@@ -133,7 +133,7 @@ def component_statistics_task(source, r0, start, stop, block_size, model, k0, bu
         total = None
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
-            X = source.read(b0, b1).astype(compute_dtype, copy=False)
+            X = source.read(b0, b1, compute_dtype)
             resp = np.exp(buf[b0 - r0:b1 - r0, k0:k1])
             stats = block_statistics(X, resp, centers, model.covariance_type,
                                      resp_threshold)

@@ -124,7 +124,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
         total, worst = None, Worst(n_worst)
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
-            X = source.read(b0, b1).astype(compute_dtype, copy=False)
+            X = source.read(b0, b1, compute_dtype)
             # 'diag'/'spherical': the centred block of the E step serves the M step
             products = (centred_products(X, model.means, model.weights)
                         if model.covariance_type in ("diag", "spherical") else None)
@@ -153,7 +153,7 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
         labels = np.empty(stop - start, dtype=np.int64) if want_labels else None
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
-            X = source.read(b0, b1).astype(compute_dtype, copy=False)
+            X = source.read(b0, b1, compute_dtype)
             log_prob_norm, log_resp = estimate_log_prob_resp(
                 X, model.weights, model.means, model.precisions_cholesky,
                 model.covariance_type, SCORE_MARGIN, model.prepare(compute_dtype),

@@ -106,29 +106,35 @@ class Source:
     def _read(self, start, stop):
         raise NotImplementedError
 
-    def read(self, start, stop):
+    def read(self, start, stop, dtype=None):
         """Rows ``start:stop`` as a float array, checked for NaN and infinity.
 
         Parameters
         ----------
         start, stop : int
+        dtype : numpy dtype or None, default=None
+            float32 or float64 to cast to (``None``: :attr:`compute_dtype`).
 
         Returns
         -------
         block : ndarray of shape (stop - start, n_features)
-            float32 or float64 (:attr:`compute_dtype`); integer and boolean data are
-            cast. Never a writable view of the user's data.
+            Of ``dtype``; integer and boolean data are cast. Never a writable view of
+            the user's data.
 
         Raises
         ------
         ValueError
-            If the block holds NaN or infinity (names the row and column); not checked
-        again when :attr:`known_finite`.
+            If the block holds NaN or infinity, also one that the cast made (a value
+            beyond float32's range); names the row and column. A source that is
+            :attr:`known_finite` is checked only after a cast.
         """
+        dtype = self.compute_dtype if dtype is None else dtype
         block = np.asarray(self._read(start, stop))
-        if block.dtype != self.compute_dtype:
-            block = block.astype(self.compute_dtype)
-        if not self.known_finite:
+        cast = block.dtype != dtype
+        if cast:
+            with np.errstate(over="ignore"):  # found just below, by row and column
+                block = block.astype(dtype)
+        if cast or not self.known_finite:
             check_block_finite(block, start, self.description)
         return block
 

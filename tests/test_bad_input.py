@@ -105,6 +105,22 @@ def test_nonfinite_in_memory_named_by_row_and_column(fitted, value, dtype):
         check_refused(fitted, method, X, ValueError, match)
 
 
+@pytest.mark.parametrize("kind", ["ndarray", "npy"])
+def test_value_beyond_float32_with_float32_compute(make_sources, kind):
+    """float64 data with compute_dtype='float32': a value the cast turns into
+    infinity is refused by row and column, not fitted into a broken model."""
+    X = good_data()
+    X[123, 1] = 1e39
+    obj = X if kind == "ndarray" else make_sources.one(X, kind).obj
+    gm = GaussianMixture(2, random_state=0, compute_dtype="float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no overflow warning either
+        with pytest.raises(ValueError, match=r"too large for dtype\('float32'\).*row 123, "
+                                             r"column 1"):
+            gm.fit(obj)
+    assert not hasattr(gm, "weights_")
+
+
 # ------------------------------------------------------------- wrong dtypes
 
 
