@@ -348,7 +348,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
                                        compute_dtype, resp_threshold, n_worst)
         prev, lower_bound = lower_bound, stats.log_likelihood / n_samples
         weights, means, covariances = m_step(stats, model.means, reg_covar, ct)
-        if needs_recentring(stats, covariances, ct).any():
+        if needs_recentring(stats, means, covariances, ct).any():
             # a tight component moved far from its centre: the same responsibilities
             # summed again around the new means (one more pass, rarely needed)
             stats, _ = statistics_pass(executor, tasks, block_size, model,

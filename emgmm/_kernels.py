@@ -1224,22 +1224,23 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
 _RECENTRE_RATIO = 1e6
 
 
-def needs_recentring(stats, covariances, covariance_type):
+def needs_recentring(stats, means, covariances, covariance_type):
     """Components whose M step cancelled too much: ``(K,)`` bool.
 
     :func:`m_step` forms ``Sigma_k = S_k / N_k - delta_k delta_k^T`` with the shift
     ``delta_k = s_k / N_k`` of the mean from the centre the statistics were summed
-    around. Its rounding is about ``u (Sigma_jj + delta_j^2)`` per feature, so a
-    component whose ``delta_kj^2`` exceeds ``_RECENTRE_RATIO`` times its variance
-    (``Sigma_kjj`` with ``reg_covar``, the value the model uses; or that is not
-    positive) has lost more than 6 of its digits: a tight component whose mean moved
-    far (Chan, Golub and LeVeque 1983 on updating variances). Components without
-    weight are never flagged.
+    around. Its rounding is about ``u (Sigma_jj + delta_j^2)`` per feature, plus
+    ``2 |delta_j| e_j`` from the rounding ``e_j ~ u |mu_j|`` of the shift itself (its
+    sum runs over uncentred rows). A component where ``delta_kj^2 + 2 |delta_kj|
+    |mu_kj|`` exceeds ``_RECENTRE_RATIO`` times its variance (``Sigma_kjj`` with
+    ``reg_covar``, the value the model uses; or that is not positive) may have lost
+    more than 6 of its digits: a tight component whose mean moved far (Chan, Golub and
+    LeVeque 1983 on updating variances). Components without weight are never flagged.
 
     Parameters
     ----------
     stats : SufficientStatistics
-    covariances : ndarray
+    means, covariances : ndarray
         :func:`m_step`'s result for ``stats`` (scikit-learn's shapes).
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
 
@@ -1248,7 +1249,8 @@ def needs_recentring(stats, covariances, covariance_type):
     ndarray of shape (K,), bool
     """
     nk = stats.nk
-    shift_sq = (stats.sum_x / (nk + 10 * np.finfo(np.float64).eps)[:, None]) ** 2
+    shift = np.abs(stats.sum_x / (nk + 10 * np.finfo(np.float64).eps)[:, None])
+    moved = shift * (shift + 2.0 * np.abs(means))
     if covariance_type == "full":
         var = np.diagonal(covariances, axis1=1, axis2=2)
     elif covariance_type == "tied":
@@ -1257,7 +1259,7 @@ def needs_recentring(stats, covariances, covariance_type):
         var = covariances
     else:
         var = covariances[:, None]
-    lost = (shift_sq > _RECENTRE_RATIO * np.maximum(var, 0.0)) & (shift_sq > 0.0)
+    lost = (moved > _RECENTRE_RATIO * np.maximum(var, 0.0)) & (moved > 0.0)
     return lost.any(axis=1) & (nk > 0.0)
 
 

@@ -195,23 +195,32 @@ def test_smallest_equals_stable_argsort():
                                       np.argsort(values, kind="stable")[:size])
 
 
+@pytest.mark.parametrize("case", ["shift 1e-2, reg 1e-20", "at 1000, shift 1, reg 1e-6"])
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_tight_component_whose_mean_moves_far_keeps_its_variance(covariance_type,
-                                                                 schedule):
+                                                                 schedule, case):
     """A component of spread 1e-8 whose mean moves by 1e-2 in one M step: summed
     around the old mean, its variance (1e-16) is lost to the subtraction of the
-    squared shift (1e-4); emgmm sums that pass again around the new means. Oracle:
-    the two-pass weighted variance of the same responsibilities (scikit-learn's E
-    step from the same start)."""
+    squared shift (1e-4); or one at 1000 whose mean moves by 0.99, where the rounding
+    of the shift itself (~1e-13) costs the regularised variance (1e-6) its digits.
+    emgmm sums that pass again around the new means. Oracle: the two-pass weighted
+    variance of the same responsibilities (scikit-learn's E step from the same
+    start)."""
     rng = np.random.default_rng(0)
-    X = np.concatenate([5 + 1e-8 * rng.standard_normal(500),
-                        rng.standard_normal(500)])[:, None]
-    precisions = {"full": [[[1e4]], [[1.0]]], "diag": [[1e4], [1.0]],
-                  "spherical": [1e4, 1.0], "tied": [[1.0]]}[covariance_type]
-    kw = dict(n_components=2, covariance_type=covariance_type, reg_covar=1e-20,
-              max_iter=1, tol=0.0, weights_init=np.array([0.5, 0.5]),
-              means_init=np.array([[5.01], [0.0]]), precisions_init=np.array(precisions))
+    if case.startswith("shift"):
+        X = np.concatenate([5 + 1e-8 * rng.standard_normal(500),
+                            rng.standard_normal(500)])[:, None]
+        weights, means, reg, prec = [0.5, 0.5], [[5.01], [0.0]], 1e-20, 1e4
+    else:
+        X = np.concatenate([1000 + 1e-8 * rng.standard_normal(300),
+                            rng.standard_normal(300)])[:, None]
+        weights, means, reg, prec = [0.1, 0.9], [[1000.99], [0.0]], 1e-6, 1.0
+    precisions = {"full": [[[prec]], [[1.0]]], "diag": [[prec], [1.0]],
+                  "spherical": [prec, 1.0], "tied": [[1.0]]}[covariance_type]
+    kw = dict(n_components=2, covariance_type=covariance_type, reg_covar=reg,
+              max_iter=1, tol=0.0, weights_init=np.array(weights),
+              means_init=np.array(means), precisions_init=np.array(precisions))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gm = GaussianMixture(**kw, schedule=schedule).fit(X)
@@ -224,10 +233,11 @@ def test_tight_component_whose_mean_moves_far_keeps_its_variance(covariance_type
     var = np.array([resp[:, k] @ (X[:, 0] - means[k, 0]) ** 2 / nk[k] for k in range(2)])
     if covariance_type == "tied":
         var = np.array([(var * nk).sum() / nk.sum()])
-    var += 1e-20  # reg_covar
+    var += reg
     assert gm.history_[0]["reseeded"] == []
-    np.testing.assert_allclose(np.ravel(gm.covariances_), var, rtol=1e-6)
-    np.testing.assert_allclose(gm.means_, means, rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(gm.covariances_), var, rtol=1e-6 if reg < 1e-6
+                               else 1e-9)
+    np.testing.assert_allclose(gm.means_, means, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("covariance_type", ["diag", "spherical"])

@@ -708,11 +708,11 @@ def test_needs_recentring(covariance_type):
     centers = np.array([[5.01], [0.0], [7.0]])
     for reg, flagged in ((1e-20, True), (1e-6, False)):
         stats = kernels.block_statistics(X, resp, centers, covariance_type)
-        _, _, cov = kernels.m_step(stats, centers, reg, covariance_type)
-        got = kernels.needs_recentring(stats, cov, covariance_type)
+        _, means, cov = kernels.m_step(stats, centers, reg, covariance_type)
+        got = kernels.needs_recentring(stats, means, cov, covariance_type)
         assert got.shape == (3,)
         assert got[0] == (flagged and covariance_type != "tied"), reg
         assert not got[2]  # no weight
     one_point = kernels.block_statistics(X[3:4], resp[3:4], centers, covariance_type)
-    _, _, cov = kernels.m_step(one_point, centers, 1e-6, covariance_type)
-    assert not kernels.needs_recentring(one_point, cov, covariance_type).any()
+    _, means, cov = kernels.m_step(one_point, centers, 1e-6, covariance_type)
+    assert not kernels.needs_recentring(one_point, means, cov, covariance_type).any()
