@@ -24,10 +24,14 @@ import os
 import shutil
 
 import numpy as np
-from scipy.special import logsumexp
 
-from ._em import Model, Worst
-from ._kernels import SufficientStatistics, block_statistics, log_gaussian_prob
+from ._em import Model, Worst, smallest
+from ._kernels import (
+    SufficientStatistics,
+    _logsumexp_rows,
+    block_statistics,
+    log_gaussian_prob,
+)
 from ._memory import buffer_rows, component_slices, range_pieces
 from ._parallel import joblib_temp_folder, limit_blas, make_temp_folder
 
@@ -107,13 +111,13 @@ def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, *, blas
     for b0 in range(start, stop, block_size):
         b1 = min(b0 + block_size, stop)
         weighted = np.array(buf[b0 - r0:b1 - r0])
-        log_prob_norm = logsumexp(weighted, axis=1)
+        log_prob_norm = _logsumexp_rows(weighted)
         with np.errstate(under="ignore", invalid="ignore"):
             weighted -= log_prob_norm[:, np.newaxis]
         buf[b0 - r0:b1 - r0] = weighted
         sums.append(float(log_prob_norm.sum()))
         if n_worst:
-            keep = np.argsort(log_prob_norm, kind="stable")[:n_worst]
+            keep = smallest(log_prob_norm, n_worst)
             values = np.concatenate([values, log_prob_norm[keep]])
             rows = np.concatenate([rows, b0 + keep])
             order = np.lexsort((rows, values))[:n_worst]
