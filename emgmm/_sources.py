@@ -195,13 +195,14 @@ class ArraySource(Source):
         If ``array`` holds NaN or infinity (names the row and column).
     """
 
+    known_finite = True
+
     def __init__(self, array, description="X"):
         check_block_finite(array, 0, description)
         self.array = array
         self.shape = array.shape
         self.dtype = array.dtype
         self.description = description
-        self.known_finite = True
 
     def _read(self, start, stop):
         block = self.array[start:stop]
