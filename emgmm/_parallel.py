@@ -21,7 +21,7 @@ import numpy as np
 from joblib import Parallel, cpu_count, delayed, effective_n_jobs
 from joblib._parallel_backends import LokyBackend, MultiprocessingBackend
 from joblib.parallel import get_active_backend
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import ThreadpoolController, threadpool_info, threadpool_limits
 
 from ._sources import ArraySource, MemmapSource
 
@@ -170,9 +170,11 @@ class Executor:
     default, threads, or dask). With process workers an in-memory array is written
     once to the temporary folder (:func:`dump_array`); file-backed sources travel as
     their description. BLAS threads: each process worker limits itself to
-    ``blas_threads`` while it runs a task; with thread workers the limit is set once
-    for this process while the executor is open (threadpoolctl limits are
-    process-wide, so per-thread limits would race).
+    ``blas_threads`` while it runs a task. While the executor is open, this process
+    is limited too, to ``blas_threads`` (one BLAS thread with row threads): thread
+    workers share its limit (threadpoolctl limits are process-wide, so per-thread
+    limits would race), and its own calls between passes must not leave spinning
+    BLAS threads on the workers' cores.
 
     Parameters
     ----------
@@ -250,9 +252,6 @@ class Executor:
                     self._folder, self.worker_source = dump_array(
                         self.source.array, joblib_temp_folder()
                     )
-                if self.uses_threads:
-                    self._limits = threadpool_limits(limits=self.blas_threads,
-                                                     user_api="blas")
                 # results stream back in order; backends that cannot stream
                 # (multiprocessing) return the list
                 streams = getattr(backend, "supports_return_generator", False)
@@ -262,6 +261,15 @@ class Executor:
             except BaseException:
                 self.__exit__(None, None, None)
                 raise
+        if self.n_workers > 1 or self.row_threads:
+            # Tasks run concurrently. In threads of this process the limit is theirs
+            # (threadpoolctl limits are process-wide: per-thread limits would race).
+            # Either way it also holds this process's own BLAS calls between passes
+            # (the M step) to one task's share: OpenBLAS threads spin for ~0.1 s
+            # after each multi-threaded call and would take the cores that the
+            # next pass's tasks run on.
+            self._limits = threadpool_limits(
+                limits=1 if self.row_threads else self.blas_threads, user_api="blas")
         return self
 
     def map(self, func, task_args):
@@ -295,13 +303,12 @@ class Executor:
 
     def _threaded(self, func, task_args):
         """The tasks in ``row_threads`` threads of this process, one BLAS thread each
-        (threadpoolctl limits are process-wide: set once around the whole map)."""
-        with threadpool_limits(limits=1, user_api="blas"):
-            yield from Parallel(n_jobs=self.row_threads, backend="threading",
-                                return_as="generator")(
-                delayed(func)(self.worker_source, *args, blas_threads=None)
-                for args in task_args
-            )
+        (the limit is set for the whole process while the executor is open)."""
+        return Parallel(n_jobs=self.row_threads, backend="threading",
+                        return_as="generator")(
+            delayed(func)(self.worker_source, *args, blas_threads=None)
+            for args in task_args
+        )
 
     def _reported(self, results, total):
         """Yield ``results``, calling ``on_task(done, total)`` after each one."""
@@ -366,9 +373,21 @@ class Executor:
             self._folder = None
 
 
+# (pid, ThreadpoolController) of this process: finding the loaded libraries costs
+# ~1 ms (dl_iterate_phdr over every shared object), which each task would pay again.
+_CONTROLLER = None
+
+
 def limit_blas(blas_threads):
-    """Context that limits BLAS threads in a worker (a no-op in process)."""
+    """Context that limits BLAS threads in a worker (a no-op in process).
+
+    The BLAS libraries are looked up once per process, at the first call: the task
+    modules have imported numpy and scipy by then.
+    """
+    global _CONTROLLER
     if blas_threads is None:
         return nullcontext()
-    return threadpool_limits(limits=blas_threads, user_api="blas")
+    if _CONTROLLER is None or _CONTROLLER[0] != os.getpid():
+        _CONTROLLER = (os.getpid(), ThreadpoolController())
+    return _CONTROLLER[1].limit(limits=blas_threads, user_api="blas")
 

@@ -321,6 +321,25 @@ def test_row_threads_equal_serial_bitwise(X, covariance_type, monkeypatch):
     assert_same_state(threaded, serial)
 
 
+@pytest.mark.parametrize("n_jobs", [2, None])
+def test_own_blas_calls_limited_while_tasks_run_concurrently(X, n_jobs, monkeypatch):
+    """While workers (n_jobs=2) or row threads (n_jobs=None) run the passes, the
+    fitting process's own BLAS calls between passes (M step) use one task's share of
+    the cores; the user's limit is back after the fit."""
+    from threadpoolctl import threadpool_limits
+
+    monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
+    seen = []
+    with threadpool_limits(limits=2, user_api="blas"):
+        fit(X, n_jobs=n_jobs,
+            callback=lambda record: seen.append(parallel.blas_thread_count()))
+        after = parallel.blas_thread_count()
+    share = 1 if n_jobs is None else max(1, joblib.cpu_count() // 2)
+    if joblib.cpu_count() > 1:
+        assert seen and set(seen) == {share}
+    assert after == 2
+
+
 def test_row_threads_only_for_enough_work_and_small_statistics():
     assert memory.row_threads_worthwhile(100_000, 8, 200, 64, "full")
     assert memory.row_threads_worthwhile(1_000_000, 64, 64, 64, "diag")
