@@ -11,7 +11,8 @@ every ``n_jobs``):
    n_jobs=2 get ``cores // 2 = 1``). Wall time of ``fit``; the ratio
    ``t(n_jobs=1) / t(n_jobs=2)`` is the parallel speed-up (target >= 1.7 on 2 cores).
    The component-sharded schedule and scikit-learn (one BLAS thread) are timed on the
-   same fit for reference.
+   same fit for reference. ``--repeats R`` times ``R`` alternating pairs and
+   reports the ratio of the median times (and each pair's ratio).
 2. ``default``: the same fit with default settings (no thread limit: n_jobs=1 lets
    BLAS use every core). Target: n_jobs=2 no slower than n_jobs=1. Also timed:
    ``n_jobs=None``, which runs the row blocks in threads of one process.
@@ -221,6 +222,9 @@ def main():
     ap.add_argument("--tol", type=float, default=0.0,
                     help="tol of parts 1-2: 0 runs exactly --iters iterations; "
                          "e.g. 1e-3 (scikit-learn's default) fits to convergence")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="alternating n_jobs=1 / n_jobs=2 pairs of part 1 (the "
+                         "summary uses the median time of each)")
     ap.add_argument("--mem-iters", type=int, default=2)
     ap.add_argument("--mem-cov", default="full")
     ap.add_argument("--mem-working-memory", type=float, default=None,
@@ -269,10 +273,17 @@ def main():
 
     s = report["summary"]
     if "blas1" in parts:
-        t1 = timed("blas1 n_jobs=1", n_jobs=1, blas=1)
-        t2 = timed("blas1 n_jobs=2", n_jobs=2, blas=1)
+        # alternating pairs, so that a change of the shared machine's load falls on
+        # both; the summary takes the median of each
+        pairs = [(timed(f"blas1 n_jobs=1 #{r}", n_jobs=1, blas=1),
+                  timed(f"blas1 n_jobs=2 #{r}", n_jobs=2, blas=1))
+                 for r in range(args.repeats)]
+        t1, t2 = (float(np.median(times)) for times in zip(*pairs))
         tc = timed("blas1 n_jobs=2 components", n_jobs=2, blas=1, schedule="components")
+        s["blas1_median_seconds_n_jobs_1"] = t1
+        s["blas1_median_seconds_n_jobs_2"] = t2
         s["blas1_speedup_n_jobs_1_over_2"] = t1 / t2
+        s["blas1_speedup_each_pair"] = [a / b for a, b in pairs]
         s["blas1_components_n_jobs_2_speedup_vs_rows_n_jobs_1"] = t1 / tc
         if not args.no_sklearn:
             ts = timed("blas1 sklearn", engine="sklearn", n_jobs=None, blas=1)
