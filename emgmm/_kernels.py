@@ -345,32 +345,41 @@ def _packed_weights(precisions, means_shifted):
     return W
 
 
-def _packed_chunks(X, g):
+def _packed_chunks(X, g, dtype=np.float64):
     """Yield ``(r0, r1, y, P)`` over cache-sized row chunks of ``X``: ``y = x - g`` and
-    its packed products ``P = [y_j y_l (j <= l), y, 1]`` (work buffers, reused)."""
+    its packed products ``P = [y_j y_l (j <= l), y, 1]`` (work buffers of ``dtype``,
+    reused)."""
     n, d = X.shape
     cols = d * (d + 1) // 2 + d + 1
-    rows = _chunk_rows(cols, 8, n)
-    P = np.empty((rows, cols))
-    Y = np.empty((rows, d))
+    rows = _chunk_rows(cols, np.dtype(dtype).itemsize, n)
+    P = np.empty((rows, cols), dtype=dtype)
+    Y = np.empty((rows, d), dtype=dtype)
+    g = np.asarray(g, dtype=dtype)
     for r0 in range(0, n, rows):
         r1 = min(r0 + rows, n)
         m = r1 - r0
-        np.subtract(X[r0:r1], g, out=Y[:m])
+        np.subtract(X[r0:r1], g, out=Y[:m], casting="same_kind")
         yield r0, r1, Y[:m], _packed_products(Y[:m], P[:m])
 
 
 def _full_maha_packed(X, g, W, out, y_norm=None):
-    """Squared Mahalanobis distances by one GEMM per row chunk (float64 only).
+    """Squared Mahalanobis distances by one GEMM per row chunk, in the dtype of ``W``.
 
     The packed products of a chunk (:func:`_packed_chunks`) times ``W``
     (:func:`_packed_weights`): ``n K d^2`` flops, half of a dense ``(x - mu) U`` per
-    component. ``y_norm``, if given, receives ``||x - g||`` per row.
+    component. ``out`` is float64; a float32 ``W`` runs float32 GEMMs into a chunk
+    buffer. ``y_norm``, if given, receives ``||x - g||`` per row (float64).
     """
-    for r0, r1, y, P in _packed_chunks(X, g):
-        np.matmul(P, W, out=out[r0:r1])
+    chunk = None
+    for r0, r1, y, P in _packed_chunks(X, g, W.dtype):
+        if W.dtype == out.dtype:
+            np.matmul(P, W, out=out[r0:r1])
+        else:
+            if chunk is None:
+                chunk = np.empty((P.shape[0], W.shape[1]), dtype=W.dtype)
+            out[r0:r1] = np.matmul(P, W, out=chunk[:r1 - r0])
         if y_norm is not None:
-            np.sqrt(np.einsum("ij,ij->i", y, y), out=y_norm[r0:r1])
+            np.sqrt(np.einsum("ij,ij->i", y, y, dtype=np.float64), out=y_norm[r0:r1])
     np.maximum(out, 0.0, out=out)
     return out
 
@@ -609,15 +618,20 @@ _REFINE_MAX_DENSITY = 0.3
 class PackedEstimate:
     """Packed estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` and its error bounds.
 
-    The estimate is :func:`_full_maha_packed` around the mixture mean ``g``. Its
-    rounding error is, to first order in the unit roundoff ``u``, at most
+    The estimate is :func:`_full_maha_packed` around the mixture mean ``g``, in
+    float64, or in float32 for float32 compute (``dtype``: float32 products and GEMM,
+    about twice the rate; ``g`` is then rounded to float32 first so that ``x - g`` and
+    ``mu_k - g`` use the same shift). Its
+    rounding error is, to first order in the unit roundoff ``u`` of ``dtype``, at most
     ``gamma_m rho_k (||y|| + ||m_k||)^2`` with ``y = x - g``, ``m_k = mu_k - g``,
     ``gamma_m = m u / (1 - m u)``, ``m = T + d + 3`` (``T = d (d+1)/2 + d + 1``
     products in the dot product, Higham, *Accuracy and Stability of Numerical
     Algorithms*, 2002, eq. 3.5, plus the roundings of ``y``, of the products and of
-    ``Lambda_k = U_k U_k^T``) and ``rho_k = max_j (|U_k| |U_k|^T 1)_j``, which bounds
+    ``Lambda_k = U_k U_k^T``; one more for float32, whose weights are rounded from
+    float64) and ``rho_k = max_j (|U_k| |U_k|^T 1)_j``, which bounds
     the spectral norm of ``|U_k| |U_k|^T >= |Lambda_k|`` (elementwise). Half of it
-    bounds the error in ``log N``.
+    bounds the error in ``log N``. The pairs recomputed by :meth:`refine` are
+    computed in float64 whatever ``dtype`` is.
 
     A dataclass of arrays, so that a pass can build it once and share it with its
     workers (:meth:`build`).
@@ -633,24 +647,26 @@ class PackedEstimate:
     offset: np.ndarray
 
     @classmethod
-    def build(cls, weights, means, precisions_cholesky):
-        """The estimate's work on the model: ``K d^3`` flops for the precisions."""
+    def build(cls, weights, means, precisions_cholesky, dtype=np.float64):
+        """The estimate's work on the model: ``K d^3`` flops for the precisions.
+        ``dtype`` (float64 or float32) is that of the estimate's products."""
+        dtype = np.dtype(dtype)
         means = np.asarray(means, dtype=np.float64)
         u = np.asarray(precisions_cholesky, dtype=np.float64)
         K, d = means.shape
-        g = _shift(means, weights)
+        g = _shift(means, weights).astype(dtype).astype(np.float64)
         means_shifted = means - g
         precisions = np.matmul(u, np.swapaxes(u, 1, 2))
-        m = d * (d + 1) // 2 + 2 * d + 4
-        unit = np.finfo(np.float64).eps / 2
+        m = d * (d + 1) // 2 + 2 * d + 4 + (dtype != np.float64)
+        unit = np.finfo(dtype).eps / 2
         gamma = m * unit / (1.0 - m * unit)
         abs_u = np.abs(u)
         rho = np.matmul(abs_u, abs_u.sum(axis=1)[:, :, None])[:, :, 0].max(axis=1)
         with np.errstate(divide="ignore"):
             offset = (np.log(np.asarray(weights, dtype=np.float64))
                       + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
-        return cls(np.dtype(np.float64).str, means, u, g,
-                   _packed_weights(precisions, means_shifted),
+        return cls(dtype.str, means, u, g,
+                   _packed_weights(precisions, means_shifted).astype(dtype),
                    0.5 * gamma * rho,
                    np.linalg.norm(means_shifted, axis=1), offset)
 
@@ -714,7 +730,7 @@ class PackedEstimate:
         bounds = np.searchsorted(comps, np.arange(K + 1))
         for k in np.flatnonzero(np.diff(bounds)):
             rows = idx[bounds[k]:bounds[k + 1]]
-            z = np.take(X, rows, axis=0)
+            z = np.take(X, rows, axis=0).astype(np.float64, copy=False)
             z -= self.means[k]
             z = z @ self.u[k]
             weighted[rows, k] = self.offset[k] - 0.5 * np.einsum("ij,ij->i", z, z)
@@ -724,13 +740,18 @@ class PackedEstimate:
 def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype):
     """Work on the model that every block of a pass shares, or ``None``.
 
-    For 'full' float64 with packed products (small ``d``), the
-    :class:`PackedEstimate` (``K d^3`` flops) that :func:`estimate_log_prob_resp`
-    otherwise builds per call.
+    For 'full' with packed products (small ``d``), the :class:`PackedEstimate`
+    (``K d^3`` flops) in ``dtype`` (float64 or float32) that
+    :func:`estimate_log_prob_resp` otherwise builds per call.
     """
     K, d = np.shape(means)
-    if covariance_type == "full" and np.dtype(dtype) == np.float64 and _use_packed(d, K):
-        return PackedEstimate.build(weights, means, precisions_cholesky)
+    if covariance_type == "full" and _use_packed(d, K):
+        with np.errstate(over="ignore", invalid="ignore"):
+            prepared = PackedEstimate.build(weights, means, precisions_cholesky, dtype)
+        # a model beyond the range of float32 has no float32 estimate (the plain
+        # path then meets, and names, the data that put it there)
+        if np.isfinite(prepared.W).all() and np.isfinite(prepared.g).all():
+            return prepared
     return None
 
 
@@ -747,7 +768,8 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     margin : float or None, default=None
         ``None``: every entry is exact. A number (see :func:`relevance_margin`): for
-        'full' float64 data, 'diag' and 'spherical', only the pairs within ``margin``
+        'full' (float32 too: the estimate in float32, the pairs that matter
+        recomputed in float64), 'diag' and 'spherical', only the pairs within ``margin``
         nats of their row's best component are computed exactly; the others are
         estimated to within a (first-order) rounding-error bound and have
         ``r_ik < exp(-margin)`` (see :meth:`PackedEstimate.weighted_refined`).

@@ -1,4 +1,4 @@
-"""The relevance-refined E step of 'full' float64 (``estimate_log_prob_resp(margin=)``).
+"""The relevance-refined E step of 'full' (``estimate_log_prob_resp(margin=)``).
 
 Oracles: the definition ``log w_k + sum_j log U_k[j, j] - d/2 log(2 pi) - 1/2
 ||(x - mu_k) U_k||^2`` evaluated in extended precision (``np.longdouble``, no BLAS),
@@ -12,6 +12,8 @@ well conditioned; ``scipy.special.logsumexp``. The contract under test:
   is below ``exp(-margin)`` up to that bound;
 * the packed estimate's error never exceeds the bound the kernel uses to decide.
 """
+
+import warnings
 
 import numpy as np
 import pytest
@@ -139,24 +141,54 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
 
 
 @needs_extended
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_packed_estimate_error_within_its_bound(case):
-    """|estimate - exact| <= the bound ``to_refine`` relies on, for every pair."""
+def test_packed_estimate_error_within_its_bound(case, dtype):
+    """|estimate - exact| <= the bound ``to_refine`` relies on, for every pair; in
+    float32 the oracle is the definition on the float32 data."""
     rng = np.random.default_rng(11)
     c = CASES[case]
     weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
                                         c["offset"])
-    X = sample(rng, weights, means, U, 1500)
-    est = kernels.PackedEstimate.build(weights, means, U)
+    X = sample(rng, weights, means, U, 1500).astype(dtype)
+    est = kernels.PackedEstimate.build(weights, means, U, dtype)
+    assert est.W.dtype == dtype
     y_norm = np.empty(len(X))
     approx = est.weighted(X, np.empty((len(X), len(means))), y_norm)
+    X = X.astype(np.float64)
     exact = oracle_weighted(X, weights, means, U)
     y = np.linalg.norm(X - est.g, axis=1)
-    assert_allclose(y_norm, y, rtol=1e-13)
+    assert_allclose(y_norm, y, rtol=100 * np.finfo(dtype).eps)
     bound = est.half_rho * (y[:, None] + est.m_norm) ** 2
     # the oracle itself carries float64 rounding: allow its own size on top
     slack = 1e-12 * np.abs(exact)
     assert np.all(np.abs(approx - exact) <= bound + slack)
+
+
+@needs_extended
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_float32_refined_estep_matches_oracle_where_it_matters(case):
+    """float32 compute: the estimate runs in float32, the pairs that matter are
+    recomputed in float64, so they equal the definition on the float32 data."""
+    rng = np.random.default_rng(7)
+    c = CASES[case]
+    weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
+                                        c["offset"])
+    X32 = sample(rng, weights, means, U, 3000).astype(np.float32)
+    margin = kernels.relevance_margin(1e-20)
+    est = kernels.PackedEstimate.build(weights, means, U, np.float32)
+    refined = est.weighted_refined(X32, margin)
+    assert refined is not None  # the probe keeps the packed path
+    weighted = oracle_weighted(X32.astype(np.float64), weights, means, U)
+    exp_norm = logsumexp(weighted, axis=1)
+    exp_resp = weighted - exp_norm[:, None]
+    log_norm, log_resp = kernels.estimate_log_prob_resp(X32, weights, means, U, "full",
+                                                        margin, est)
+    near = exp_resp > -margin + 1.0
+    assert_allclose(refined[near], weighted[near], rtol=1e-12, atol=1e-9)
+    assert_allclose(log_norm, exp_norm, rtol=1e-11, atol=1e-9)
+    assert_allclose(log_resp[near], exp_resp[near], rtol=1e-9, atol=1e-8)
+    assert np.all(log_resp[exp_resp < -margin - 1.0] < -margin + 1.0)
 
 
 def test_refined_statistics_equal_exact_ones():
@@ -173,6 +205,30 @@ def test_refined_statistics_equal_exact_ones():
     assert_allclose(fast.lower_bounds_, exact.lower_bounds_, rtol=1e-12)
     assert_allclose(fast.means_, exact.means_, rtol=1e-10, atol=1e-10)
     assert_allclose(fast.covariances_, exact.covariances_, rtol=1e-9, atol=1e-12)
+
+
+def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data():
+    """compute_dtype='float32' changes only the data's rounding: its fit equals the
+    float64 fit of the float32-rounded data, and its held-out score is within 1e-5
+    relative of the float64 fit's."""
+    from emgmm import GaussianMixture
+
+    rng = np.random.default_rng(5)
+    weights, means, U = separated_model(rng, 20, 8, 5.0, 30.0)
+    X = sample(rng, weights, means, U, 4000)
+    X_test = sample(rng, weights, means, U, 2000)
+    kw = dict(n_components=20, covariance_type="full", max_iter=5, tol=0.0,
+              weights_init=weights, means_init=means,
+              precisions_init=np.matmul(U, np.swapaxes(U, 1, 2)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+        f32 = GaussianMixture(**kw, compute_dtype="float32").fit(X)
+        rounded = GaussianMixture(**kw).fit(X.astype(np.float32).astype(np.float64))
+        f64 = GaussianMixture(**kw).fit(X)
+    assert_allclose(f32.lower_bounds_, rounded.lower_bounds_, rtol=1e-11)
+    assert_allclose(f32.means_, rounded.means_, rtol=0, atol=1e-9)
+    assert_allclose(f32.covariances_, rounded.covariances_, rtol=0, atol=1e-9)
+    assert_allclose(f32.score(X_test), f64.score(X_test), rtol=1e-5)
 
 
 def test_relevance_margin():
