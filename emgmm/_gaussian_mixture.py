@@ -117,8 +117,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     init_max_samples : int, default=100_000
         Rows in the initialisation subsample.
     compute_dtype : {'float32', 'float64'} or None, default=None
-        Dtype of the heavy products of the E step and of the 'full' statistics.
-        ``None`` follows the data (float32 data computes in float32). Sums are
+        Dtype of the heavy products of the E step (for 'full': the packed estimate of
+        every pair, or the plain path's products). ``None`` follows the data
+        (float32 data computes in float32). The pairs that may reach
+        ``resp_threshold`` are recomputed in float64 when the packed estimate is
+        used, the M-step statistics are computed in float64, and sums are
         accumulated in float64 in every case.
     resp_threshold : float, default=1e-20
         For 'full', pairs (row, component) whose responsibility is at most this are
