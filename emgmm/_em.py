@@ -54,14 +54,17 @@ class Model:
     precisions_cholesky: np.ndarray
     covariance_type: str
     prepared: object = field(default=None, repr=False, compare=False)
+    prepared_for: str = field(default=None, repr=False, compare=False)
 
     def prepare(self, compute_dtype):
-        """:func:`~emgmm._kernels.prepare_log_prob` for ``compute_dtype``, kept."""
+        """:func:`~emgmm._kernels.prepare_log_prob` for ``compute_dtype``, kept (also
+        when it is ``None``)."""
         key = np.dtype(compute_dtype).str
-        if self.prepared is None or self.prepared.dtype != key:
+        if self.prepared_for != key:
             self.prepared = prepare_log_prob(self.weights, self.means,
                                              self.precisions_cholesky,
                                              self.covariance_type, compute_dtype)
+            self.prepared_for = key
         return self.prepared
 
 

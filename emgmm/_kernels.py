@@ -345,6 +345,21 @@ def _packed_weights(precisions, means_shifted):
     return W
 
 
+def _representable(W, dtype):
+    """Whether the float64 packed weights ``W`` keep the error bound of
+    :class:`PackedEstimate` in ``dtype``: finite, and every nonzero entry a normal
+    number of ``dtype`` (below that, rounding is absolute, not relative) and at most
+    ``max * eps`` (so that a product underflowing to zero, off by at most
+    ``tiny * u``, moves a term by less than 1e-13). A model beyond float32's range
+    then has no float32 estimate; the plain path meets, and names, the data that put
+    it there."""
+    info = np.finfo(dtype)
+    W = np.abs(W)
+    nonzero = W[W != 0]
+    return bool(np.isfinite(W).all() and (nonzero.size == 0 or (
+        nonzero.min() >= info.tiny and nonzero.max() <= info.max * info.eps)))
+
+
 def _packed_chunks(X, g, dtype=np.float64):
     """Yield ``(r0, r1, y, P)`` over cache-sized row chunks of ``X``: ``y = x - g`` and
     its packed products ``P = [y_j y_l (j <= l), y, 1]`` (work buffers of ``dtype``,
@@ -608,8 +623,9 @@ def relevance_margin(resp_threshold):
 # (the bound is worst-case; typical rounding is ~100x smaller).
 _REFINE_TOL = 1e-9
 # The refined E step probes this many rows first; if more than _REFINE_MAX_DENSITY of
-# their pairs would need the exact recomputation (broad components, ill-conditioned
-# precisions), the block takes the plain path of log_gaussian_prob instead.
+# their pairs, beyond one per row, would need the exact recomputation (broad
+# components, ill-conditioned precisions), the block takes the plain path of
+# log_gaussian_prob instead.
 _REFINE_PROBE_ROWS = 512
 _REFINE_MAX_DENSITY = 0.3
 
@@ -645,11 +661,13 @@ class PackedEstimate:
     half_rho: np.ndarray
     m_norm: np.ndarray
     offset: np.ndarray
+    y_limit: float
 
     @classmethod
     def build(cls, weights, means, precisions_cholesky, dtype=np.float64):
         """The estimate's work on the model: ``K d^3`` flops for the precisions.
-        ``dtype`` (float64 or float32) is that of the estimate's products."""
+        ``dtype`` (float64 or float32) is that of the estimate's products; ``None``
+        when it cannot hold the packed weights (:func:`_representable`)."""
         dtype = np.dtype(dtype)
         means = np.asarray(means, dtype=np.float64)
         u = np.asarray(precisions_cholesky, dtype=np.float64)
@@ -665,10 +683,17 @@ class PackedEstimate:
         with np.errstate(divide="ignore"):
             offset = (np.log(np.asarray(weights, dtype=np.float64))
                       + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
-        return cls(dtype.str, means, u, g,
-                   _packed_weights(precisions, means_shifted).astype(dtype),
-                   0.5 * gamma * rho,
-                   np.linalg.norm(means_shifted, axis=1), offset)
+        m_norm = np.linalg.norm(means_shifted, axis=1)
+        # The products and every partial sum of the dot product are at most
+        # max(rho_k, 1) (||y|| + ||m_k||)^2 in magnitude: rows with ||y|| below
+        # y_limit cannot overflow ``dtype`` (with a factor 4 to spare).
+        y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(), 1.0))
+                        - m_norm.max())
+        W = _packed_weights(precisions, means_shifted)
+        if not _representable(W, dtype):
+            return None
+        return cls(dtype.str, means, u, g, W.astype(dtype), 0.5 * gamma * rho, m_norm,
+                   offset, y_limit)
 
     def weighted(self, X, out, y_norm=None):
         """The estimate into ``out``, ``(n, K)`` float64; returns ``out``.
@@ -711,15 +736,25 @@ class PackedEstimate:
         -------
         weighted : ndarray of shape (n, K), float64, or None
             ``None`` when a probe of the first rows finds that more than
-            ``_REFINE_MAX_DENSITY`` of the pairs would need recomputing.
+            ``_REFINE_MAX_DENSITY`` of the pairs would need recomputing (beyond one
+            per row: in float32 every row's best pair has a bound above
+            ``_REFINE_TOL``), or when a row lies so far from ``g`` (``y_limit``)
+            that the products could overflow.
         """
         weighted = np.empty((X.shape[0], self.means.shape[0]))
         y_norm = np.empty(X.shape[0])
         p = _REFINE_PROBE_ROWS
-        probe = self.weighted(X[:p], weighted[:p], y_norm[:p])
-        if self.to_refine(probe, y_norm[:p], margin).mean() > _REFINE_MAX_DENSITY:
+        with np.errstate(over="ignore", invalid="ignore"):  # checked by y_limit
+            probe = self.weighted(X[:p], weighted[:p], y_norm[:p])
+        if not y_norm[:p].max(initial=0.0) <= self.y_limit:
             return None
-        self.weighted(X[p:], weighted[p:], y_norm[p:])
+        mask = self.to_refine(probe, y_norm[:p], margin)
+        if np.count_nonzero(mask) - mask.shape[1] > _REFINE_MAX_DENSITY * mask.size:
+            return None
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.weighted(X[p:], weighted[p:], y_norm[p:])
+        if not y_norm.max(initial=0.0) <= self.y_limit:
+            return None
         return self.refine(X, weighted, self.to_refine(weighted, y_norm, margin))
 
     def refine(self, X, weighted, mask):
@@ -747,11 +782,7 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
     K, d = np.shape(means)
     if covariance_type == "full" and _use_packed(d, K):
         with np.errstate(over="ignore", invalid="ignore"):
-            prepared = PackedEstimate.build(weights, means, precisions_cholesky, dtype)
-        # a model beyond the range of float32 has no float32 estimate (the plain
-        # path then meets, and names, the data that put it there)
-        if np.isfinite(prepared.W).all() and np.isfinite(prepared.g).all():
-            return prepared
+            return PackedEstimate.build(weights, means, precisions_cholesky, dtype)
     return None
 
 

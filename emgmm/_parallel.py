@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import uuid
 from contextlib import nullcontext
 
@@ -230,7 +231,7 @@ class Executor:
         self.worker_source = source
         self._folder = None
         self._return_as = None
-        self._limits = None
+        self._holds_limit = False
         self._shares_files = False
         self._shared = []
         self.on_task = None
@@ -268,8 +269,8 @@ class Executor:
             # (the M step) to one task's share: OpenBLAS threads spin for ~0.1 s
             # after each multi-threaded call and would take the cores that the
             # next pass's tasks run on.
-            self._limits = threadpool_limits(
-                limits=1 if self.row_threads else self.blas_threads, user_api="blas")
+            _hold_process_limit(1 if self.row_threads else self.blas_threads)
+            self._holds_limit = True
         return self
 
     def map(self, func, task_args):
@@ -363,14 +364,43 @@ class Executor:
     def __exit__(self, *exc):
         self._return_as = None
         self._shared = []
-        if self._limits is not None:
-            self._limits.restore_original_limits()
-            self._limits = None
+        if self._holds_limit:
+            _release_process_limit()
+            self._holds_limit = False
         if self.worker_source is not self.source:
             self.worker_source.close()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+
+
+# The process-wide BLAS limit of the open executors. Fits may run in several threads
+# of one process at once and threadpoolctl limits are process-wide: the smallest
+# requested limit holds until the last executor closes, which restores the limits
+# found by the first.
+_LIMIT_LOCK = threading.Lock()
+_LIMIT = {"holders": 0, "threads": None, "original": None}
+
+
+def _hold_process_limit(threads):
+    """Limit this process's BLAS to at most ``threads`` until released."""
+    with _LIMIT_LOCK:
+        if _LIMIT["holders"] == 0:
+            _LIMIT["original"] = threadpool_limits(limits=threads, user_api="blas")
+            _LIMIT["threads"] = threads
+        elif threads < _LIMIT["threads"]:
+            threadpool_limits(limits=threads, user_api="blas")
+            _LIMIT["threads"] = threads
+        _LIMIT["holders"] += 1
+
+
+def _release_process_limit():
+    """Release one hold; the last restores the limits found by the first."""
+    with _LIMIT_LOCK:
+        _LIMIT["holders"] -= 1
+        if _LIMIT["holders"] == 0:
+            _LIMIT["original"].restore_original_limits()
+            _LIMIT["original"] = _LIMIT["threads"] = None
 
 
 # (pid, ThreadpoolController) of this process: finding the loaded libraries costs

@@ -340,6 +340,28 @@ def test_own_blas_calls_limited_while_tasks_run_concurrently(X, n_jobs, monkeypa
     assert after == 2
 
 
+def test_blas_limit_restored_after_executors_closing_out_of_order(X, tmp_path):
+    """Fits may run in several threads of one process, and their executors may close
+    in any order (A opens, B opens, A closes, B closes). The process-wide limit holds
+    until the last one closes, then the limit from before the first is back (not
+    the limit B found while A was open)."""
+    from threadpoolctl import threadpool_limits
+
+    from emgmm._sources import MemmapSource
+
+    np.save(tmp_path / "x.npy", X)
+    source = MemmapSource.from_npy(tmp_path / "x.npy")
+    with threadpool_limits(limits=2, user_api="blas"):
+        a, b = parallel.Executor(source, 2), parallel.Executor(source, 2)
+        share = a.blas_threads
+        a.__enter__()
+        b.__enter__()
+        a.__exit__(None, None, None)
+        assert parallel.blas_thread_count() == share
+        b.__exit__(None, None, None)
+        assert parallel.blas_thread_count() == 2
+
+
 def test_row_threads_only_for_enough_work_and_small_statistics():
     assert memory.row_threads_worthwhile(100_000, 8, 200, 64, "full")
     assert memory.row_threads_worthwhile(1_000_000, 64, 64, 64, "diag")

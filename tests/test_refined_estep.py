@@ -231,6 +231,66 @@ def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data():
     assert_allclose(f32.score(X_test), f64.score(X_test), rtol=1e-5)
 
 
+@needs_extended
+def test_float32_two_components_take_the_refined_path():
+    """In float32 every row's best pair is recomputed (its bound exceeds the
+    tolerance); with K=2 that alone is half the pairs, which must not send every
+    block to the plain float32 products."""
+    rng = np.random.default_rng(2)
+    weights, means, U = separated_model(rng, 2, 3, 20.0, 10.0)
+    X32 = sample(rng, weights, means, U, 2000).astype(np.float32)
+    margin = kernels.relevance_margin(1e-20)
+    refined = kernels.PackedEstimate.build(weights, means, U, np.float32) \
+        .weighted_refined(X32, margin)
+    assert refined is not None
+    weighted = oracle_weighted(X32.astype(np.float64), weights, means, U)
+    near = weighted - logsumexp(weighted, axis=1)[:, None] > -margin + 1.0
+    assert_allclose(refined[near], weighted[near], rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("scale", [1e-17, 1e22, 1e30])
+def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
+    """The float32 estimate is only used where float32 can hold its weights as
+    normal numbers and its products cannot overflow; otherwise the block takes the
+    plain path. The fit of data at that scale equals the float64 fit of the rounded
+    data, as at scale 1."""
+    from emgmm import GaussianMixture
+
+    rng = np.random.default_rng(3)
+    weights, means, U = separated_model(rng, 3, 2, 20.0, 10.0)
+    X = sample(rng, weights, means, U, 1500) * scale
+    means, U = means * scale, U / scale
+    kw = dict(n_components=3, max_iter=3, tol=0.0, weights_init=weights,
+              means_init=means, precisions_init=np.matmul(U, np.swapaxes(U, 1, 2)),
+              reg_covar=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+        f32 = GaussianMixture(**kw, compute_dtype="float32").fit(X)
+        rounded = GaussianMixture(**kw).fit(X.astype(np.float32).astype(np.float64))
+    assert np.isfinite(f32.lower_bounds_).all()
+    assert_allclose(f32.lower_bounds_, rounded.lower_bounds_, rtol=1e-6)
+    # precisions of 1e34 (beyond float32's max * eps), 1e-44 or 1e-60 (subnormal or
+    # zero in float32): no float32 estimate; float64 keeps its own
+    assert kernels.prepare_log_prob(weights, means, U, "full", np.float32) is None
+    assert kernels.prepare_log_prob(weights, means, U, "full", np.float64) is not None
+
+
+def test_float32_estimate_left_for_a_block_with_a_row_too_far_for_its_products():
+    """A row so far from the mixture mean that its float32 products could overflow
+    (``y_limit``) sends its block to the plain path, which stays finite."""
+    rng = np.random.default_rng(4)
+    weights, means, U = separated_model(rng, 3, 2, 20.0, 10.0)
+    X32 = sample(rng, weights, means, U, 600).astype(np.float32)
+    margin = kernels.relevance_margin(1e-20)
+    est = kernels.PackedEstimate.build(weights, means, U, np.float32)
+    assert est.weighted_refined(X32, margin) is not None
+    X32[550] = 1e30  # within float32's range; its square is not
+    assert est.weighted_refined(X32, margin) is None
+    log_norm, _ = kernels.estimate_log_prob_resp(X32, weights, means, U, "full",
+                                                 margin, est)
+    assert np.isfinite(log_norm[:550]).all() and log_norm[550] < -1e50
+
+
 def test_relevance_margin():
     assert kernels.relevance_margin(0.0) is None
     assert kernels.relevance_margin(1e-20) == pytest.approx(np.log(1e20) + 2.0)
