@@ -25,7 +25,7 @@ import shutil
 
 import numpy as np
 
-from ._em import Model, Worst, smallest
+from ._em import Model, Worst, check_explained, smallest
 from ._kernels import (
     SufficientStatistics,
     _logsumexp_rows,
@@ -94,7 +94,8 @@ def log_prob_task(source, r0, start, stop, block_size, model, k0, buffer, comput
         del buf
 
 
-def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, *, blas_threads):
+def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, compute_dtype,
+                   means, *, blas_threads):
     """Normalise rows ``start:stop`` of the buffer to log-responsibilities in place.
 
     Returns
@@ -112,6 +113,7 @@ def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, *, blas
         b1 = min(b0 + block_size, stop)
         weighted = np.array(buf[b0 - r0:b1 - r0])
         log_prob_norm = _logsumexp_rows(weighted)
+        check_explained(log_prob_norm, b0, source, compute_dtype, means)
         with np.errstate(under="ignore", invalid="ignore"):
             weighted -= log_prob_norm[:, np.newaxis]
         buf[b0 - r0:b1 - r0] = weighted
@@ -220,7 +222,8 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                     for (k0, _k1), m in zip(slices, models) for a, b in pieces]):
                 pass
             for sums, v, r in executor.map(normalize_task, [
-                    (r0, a, b, block_size, buffer, n_worst) for a, b in pieces]):
+                    (r0, a, b, block_size, buffer, n_worst, compute_dtype, model.means)
+                    for a, b in pieces]):
                 for s in sums:
                     log_likelihood += s
                 values = np.concatenate([values, v])

@@ -108,6 +108,28 @@ class Worst:
         return Worst(self.size, values[order], rows[order], data[order])
 
 
+def check_explained(log_prob_norm, start, source, dtype, means):
+    """Raise ``ValueError`` naming the first row whose log-likelihood is not finite.
+
+    Its squared distance to every component overflowed the compute dtype (e.g. a
+    value of 3e38 in float32, or components spread that far apart), which would
+    otherwise surface later as an ill-defined covariance. ``log_prob_norm`` holds
+    rows ``start:`` of ``source``, read in ``dtype`` (only the offending row is read
+    again, for the message); ``means`` are the components' (K, d).
+    """
+    if np.isfinite(log_prob_norm).all():
+        return
+    row = start + int(np.flatnonzero(~np.isfinite(log_prob_norm))[0])
+    values = source.read(row, row + 1, dtype)[0]
+    col = int(np.argmax(np.abs(values)))
+    raise ValueError(
+        f"Row {row} of {source.description}: its squared distance to every component "
+        f"overflows {np.dtype(dtype)} (its largest value {values[col]:.3g} at column "
+        f"{col}; the largest mean coordinate {np.abs(means).max():.3g}). Scale the "
+        "data, or compute in float64 (compute_dtype='float64') if it is float32."
+    )
+
+
 def statistics_task(source, start, stop, block_size, model, compute_dtype,
                     resp_threshold, n_worst, centers=None, *, blas_threads):
     """Sufficient statistics and worst-explained rows of rows ``start:stop``.
@@ -135,6 +157,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
                 X, model.weights, model.means, model.precisions_cholesky,
                 model.covariance_type, margin, prepared, products,
             )
+            check_explained(log_prob_norm, b0, source, compute_dtype, model.means)
             stats = block_statistics(X, resp, centers, model.covariance_type,
                                      resp_threshold, products)
             stats.log_likelihood = float(log_prob_norm.sum())

@@ -117,7 +117,7 @@ def make_temp_folder(parent, nbytes, what):
     return folder
 
 
-def dump_array(array, parent):
+def dump_array(array, parent, description="X"):
     """Write ``array`` once to ``parent/emgmm-<pid>-<id>/X.npy``.
 
     Returns
@@ -125,6 +125,8 @@ def dump_array(array, parent):
     folder : str
         The folder to remove when the fit ends.
     source : MemmapSource
+        Named ``description`` in messages (the user's name for the data, not the
+        temporary file).
 
     Raises
     ------
@@ -139,7 +141,9 @@ def dump_array(array, parent):
         shutil.rmtree(folder, ignore_errors=True)
         raise OSError(f"Writing X to temporary folder {parent} failed ({exc}). "
                       f"{_HOW_TO_MOVE}") from None
-    return folder, MemmapSource.from_npy(path)
+    source = MemmapSource.from_npy(path)
+    source.description = description
+    return folder, source
 
 
 def core_budget(backend):
@@ -251,7 +255,7 @@ class Executor:
             try:
                 if isinstance(self.source, ArraySource) and not self.uses_threads:
                     self._folder, self.worker_source = dump_array(
-                        self.source.array, joblib_temp_folder()
+                        self.source.array, joblib_temp_folder(), self.source.description
                     )
                 # results stream back in order; backends that cannot stream
                 # (multiprocessing) return the list

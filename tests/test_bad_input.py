@@ -121,6 +121,35 @@ def test_value_beyond_float32_with_float32_compute(make_sources, kind):
     assert not hasattr(gm, "weights_")
 
 
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+@pytest.mark.parametrize("n_jobs", [1, 2])
+@pytest.mark.parametrize("data_dtype", [np.float32, np.float64])
+def test_value_whose_square_overflows_float32_is_refused_by_row(schedule, n_jobs,
+                                                                data_dtype):
+    """A value within float32's range whose squared distance to every component is
+    not (3e38) makes log-likelihoods overflow in float32 compute: refused naming a
+    row, its largest value and column and the means' largest coordinate (after the
+    initialisation put a component on it, the other rows overflow too), and the way
+    out; not fitted into an ill-defined covariance. In float64 the same data fits."""
+    X = good_data().astype(np.float32)
+    X[123, 1] = 3e38
+    X = X.astype(data_dtype)
+    gm = GaussianMixture(2, random_state=0, compute_dtype="float32", n_jobs=n_jobs,
+                         schedule=schedule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the overflow itself
+        with pytest.raises(ValueError, match=r"Row \d+ of X: .* overflows float32 "
+                                             r"\(its largest value .* at column \d+; "
+                                             r"the largest mean coordinate .*\)\. "
+                                             r".*compute_dtype='float64'"):
+            gm.fit(X)
+    assert not hasattr(gm, "weights_")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted = GaussianMixture(2, random_state=0, compute_dtype="float64").fit(X)
+    assert np.isfinite(fitted.covariances_).all()
+
+
 # ------------------------------------------------------------- wrong dtypes
 
 

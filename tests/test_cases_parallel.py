@@ -434,9 +434,9 @@ def test_case_c16_x_written_once_per_fit(temp_folder, monkeypatch):
     dumps = []
     real_dump = parallel.dump_array
 
-    def counting_dump(array, parent):
+    def counting_dump(array, parent, *rest):
         dumps.append(array.nbytes)
-        return real_dump(array, parent)
+        return real_dump(array, parent, *rest)
 
     monkeypatch.setattr(parallel, "dump_array", counting_dump)
     seen_tasks = []

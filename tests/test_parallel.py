@@ -205,8 +205,8 @@ def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder, mon
     """A NaN written into the workers' copy of X at a late row: a worker raises."""
     real_dump = parallel.dump_array
 
-    def dump_and_spoil(array, parent):
-        folder, source = real_dump(array, parent)
+    def dump_and_spoil(array, parent, *rest):
+        folder, source = real_dump(array, parent, *rest)
         mm = np.load(source.filename, mmap_mode="r+")
         mm[1400, 2] = np.nan
         mm.flush()
