@@ -37,6 +37,15 @@ from ._parallel import Executor
 from ._sources import ArraySource, as_source, is_file_backed
 
 
+def _as_stored(model, dtype):
+    """``model`` as the fitted attributes of ``dtype`` hold it, in float64."""
+    if np.dtype(dtype) == np.float64:
+        return model
+    stored = (np.asarray(a).astype(dtype).astype(np.float64) for a in (
+        model.weights, model.means, model.covariances, model.precisions_cholesky))
+    return Model(*stored, model.covariance_type)
+
+
 class GaussianMixture(DensityMixin, BaseEstimator):
     """Gaussian mixture fitted by exact, blocked, out-of-core EM.
 
@@ -191,7 +200,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         EM iterations of the kept run.
     lower_bound_ : float
         Mean log-likelihood of the training data under the returned parameters
-        (equals ``score(X)``). scikit-learn reports the value before the last M step.
+        (equals ``score(X)``; for float32 data, the parameters as rounded to
+        float32). scikit-learn reports the value before the last M step.
     lower_bounds_ : list of float
         ``lower_bounds_[i]`` is the mean log-likelihood computed in the E step of
         iteration ``i + 1`` of the kept run, i.e. of the parameters entering it
@@ -425,6 +435,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 f"n_components={K}, covariance_type={self.covariance_type!r} and {d} "
                 "features. Set warm_start=False to fit a new model."
             )
+        return self._fitted_model()
+
+    def _fitted_model(self):
+        """The fitted attributes as a float64 :class:`Model`."""
         return Model(
             np.asarray(self.weights_, dtype=np.float64),
             np.asarray(self.means_, dtype=np.float64),
@@ -513,6 +527,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 )
             inits = self._check_initial_parameters(d)
             compute_dtype = self._compute_dtype(source)
+            # the fitted attributes' dtype: float32 for float32 data computed in float32
+            out_dtype = np.float32 if (compute_dtype == np.float32
+                                       and source.dtype == np.float32) else np.float64
             block_size = self._block_size(source)
             tasks = partition(n, block_size)
             do_init = not (self.warm_start and hasattr(self, "converged_"))
@@ -562,7 +579,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                         on_iteration=(None if checkpointer is None
                                       else checkpointer.saver(init, random_state, best)),
                     )
-                    total, labels = score_pass(executor, tasks, block_size, run.model,
+                    # scored as stored (rounded to float32 for float32 data), so that
+                    # lower_bound_ is score(X) and n_init compares what it returns
+                    total, labels = score_pass(executor, tasks, block_size,
+                                               _as_stored(run.model, out_dtype),
                                                compute_dtype, want_labels)
                     score = total / n
                     if self.verbose:
@@ -571,7 +591,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                     if best is None or score > best[0]:
                         best = (score, run, labels)
                 if want_labels and best[2] is None:  # best run restored from checkpoint
-                    _, labels = score_pass(executor, tasks, block_size, best[1].model,
+                    _, labels = score_pass(executor, tasks, block_size,
+                                           _as_stored(best[1].model, out_dtype),
                                            compute_dtype, True)
                     best = best[:2] + (labels,)
         finally:
@@ -583,9 +604,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 "parameters, or increase max_iter, tol, or check for degenerate data.",
                 ConvergenceWarning,
             )
-        dtype = np.float32 if compute_dtype == np.float32 and source.dtype == np.float32 \
-            else np.float64
-        self._set_model(run.model, dtype)
+        self._set_model(run.model, out_dtype)
         self.converged_ = run.converged
         self.n_iter_ = run.n_iter
         self.lower_bound_ = score
@@ -611,22 +630,27 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     # ---------------------------------------------------------------- predict
 
     def _per_block(self, X, func):
-        """Apply ``func(block) -> array`` over the blocks of X and stack the results
-        (C-ordered, as scikit-learn returns them)."""
+        """Apply ``func(log_prob_norm, log_resp) -> array`` over the blocks of X and
+        stack the results (C-ordered, as scikit-learn returns them).
+
+        The blocks are read in the compute dtype and evaluated as the last pass of
+        ``fit`` evaluates them (``SCORE_MARGIN``), so that ``score(X)`` of the
+        training data is ``lower_bound_``.
+        """
         check_is_fitted(self)
         source = self._source(X, reset=False)
         try:
+            compute_dtype = self._compute_dtype(source)
             block_size = self._block_size(source)
-            parts = [func(block) for _, _, block in source.blocks(block_size)]
+            model = self._fitted_model()
+            prepared = model.prepare(compute_dtype)
+            parts = [func(*_kernels.estimate_log_prob_resp(
+                         block, model.weights, model.means, model.precisions_cholesky,
+                         self.covariance_type, _kernels.SCORE_MARGIN, prepared))
+                     for _, _, block in source.blocks(block_size, compute_dtype)]
         finally:
             source.close()
         return np.ascontiguousarray(np.concatenate(parts))
-
-    def _log_prob_resp(self, block):
-        return _kernels.estimate_log_prob_resp(
-            block, self.weights_, self.means_, self.precisions_cholesky_,
-            self.covariance_type,
-        )
 
     def score_samples(self, X):
         """Log-likelihood of each sample, ``log sum_k w_k N(x | mu_k, Sigma_k)``.
@@ -639,7 +663,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         -------
         log_prob : ndarray of shape (n_samples,), float64
         """
-        return self._per_block(X, lambda b: self._log_prob_resp(b)[0])
+        return self._per_block(X, lambda log_prob_norm, _: log_prob_norm)
 
     def score(self, X, y=None):
         """Mean per-sample log-likelihood of ``X`` (nats per sample).
@@ -667,7 +691,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         -------
         labels : ndarray of shape (n_samples,), int64
         """
-        return self._per_block(X, lambda b: self._log_prob_resp(b)[1].argmax(axis=1))
+        return self._per_block(X, lambda _, log_resp: log_resp.argmax(axis=1))
 
     def predict_proba(self, X):
         """Responsibilities ``r_ik`` of every component for each sample.
@@ -681,7 +705,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         resp : ndarray of shape (n_samples, n_components), float64
             Rows sum to 1.
         """
-        return self._per_block(X, lambda b: np.exp(self._log_prob_resp(b)[1]))
+        return self._per_block(X, lambda _, log_resp: np.exp(log_resp))
 
     def sample(self, n_samples=1):
         """Draw samples from the fitted mixture (as scikit-learn draws them).

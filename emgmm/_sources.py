@@ -163,17 +163,19 @@ class Source:
                 break
         return out
 
-    def blocks(self, block_size):
+    def blocks(self, block_size, dtype=None):
         """Yield ``(start, stop, block)`` over all rows.
 
         Parameters
         ----------
         block_size : int
             Rows per block (the last may be shorter).
+        dtype : numpy dtype or None, default=None
+            As in :meth:`read`.
         """
         for start in range(0, self.n_samples, block_size):
             stop = min(start + block_size, self.n_samples)
-            yield start, stop, self.read(start, stop)
+            yield start, stop, self.read(start, stop, dtype)
 
     def close(self):
         """Release open file handles (reopened on the next read)."""

@@ -113,6 +113,42 @@ def test_float32_sources_agree(make_sources, data, covariance_type, kind, block_
     assert_same_fit(gm, ref, rtol=2 * float(np.finfo(np.float32).eps))
 
 
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_float32_lower_bound_is_the_score_of_the_returned_model(covariance_type):
+    """float32 data: the fitted attributes are rounded to float32, and lower_bound_
+    is the mean log-likelihood of those (not of the float64 parameters before
+    rounding, which differ by 1e-4 relative here: a tight component 1e5 from the
+    origin), so n_init compares the models it returns."""
+    rng = np.random.default_rng(0)
+    X = (np.vstack([rng.normal(c, s, (600, 4)) for c, s in ((-3, 1), (0, 0.01), (3, 2))])
+         + 1e5).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gm = GaussianMixture(3, covariance_type=covariance_type, random_state=0,
+                             max_iter=10, tol=0.0, n_init=2).fit(X)
+    assert gm.means_.dtype == np.float32
+    assert gm.lower_bound_ == gm.score(X)
+    assert_array_equal(gm.fit_predict(X), gm.predict(X))
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_compute_dtype_float64_also_scores_float32_data_in_float64(covariance_type):
+    """compute_dtype='float64' with float32 data: predict, score_samples and
+    predict_proba compute in float64, as fit does (same results as for the same
+    values given as float64)."""
+    rng = np.random.default_rng(1)
+    X = np.vstack([rng.normal(c, 1, (400, 5)) for c in (-4, 0, 4)]).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gm = GaussianMixture(3, covariance_type=covariance_type, random_state=0,
+                             max_iter=5, tol=0.0, compute_dtype="float64").fit(X)
+    X64 = X.astype(np.float64)
+    assert gm.means_.dtype == np.float64
+    assert gm.lower_bound_ == gm.score(X)
+    assert_array_equal(gm.score_samples(X), gm.score_samples(X64))
+    assert_array_equal(gm.predict_proba(X), gm.predict_proba(X64))
+
+
 @pytest.mark.parametrize("kind", ("ndarray", "npy", "h5_chunked"))
 def test_integer_data_cast_per_block(make_sources, data, kind):
     """Integer data: the same model as the same values given as float64 (as sklearn's
