@@ -32,6 +32,7 @@ from ._memory import (
     choose_schedule,
     partition,
     row_threads_worthwhile,
+    tasks_are_tiny,
 )
 from ._parallel import Executor
 from ._sources import ArraySource, as_source, is_file_backed
@@ -547,6 +548,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             if schedule == "components" or not row_threads_worthwhile(
                     n, len(tasks), self.n_components, d, self.covariance_type):
                 executor.row_threads = 0
+            if tasks_are_tiny(n, len(tasks), self.n_components, d, self.covariance_type):
+                executor.one_blas_thread()
             checkpointer = open_checkpointer(self, source, compute_dtype, random_state,
                                              None if do_init else self._current_model())
             resume = None if checkpointer is None else checkpointer.resume

@@ -236,6 +236,7 @@ class Executor:
         self._folder = None
         self._return_as = None
         self._holds_limit = False
+        self._one_blas_thread = False
         self._shares_files = False
         self._shared = []
         self.on_task = None
@@ -266,7 +267,7 @@ class Executor:
             except BaseException:
                 self.__exit__(None, None, None)
                 raise
-        if self.n_workers > 1 or self.row_threads:
+        if self.n_workers > 1 or self.row_threads or self._one_blas_thread:
             # Tasks run concurrently. In threads of this process the limit is theirs
             # (threadpoolctl limits are process-wide: per-thread limits would race).
             # Either way it also holds this process's own BLAS calls between passes
@@ -276,6 +277,12 @@ class Executor:
             _hold_process_limit(1 if self.row_threads else self.blas_threads)
             self._holds_limit = True
         return self
+
+    def one_blas_thread(self):
+        """Run every task with one BLAS thread, also in this process (for tiny
+        tasks, :func:`emgmm._memory.tasks_are_tiny`); call before entering."""
+        self.blas_threads = 1
+        self._one_blas_thread = True
 
     def map(self, func, task_args):
         """``func(source, *args, blas_threads=...)`` for every args, results in order.

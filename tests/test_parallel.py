@@ -362,6 +362,31 @@ def test_blas_limit_restored_after_executors_closing_out_of_order(X, tmp_path):
         assert parallel.blas_thread_count() == 2
 
 
+@pytest.mark.parametrize("n_jobs", [None, 1])
+def test_tiny_tasks_run_with_one_blas_thread(X, n_jobs, monkeypatch):
+    """Tasks below ROW_THREAD_MIN_WORK multiply-adds run with one BLAS thread, in
+    this process too (a second BLAS thread on such small products is slower); the
+    limit is lifted after the fit. Larger tasks of an explicit n_jobs=1 keep BLAS's
+    threads."""
+    from threadpoolctl import threadpool_limits
+
+    seen = []
+
+    def record(_):
+        seen.append(parallel.blas_thread_count())
+
+    assert memory.tasks_are_tiny(len(X), 6, 4, X.shape[1], "full")
+    with threadpool_limits(limits=2, user_api="blas"):
+        fit(X, n_jobs=n_jobs, callback=record)
+        assert seen and set(seen) == {1}
+        assert parallel.blas_thread_count() == 2
+        if n_jobs == 1:
+            seen.clear()
+            monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
+            fit(X, n_jobs=1, callback=record)
+            assert seen and set(seen) == {2}
+
+
 def test_row_threads_only_for_enough_work_and_small_statistics():
     assert memory.row_threads_worthwhile(100_000, 8, 200, 64, "full")
     assert memory.row_threads_worthwhile(1_000_000, 64, 64, 64, "diag")
