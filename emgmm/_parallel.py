@@ -268,7 +268,8 @@ class Executor:
                 self.__exit__(None, None, None)
                 raise
         if self.n_workers > 1 or self.row_threads or self._one_blas_thread:
-            # Tasks run concurrently. In threads of this process the limit is theirs
+            # Tasks run concurrently (or are tiny: then in this process too, with
+            # one BLAS thread). In threads of this process the limit is theirs
             # (threadpoolctl limits are process-wide: per-thread limits would race).
             # Either way it also holds this process's own BLAS calls between passes
             # (the M step) to one task's share: OpenBLAS threads spin for ~0.1 s
