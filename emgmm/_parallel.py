@@ -126,7 +126,8 @@ def dump_array(array, parent, description="X"):
         The folder to remove when the fit ends.
     source : MemmapSource
         Named ``description`` in messages (the user's name for the data, not the
-        temporary file).
+        temporary file), and :attr:`~emgmm._sources.Source.known_finite` like the
+        checked array it copies (its blocks are not checked again on every pass).
 
     Raises
     ------
@@ -143,6 +144,7 @@ def dump_array(array, parent, description="X"):
                       f"{_HOW_TO_MOVE}") from None
     source = MemmapSource.from_npy(path)
     source.description = description
+    source.known_finite = True
     return folder, source
 
 
