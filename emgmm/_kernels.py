@@ -675,6 +675,9 @@ class PackedEstimate:
         g = _shift(means, weights).astype(dtype).astype(np.float64)
         means_shifted = means - g
         precisions = np.matmul(u, np.swapaxes(u, 1, 2))
+        W = _packed_weights(precisions, means_shifted)
+        if not _representable(W, dtype):
+            return None
         m = d * (d + 1) // 2 + 2 * d + 4 + (dtype != np.float64)
         unit = np.finfo(dtype).eps / 2
         gamma = m * unit / (1.0 - m * unit)
@@ -689,9 +692,6 @@ class PackedEstimate:
         # y_limit cannot overflow ``dtype`` (with a factor 4 to spare).
         y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(), 1.0))
                         - m_norm.max())
-        W = _packed_weights(precisions, means_shifted)
-        if not _representable(W, dtype):
-            return None
         return cls(dtype.str, means, u, g, W.astype(dtype), 0.5 * gamma * rho, m_norm,
                    offset, y_limit)
 
