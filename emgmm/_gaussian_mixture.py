@@ -448,14 +448,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             self.covariance_type,
         )
 
-    def _set_model(self, model, dtype):
+    def _set_model(self, model, dtype, precisions):
         self.weights_ = model.weights.astype(dtype)
         self.means_ = model.means.astype(dtype)
         self.covariances_ = model.covariances.astype(dtype)
         self.precisions_cholesky_ = model.precisions_cholesky.astype(dtype)
-        self.precisions_ = _kernels.precisions_from_cholesky(
-            self.precisions_cholesky_, self.covariance_type
-        )
+        self.precisions_ = precisions
 
     # -------------------------------------------------------------------- fit
 
@@ -598,6 +596,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                                            _as_stored(best[1].model, out_dtype),
                                            compute_dtype, True)
                     best = best[:2] + (labels,)
+                # U U^T under the BLAS threads of the fit's other products: the
+                # thread count changes a product's rounding, and precisions_ too is
+                # then bitwise the same for any n_jobs
+                precisions = _kernels.precisions_from_cholesky(
+                    best[1].model.precisions_cholesky.astype(out_dtype),
+                    self.covariance_type)
         finally:
             source.close()
         score, run, labels = best
@@ -607,7 +611,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 "parameters, or increase max_iter, tol, or check for degenerate data.",
                 ConvergenceWarning,
             )
-        self._set_model(run.model, out_dtype)
+        self._set_model(run.model, out_dtype, precisions)
         self.converged_ = run.converged
         self.n_iter_ = run.n_iter
         self.lower_bound_ = score
