@@ -13,7 +13,6 @@ responsibilities (eq. 9.23) and ``c_k`` the centres the sufficient statistics ar
 accumulated around (the means of the previous iteration).
 """
 
-import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -287,17 +286,6 @@ _PACKED_MIN_ROWS = 128
 _PACKED_MAX_AMPLIFICATION = 1e5
 
 
-def _page_array(shape, order="C"):
-    """``np.empty(shape)`` (float64) in anonymous memory pages of its own, returned to
-    the system as soon as the array is freed. A block's ``(n, K)`` array allocated by
-    ``malloc`` instead raises glibc's mmap threshold to its size, after which each
-    row thread's arena keeps that much memory for good."""
-    nbytes = int(np.prod(shape)) * 8
-    if nbytes < 2**20:
-        return np.empty(shape, order=order)
-    return np.ndarray(shape, dtype=np.float64, buffer=mmap.mmap(-1, nbytes), order=order)
-
-
 def _chunk_rows(n_columns, itemsize, n_rows):
     """Rows per chunk so that a ``(rows, n_columns)`` buffer holds ``_CHUNK_BYTES``."""
     rows = _CHUNK_BYTES // max(1, n_columns * itemsize)
@@ -465,7 +453,7 @@ def _full_maha(X, means, precisions_cholesky, weights):
     g = g.astype(X.dtype).astype(np.float64)
     means_shifted = np.asarray(means, dtype=np.float64) - g
     u64 = np.asarray(precisions_cholesky, dtype=np.float64)
-    maha = _page_array((n, K))
+    maha = np.empty((n, K), dtype=np.float64)
     dense = np.arange(K)
     if X.dtype == np.float64 and _use_packed(d, K) and n * K > 0:
         precisions = np.matmul(u64, np.swapaxes(u64, 1, 2))
@@ -762,7 +750,7 @@ class PackedEstimate:
         """
         # column-major: the GEMM writes it directly, and the softmax of
         # estimate_resp reduces over contiguous memory
-        weighted = _page_array((X.shape[0], self.means.shape[0]), order="F")
+        weighted = np.empty((X.shape[0], self.means.shape[0]), order="F")
         y_norm = np.empty(X.shape[0])
         p = _REFINE_PROBE_ROWS
         with np.errstate(over="ignore", invalid="ignore"):  # checked by y_limit

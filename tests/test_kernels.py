@@ -28,7 +28,6 @@ float64 roundoff.
 
 import functools
 import operator
-import os
 import pickle
 
 import numpy as np
@@ -711,31 +710,3 @@ def test_needs_recentring(covariance_type):
     one_point = kernels.block_statistics(X[3:4], resp[3:4], centers, covariance_type)
     _, means, cov = kernels.m_step(one_point, centers, 1e-6, covariance_type)
     assert not kernels.needs_recentring(one_point, means, cov, covariance_type).any()
-
-
-def _resident_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
-@pytest.mark.parametrize("order", ["C", "F"])
-def test_page_array_is_an_empty_float64_array_whose_memory_goes_back(order):
-    """A block's (n, K) array lives in pages of its own: usable like np.empty, and
-    the resident memory it took is returned each time it is freed (with malloc,
-    the first free of a 24 MiB array raises glibc's mmap threshold, and the next
-    one stays in the heap)."""
-    small = kernels._page_array((3, 4), order)
-    assert small.shape == (3, 4) and small.dtype == np.float64
-    for _ in range(3):
-        before = _resident_mib()
-        a = kernels._page_array((1536, 2048), order)  # 24 MiB
-        assert a.shape == (1536, 2048) and a.dtype == np.float64
-        assert a.flags.writeable
-        assert a.flags.c_contiguous if order == "C" else a.flags.f_contiguous
-        a[:] = 1.0
-        a[:, 7] = np.arange(1536)
-        assert a.sum() == 1536 * 2047 + 1535 * 1536 / 2
-        assert _resident_mib() - before > 20
-        del a
-        assert _resident_mib() - before < 8
