@@ -638,7 +638,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
 
     def _per_block(self, X, func):
         """Apply ``func(log_prob_norm, log_resp) -> array`` over the blocks of X and
-        stack the results (C-ordered, as scikit-learn returns them).
+        stack the results into one C-ordered array (as scikit-learn returns them),
+        filled block by block: the result plus one block's, whatever order the
+        kernels return.
 
         The blocks are read in the compute dtype and evaluated as the last pass of
         ``fit`` evaluates them (``SCORE_MARGIN``), so that ``score(X)`` of the
@@ -651,13 +653,17 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             block_size = self._block_size(source)
             model = self._fitted_model()
             prepared = model.prepare(compute_dtype)
-            parts = [func(*_kernels.estimate_log_prob_resp(
-                         block, model.weights, model.means, model.precisions_cholesky,
-                         self.covariance_type, _kernels.SCORE_MARGIN, prepared))
-                     for _, _, block in source.blocks(block_size, compute_dtype)]
+            out = None
+            for start, stop, block in source.blocks(block_size, compute_dtype):
+                part = func(*_kernels.estimate_log_prob_resp(
+                    block, model.weights, model.means, model.precisions_cholesky,
+                    self.covariance_type, _kernels.SCORE_MARGIN, prepared))
+                if out is None:
+                    out = np.empty((source.n_samples,) + part.shape[1:], part.dtype)
+                out[start:stop] = part
         finally:
             source.close()
-        return np.ascontiguousarray(np.concatenate(parts))
+        return out
 
     def score_samples(self, X):
         """Log-likelihood of each sample, ``log sum_k w_k N(x | mu_k, Sigma_k)``.

@@ -231,6 +231,34 @@ def test_case_c13_diag_runs(c13_npy):
     assert_valid_model(gm)
 
 
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_per_block_outputs_hold_the_result_and_about_one_block(covariance_type):
+    """predict_proba fills one C-ordered result block by block: the traced peak is
+    the result plus a few blocks' arrays, not a second copy of it (a list of parts
+    and their concatenation took 2-3x the result), and every block lands in its
+    rows."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200_000, 4))
+    gm = GaussianMixture(50, covariance_type=covariance_type, max_iter=2,
+                         init_params="random_from_data", random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm.fit(X[:5000])
+    tracemalloc.start()
+    try:
+        proba = gm.predict_proba(X)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert proba.shape == (200_000, 50) and proba.flags.c_contiguous
+    assert peak < 1.5 * proba.nbytes, (peak, proba.nbytes)
+    for rows in (slice(0, 2000), slice(57_000, 59_000), slice(198_000, None)):
+        np.testing.assert_allclose(proba[rows], gm.predict_proba(X[rows]),
+                                   rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(gm.score_samples(X)[57_000:59_000],
+                               gm.score_samples(X[57_000:59_000]), rtol=1e-12)
+
+
 # ---------------------------------------------------------------------------- C19
 
 
