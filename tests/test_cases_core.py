@@ -413,7 +413,7 @@ def test_case_c07_float32_far_from_the_origin(offset, covariance_type):
                    rng.normal(size=(500, 2)) * 100 + offset + [800.0, 0.0]])
     X = X.astype(np.float32)
     kw = dict(n_components=2, covariance_type=covariance_type, tol=0.0, max_iter=20,
-              means_init=X[[0, 600]].astype(np.float64))
+              means_init=X[[0, 600]].astype(np.float64), random_state=0)
     got = quiet_fit(GaussianMixture(**kw), X)
     want = quiet_fit(GaussianMixture(**kw), X.astype(np.float64))
     assert got.covariances_.dtype == np.float32
