@@ -141,9 +141,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         ``emgmm._kernels.PackedEstimate``). A pair left out moves ``S_k``, in the
         metric of component ``k``, by at most ``r_ik Q_ik`` (``Q_ik`` its squared
         Mahalanobis distance, about ``2 log(1 / r_ik)``): about 1e-18 at the
-        default, below float64 rounding. For 'diag' and 'spherical', a component
-        whose expanded log-density may be inexact (tight, far from the mixture mean)
-        is recomputed directly only on the rows where it may exceed the threshold.
+        default, below float64 rounding. For 'diag' and 'spherical', such pairs are
+        left out of all three statistics of their component (``N_k``, ``s_k``,
+        ``S_k``: a sparse product when few pairs are kept), and a component whose
+        expanded log-density may be inexact (tight, far from the mixture mean) is
+        recomputed directly only on the rows where it may exceed the threshold.
         ``0.0`` skips only exact zeros and computes every pair exactly (slower).
     on_degenerate : {'reinit', 'raise'}, default='reinit'
         What to do with a component whose covariance is not positive definite after

@@ -1031,6 +1031,44 @@ class SufficientStatistics:
 # threshold, the 'full' statistics gather each component's rows instead of running the
 # dense packed product over all of them.
 _GATHER_DENSITY = 0.25
+# ... and the 'diag'/'spherical' statistics take a sparse product of the kept pairs
+# (measured on a [3572, 129] block with K=64, one thread: 0.8 ms against 1.7 ms for
+# the dense product at 2% of the pairs kept; the two cost the same near 7%).
+_SPARSE_DENSITY = 0.05
+
+
+def _kept_products(resp, Z, resp_threshold):
+    """``G_k = sum_i r_ik Z_i`` over the pairs with ``r_ik > resp_threshold``.
+
+    When fewer than ``_SPARSE_DENSITY`` of the pairs are kept, the kept
+    responsibilities form a CSR matrix (``scipy.sparse``) whose product with ``Z``
+    costs in proportion to the kept pairs; else one GEMM, with the other pairs set to
+    zero.
+
+    Parameters
+    ----------
+    resp : ndarray of shape (n, K), float64
+        Best F-ordered (the E step's layout): its transpose is then read row by row.
+    Z : ndarray of shape (n, m), float64
+    resp_threshold : float
+
+    Returns
+    -------
+    G : ndarray of shape (K, m), float64
+    """
+    R = resp.T
+    kept = R > resp_threshold
+    nnz = np.count_nonzero(kept)
+    if nnz == kept.size:
+        return R @ Z
+    if nnz >= _SPARSE_DENSITY * kept.size:
+        return np.where(kept, R, 0.0) @ Z
+    K, n = R.shape
+    indptr = np.zeros(K + 1, dtype=np.int64)
+    np.cumsum(np.count_nonzero(kept, axis=1), out=indptr[1:])
+    # positions in row-major (K, n) order: sorted by component, then row
+    indices = np.flatnonzero(kept) % max(n, 1)
+    return sparse.csr_array((R[kept], indices, indptr), shape=(K, n)) @ Z
 # The packed (expanded) second moments are kept for a component while the rounding of
 # the expanded terms, amplified in S_k^{-1} (see _cancellation), is at most this times
 # the float64 unit roundoff (~1e-10 relative); others are recomputed centred.
@@ -1233,8 +1271,9 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
         Centres ``c_k``.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     resp_threshold : float, default=0.0
-        Rows with ``r_ik <= resp_threshold`` are left out of component ``k``'s 'full'
-        second-moment statistic. ``0.0`` only skips exact zeros (exact).
+        Rows with ``r_ik <= resp_threshold`` are left out of component ``k``'s
+        second-moment statistic ('full'), or of all three of its statistics ('diag',
+        'spherical': :func:`_kept_products`). ``0.0`` only skips exact zeros (exact).
     products : CentredProducts or None, default=None
         'diag' and 'spherical': :func:`centred_products` of ``X`` (those of the E
         step). ``None``: built around the responsibility-weighted mean of the centres.
@@ -1254,7 +1293,7 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
         d = X.shape[1]
         if products is None:
             products = centred_products(X, centers, resp.sum(axis=0))
-        G = resp.T @ products.Z
+        G = _kept_products(resp, products.Z, resp_threshold)
         nk = G[:, 2 * d]
         cg = centers - products.shift
         sum_x = G[:, d:2 * d] - nk[:, None] * cg
@@ -1264,7 +1303,7 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
         scale = G[:, :d] + nk[:, None] * cg**2
         redo = np.flatnonzero((scale > _PACKED_MAX_CANCELLATION * sum_xx).any(axis=1))
         for k in redo:
-            rows = np.flatnonzero(resp[:, k])
+            rows = np.flatnonzero(resp[:, k] > resp_threshold)
             diff = np.subtract(X[rows], centers[k], dtype=np.float64)
             r = resp[rows, k]
             sum_x[k] = r @ diff

@@ -632,6 +632,42 @@ def test_block_statistics_from_e_step_products(covariance_type, dtype):
     assert_stats_match(stats, X, resp, means, covariance_type)
 
 
+@pytest.mark.parametrize("kept_share", [0.01, 0.5])  # sparse / dense product
+@pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
+def test_block_statistics_leave_out_pairs_below_threshold(covariance_type, kept_share):
+    """Pairs with r_ik <= resp_threshold are left out of S_k ('full'), or of N_k, s_k
+    and S_k ('diag', 'spherical': one product gives all three), both when few pairs
+    are kept (the sparse product) and when many are (the masked dense one)."""
+    rng = np.random.default_rng(13)
+    n, d, K = 3000, 4, 50
+    threshold = 1e-10
+    X = rng.normal(size=(n, d))
+    centers = rng.normal(scale=0.5, size=(K, d))
+    resp = rng.random((n, K)) + 0.1
+    # the pairs to leave out get 1e-11 of their share: their sum over the rows,
+    # ~1.5e-8 per component, is far above the rounding of the kept statistics
+    leave = rng.random((n, K)) >= kept_share
+    leave[np.arange(n), rng.integers(K, size=n)] = False  # every row keeps a pair
+    resp[leave] *= 1e-11
+    resp /= resp.sum(axis=1, keepdims=True)
+    kept = np.where(resp > threshold, resp, 0.0)
+    sparse = np.count_nonzero(kept) / kept.size < kernels._SPARSE_DENSITY
+    assert sparse == (kept_share < 0.1)
+    stats = kernels.block_statistics(*ro(X, np.asfortranarray(resp), centers),
+                                     covariance_type, resp_threshold=threshold)
+    nk, sum_x, _, scale_x, _ = oracle_stats(X, kept if covariance_type != "full"
+                                            else resp, centers, covariance_type)
+    _, _, sum_xx, _, scale_xx = oracle_stats(X, kept, centers, covariance_type)
+    tol_x, tol_xx = stats_tolerances(X, X.dtype, scale_x, scale_xx, n)
+    assert_allclose(stats.nk, nk, rtol=gamma(n, U64) * 2, atol=0)
+    assert np.all(np.abs(stats.sum_x - sum_x) <= tol_x)
+    got_xx = np.asarray(stats.sum_xx)
+    if covariance_type == "full":
+        got_xx = np.triu(got_xx)
+        sum_xx, tol_xx = np.triu(sum_xx), np.triu(tol_xx)
+    assert np.all(np.abs(got_xx - sum_xx) <= tol_xx)
+
+
 @pytest.mark.parametrize("margin", [None, 48.0])
 @pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
 def test_tight_component_far_from_shift_is_exact(covariance_type, margin):
