@@ -134,18 +134,18 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         used, the M-step statistics are computed in float64, and sums are
         accumulated in float64 in every case.
     resp_threshold : float, default=1e-20
-        For 'full', pairs (row, component) whose responsibility is at most this are
-        left out of that component's second-moment statistic ``S_k``, and in float64
-        the E step computes exactly only the pairs that may exceed it; the others
-        are estimated within a first-order rounding-error bound (see
-        ``emgmm._kernels.PackedEstimate``). A pair left out moves ``S_k``, in the
-        metric of component ``k``, by at most ``r_ik Q_ik`` (``Q_ik`` its squared
-        Mahalanobis distance, about ``2 log(1 / r_ik)``): about 1e-18 at the
-        default, below float64 rounding. For 'diag' and 'spherical', such pairs are
-        left out of all three statistics of their component (``N_k``, ``s_k``,
-        ``S_k``: a sparse product when few pairs are kept), and a component whose
-        expanded log-density may be inexact (tight, far from the mixture mean) is
-        recomputed directly only on the rows where it may exceed the threshold.
+        Pairs (row, component) whose responsibility is at most this are left out of
+        that component's statistics ``N_k``, ``s_k`` and ``S_k`` ('full', 'diag',
+        'spherical'; gathered rows or a sparse product when few pairs are kept), and
+        for 'full' in float64 the E step computes exactly only the pairs that may
+        exceed it; the others are estimated within a first-order rounding-error
+        bound (see ``emgmm._kernels.PackedEstimate``). A pair left out moves
+        ``N_k`` by ``r_ik`` and ``S_k``, in the metric of component ``k``, by at
+        most ``r_ik Q_ik`` (``Q_ik`` its squared Mahalanobis distance, about
+        ``2 log(1 / r_ik)``): about 1e-18 at the default, below float64 rounding.
+        For 'diag' and 'spherical', a component whose expanded log-density may be
+        inexact (tight, far from the mixture mean) is recomputed directly only on
+        the rows where it may exceed the threshold. 'tied' pools every pair.
         ``0.0`` skips only exact zeros and computes every pair exactly (slower).
     on_degenerate : {'reinit', 'raise'}, default='reinit'
         What to do with a component whose covariance is not positive definite after

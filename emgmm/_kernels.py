@@ -1075,11 +1075,14 @@ def _kept_products(resp, Z, resp_threshold):
 _PACKED_MAX_CANCELLATION = 1e6
 
 
-def _gathered_second_moments(X, resp, centers, kept, components, out):
-    """``S_k = sum_{i: kept} r_ik (x_i - c_k)(x_i - c_k)^T`` per component, centred.
+def _gathered_moments(X, resp, centers, kept, components, nk, sum_x, sum_xx):
+    """``N_k``, ``s_k = sum r_ik (x_i - c_k)`` and
+    ``S_k = sum r_ik (x_i - c_k)(x_i - c_k)^T`` over each component's kept rows, into
+    ``nk``, ``sum_x`` and ``sum_xx`` (rows ``components``), centred.
 
-    Each component's kept rows are gathered into one buffer, centred on ``c_k`` and
-    scaled by ``sqrt(r_ik)`` in float64, and reduced by one symmetric rank-k update
+    Each component's kept rows are gathered into one buffer and centred on ``c_k`` in
+    float64; ``s_k`` is one matrix-vector product with the responsibilities, and
+    ``S_k``, after scaling the rows by ``sqrt(r_ik)``, one symmetric rank-k update
     (``syrk``), so the work is level-3 BLAS on the gathered rows only.
     """
     n, d = X.shape
@@ -1090,28 +1093,33 @@ def _gathered_second_moments(X, resp, centers, kept, components, out):
         rows = np.flatnonzero(kept[k])
         m = rows.size
         if m == 0:
-            out[k] = 0.0
+            nk[k] = 0.0
+            sum_x[k] = 0.0
+            sum_xx[k] = 0.0
             continue
         np.take(X, rows, axis=0, out=raw[:m])
         work = buf[:m]
         np.subtract(raw[:m], centers[k], out=work)
-        work *= np.sqrt(resp[rows, k])[:, None]
+        r = resp[rows, k]
+        nk[k] = r.sum()
+        np.matmul(r, work, out=sum_x[k])
+        work *= np.sqrt(r)[:, None]
         # work.T is Fortran-ordered (d, m): syrk(trans=0) gives the upper triangle
         # of work.T @ work (the strict lower triangle of its result is zero), mirrored
         upper = syrk(1.0, work.T, trans=0, lower=0)
-        out[k] = upper
-        out[k] += np.triu(upper, 1).T
-    return out
+        sum_xx[k] = upper
+        sum_xx[k] += np.triu(upper, 1).T
 
 
-def _packed_second_moments(X, resp, centers, g, out, resp_threshold=0.0):
-    """Centred second moments from one GEMM per row chunk (float64 accumulation),
-    leaving out the pairs with ``r_ik <= resp_threshold`` (> 0; masked per chunk).
+def _packed_moments(X, resp, centers, g, nk, sum_x, sum_xx, resp_threshold=0.0):
+    """Centred statistics from one GEMM per row chunk (float64 accumulation) into
+    ``nk``, ``sum_x`` and ``sum_xx``, leaving out the pairs with
+    ``r_ik <= resp_threshold`` (> 0; masked per chunk).
 
     ``R^T [y_j y_l (j <= l), y, 1]`` over the rows of a chunk (``y = x - g``) gives
     ``sum_i r_ik y y^T``, ``sum_i r_ik y`` and ``N_k`` for every component at once;
-    then ``S_k = sum r y y^T - s_k m_k^T - m_k s_k^T + N_k m_k m_k^T`` with
-    ``m_k = c_k - g``.
+    then ``s_k - N_k m_k`` and ``S_k = sum r y y^T - s_k m_k^T - m_k s_k^T +
+    N_k m_k m_k^T`` with ``m_k = c_k - g``.
 
     Returns
     -------
@@ -1133,15 +1141,17 @@ def _packed_second_moments(X, resp, centers, g, out, resp_threshold=0.0):
     m_k = centers - g
     s = acc[:, T:T + d]
     N = acc[:, T + d]
-    out[:, iu[0], iu[1]] = acc[:, :T]
-    out[:, iu[1], iu[0]] = acc[:, :T]
+    nk[:] = N
+    np.subtract(s, N[:, None] * m_k, out=sum_x)
+    sum_xx[:, iu[0], iu[1]] = acc[:, :T]
+    sum_xx[:, iu[1], iu[0]] = acc[:, :T]
     # per-feature magnitude of the expanded terms, a_j = sum r y_j^2 + N m_j^2
-    scale = np.diagonal(out, axis1=1, axis2=2) + N[:, None] * m_k**2
+    scale = np.diagonal(sum_xx, axis1=1, axis2=2) + N[:, None] * m_k**2
     # s m^T + m s^T - N m m^T = t m^T + m t^T with t = s - N m / 2 (one temporary)
     cross = (s - 0.5 * N[:, None] * m_k)[:, :, None] * m_k[:, None, :]
-    out -= cross
-    out -= np.swapaxes(cross, 1, 2)
-    return _cancellation(out, scale, N)
+    sum_xx -= cross
+    sum_xx -= np.swapaxes(cross, 1, 2)
+    return _cancellation(sum_xx, scale, N)
 
 
 def _cancellation(S, scale, N):
@@ -1180,31 +1190,39 @@ def _cancellation(S, scale, N):
     return out
 
 
-def _full_second_moments(X, resp, centers, nk, resp_threshold):
-    """``S_k = sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` for 'full', shape (K, d, d).
+def _full_statistics(X, resp, centers, resp_threshold):
+    """``N_k``, ``s_k`` and ``S_k = sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` for 'full'
+    over the pairs with ``r_ik > resp_threshold``.
 
     Dense responsibilities: one GEMM per row chunk of the packed products
-    (:func:`_packed_second_moments`), with components whose expanded sums would lose
+    (:func:`_packed_moments`), with components whose expanded sums would lose
     accuracy recomputed centred. Sparse ones (fewer than ``_GATHER_DENSITY`` of the
-    pairs above ``resp_threshold``): each component's rows gathered, centred and
-    reduced by one ``syrk`` (:func:`_gathered_second_moments`). Symmetric output.
+    pairs kept): each component's rows gathered, centred and reduced by one ``syrk``
+    (:func:`_gathered_moments`).
+
+    Returns
+    -------
+    nk : ndarray of shape (K,)
+    sum_x : ndarray of shape (K, d)
+    sum_xx : ndarray of shape (K, d, d), symmetric
     """
     n, d = X.shape
     K = centers.shape[0]
-    out = np.zeros((K, d, d))
+    nk, sum_x, sum_xx = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
     if n == 0:
-        return out
+        return nk, sum_x, sum_xx
     kept = (resp > resp_threshold).T
-    dense = (np.count_nonzero(kept) >= _GATHER_DENSITY * n * K
-             and _use_packed(d, K))
-    if not dense:
-        return _gathered_second_moments(X, resp, centers, kept, range(K), out)
-    g = _shift(centers, nk)
-    cancellation = _packed_second_moments(X, resp, centers, g, out, resp_threshold)
+    counts = np.count_nonzero(kept, axis=1)
+    if not (counts.sum() >= _GATHER_DENSITY * n * K and _use_packed(d, K)):
+        _gathered_moments(X, resp, centers, kept, range(K), nk, sum_x, sum_xx)
+        return nk, sum_x, sum_xx
+    g = _shift(centers, counts)
+    cancellation = _packed_moments(X, resp, centers, g, nk, sum_x, sum_xx,
+                                   resp_threshold)
     redo = np.flatnonzero(cancellation > _PACKED_MAX_CANCELLATION)
     if redo.size:
-        _gathered_second_moments(X, resp, centers, kept, redo, out)
-    return out
+        _gathered_moments(X, resp, centers, kept, redo, nk, sum_x, sum_xx)
+    return nk, sum_x, sum_xx
 
 
 def _tied_second_moments(X, resp, centers):
@@ -1257,7 +1275,7 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
     ``N_k = sum_i r_ik``, ``s_k = sum_i r_ik (x_i - c_k)`` and
     ``S_k = sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` (Bishop eq. 9.24-9.27 rewritten
     around ``c_k``; centring keeps float32 data clear of the ``E[x^2] - mu^2``
-    cancellation). For 'full', see :func:`_full_second_moments`; for 'tied',
+    cancellation). For 'full', see :func:`_full_statistics`; for 'tied',
     :func:`_tied_second_moments`. 'diag' and 'spherical' use matrix products around
     a common shift, in float64.
 
@@ -1271,9 +1289,9 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
         Centres ``c_k``.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     resp_threshold : float, default=0.0
-        Rows with ``r_ik <= resp_threshold`` are left out of component ``k``'s
-        second-moment statistic ('full'), or of all three of its statistics ('diag',
-        'spherical': :func:`_kept_products`). ``0.0`` only skips exact zeros (exact).
+        Rows with ``r_ik <= resp_threshold`` are left out of all three statistics of
+        component ``k`` ('full', 'diag', 'spherical'; 'tied' pools every pair).
+        ``0.0`` only skips exact zeros (exact).
     products : CentredProducts or None, default=None
         'diag' and 'spherical': :func:`centred_products` of ``X`` (those of the E
         step). ``None``: built around the responsibility-weighted mean of the centres.
@@ -1310,13 +1328,13 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
             sum_xx[k] = r @ (diff * diff)
         np.maximum(sum_xx, 0.0, out=sum_xx)
         return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
+    if covariance_type == "full":
+        nk, sum_x, sum_xx = _full_statistics(X, resp, centers, resp_threshold)
+        return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
     nk = resp.sum(axis=0)
     X64 = X.astype(np.float64, copy=False)
     sum_x = resp.T @ X64 - nk[:, None] * centers
-    if covariance_type == "full":
-        sum_xx = _full_second_moments(X, resp, centers, nk, resp_threshold)
-    else:
-        sum_xx = _tied_second_moments(X64, resp, centers)
+    sum_xx = _tied_second_moments(X64, resp, centers)
     return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
 
 
