@@ -1075,19 +1075,21 @@ def _kept_products(resp, Z, resp_threshold):
 _PACKED_MAX_CANCELLATION = 1e6
 
 
-def _gathered_moments(X, resp, centers, kept, components, nk, sum_x, sum_xx):
+def _gathered_moments(X, resp, centers, kept, counts, components, nk, sum_x, sum_xx):
     """``N_k``, ``s_k = sum r_ik (x_i - c_k)`` and
     ``S_k = sum r_ik (x_i - c_k)(x_i - c_k)^T`` over each component's kept rows, into
     ``nk``, ``sum_x`` and ``sum_xx`` (rows ``components``), centred.
 
-    Each component's kept rows are gathered into one buffer and centred on ``c_k`` in
-    float64; ``s_k`` is one matrix-vector product with the responsibilities, and
-    ``S_k``, after scaling the rows by ``sqrt(r_ik)``, one symmetric rank-k update
-    (``syrk``), so the work is level-3 BLAS on the gathered rows only.
+    Each component's kept rows (``counts[k]`` of them) are gathered into one buffer
+    and centred on ``c_k`` in float64; ``s_k`` is one matrix-vector product with the
+    responsibilities, and ``S_k``, after scaling the rows by ``sqrt(r_ik)``, one
+    symmetric rank-k update (``syrk``), so the work is level-3 BLAS on the gathered
+    rows only.
     """
-    n, d = X.shape
-    buf = np.empty((n, d), dtype=np.float64)
-    raw = buf if X.dtype == np.float64 else np.empty((n, d), dtype=X.dtype)
+    d = X.shape[1]
+    size = int(counts[components].max(initial=0))
+    buf = np.empty((size, d), dtype=np.float64)
+    raw = buf if X.dtype == np.float64 else np.empty((size, d), dtype=X.dtype)
     (syrk,) = linalg.get_blas_funcs(("syrk",), (buf,))
     for k in components:
         rows = np.flatnonzero(kept[k])
@@ -1214,14 +1216,15 @@ def _full_statistics(X, resp, centers, resp_threshold):
     kept = (resp > resp_threshold).T
     counts = np.count_nonzero(kept, axis=1)
     if not (counts.sum() >= _GATHER_DENSITY * n * K and _use_packed(d, K)):
-        _gathered_moments(X, resp, centers, kept, range(K), nk, sum_x, sum_xx)
+        _gathered_moments(X, resp, centers, kept, counts, np.arange(K), nk, sum_x,
+                          sum_xx)
         return nk, sum_x, sum_xx
     g = _shift(centers, counts)
     cancellation = _packed_moments(X, resp, centers, g, nk, sum_x, sum_xx,
                                    resp_threshold)
     redo = np.flatnonzero(cancellation > _PACKED_MAX_CANCELLATION)
     if redo.size:
-        _gathered_moments(X, resp, centers, kept, redo, nk, sum_x, sum_xx)
+        _gathered_moments(X, resp, centers, kept, counts, redo, nk, sum_x, sum_xx)
     return nk, sum_x, sum_xx
 
 
