@@ -135,8 +135,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         accumulated in float64 in every case.
     resp_threshold : float, default=1e-20
         Pairs (row, component) whose responsibility is at most this are left out of
-        that component's statistics ``N_k``, ``s_k`` and ``S_k`` ('full', 'diag',
-        'spherical'; gathered rows or a sparse product when few pairs are kept), and
+        that component's statistics ``N_k``, ``s_k`` and ``S_k`` ('full'; 'diag' and
+        'spherical' with at least 24 features, below which masking the pairs costs
+        more than it saves; gathered rows or a sparse product when few are kept), and
         for 'full' in float64 the E step computes exactly only the pairs that may
         exceed it; the others are estimated within a first-order rounding-error
         bound (see ``emgmm._kernels.PackedEstimate``). A pair left out moves

@@ -1031,19 +1031,28 @@ class SufficientStatistics:
 # threshold, the 'full' statistics gather each component's rows instead of running the
 # dense packed product over all of them.
 _GATHER_DENSITY = 0.25
-# ... and the 'diag'/'spherical' statistics take a sparse product of the kept pairs
-# (measured on a [3572, 129] block with K=64, one thread: 0.8 ms against 1.7 ms for
-# the dense product at 2% of the pairs kept; the two cost the same near 7%).
-_SPARSE_DENSITY = 0.05
+# 'diag'/'spherical' statistics leave out the pairs at or below the threshold from
+# SPARSE_MIN_FEATURES features on: below, the mask of the kept pairs costs more than
+# the product it saves (one thread, K=64, 2% of the pairs kept: 1.7x the plain
+# product at d=8, 1.1x at d=16, 0.8x at d=24, 0.4x at d=64). Their sparse product is
+# taken while the kept share is below _sparse_share (the measured crossovers: about
+# 2.5% at d=24, 3% at d=32, 4.5% at d=64).
+SPARSE_MIN_FEATURES = 24
+
+
+def _sparse_share(n_columns):
+    """Kept share of the pairs below which :func:`_kept_products` takes the sparse
+    product for ``Z`` of ``n_columns`` columns."""
+    return min(0.04, n_columns / 2500)
 
 
 def _kept_products(resp, Z, resp_threshold):
     """``G_k = sum_i r_ik Z_i`` over the pairs with ``r_ik > resp_threshold``.
 
-    When fewer than ``_SPARSE_DENSITY`` of the pairs are kept, the kept
-    responsibilities form a CSR matrix (``scipy.sparse``) whose product with ``Z``
-    costs in proportion to the kept pairs; else one GEMM, with the other pairs set to
-    zero.
+    When the kept share is below :func:`_sparse_share`, the kept responsibilities
+    form a CSR matrix (``scipy.sparse``) whose product with ``Z`` costs in proportion
+    to the kept pairs; else one GEMM, with the other pairs set to zero (none when
+    every pair is kept).
 
     Parameters
     ----------
@@ -1057,11 +1066,13 @@ def _kept_products(resp, Z, resp_threshold):
     G : ndarray of shape (K, m), float64
     """
     R = resp.T
+    if resp_threshold <= 0.0:
+        return R @ Z  # the pairs left out are zeros
     kept = R > resp_threshold
     nnz = np.count_nonzero(kept)
     if nnz == kept.size:
         return R @ Z
-    if nnz >= _SPARSE_DENSITY * kept.size:
+    if nnz >= _sparse_share(Z.shape[1]) * kept.size:
         return np.where(kept, R, 0.0) @ Z
     K, n = R.shape
     indptr = np.zeros(K + 1, dtype=np.int64)
@@ -1069,6 +1080,8 @@ def _kept_products(resp, Z, resp_threshold):
     # positions in row-major (K, n) order: sorted by component, then row
     indices = np.flatnonzero(kept) % max(n, 1)
     return sparse.csr_array((R[kept], indices, indptr), shape=(K, n)) @ Z
+
+
 # The packed (expanded) second moments are kept for a component while the rounding of
 # the expanded terms, amplified in S_k^{-1} (see _cancellation), is at most this times
 # the float64 unit roundoff (~1e-10 relative); others are recomputed centred.
@@ -1219,7 +1232,9 @@ def _full_statistics(X, resp, centers, resp_threshold):
         _gathered_moments(X, resp, centers, kept, counts, np.arange(K), nk, sum_x,
                           sum_xx)
         return nk, sum_x, sum_xx
-    g = _shift(centers, counts)
+    # the mixture mean by responsibility mass: a broad component that keeps a pair
+    # on every row would pull a shift weighted by kept pairs far from the data
+    g = _shift(centers, resp.sum(axis=0))
     cancellation = _packed_moments(X, resp, centers, g, nk, sum_x, sum_xx,
                                    resp_threshold)
     redo = np.flatnonzero(cancellation > _PACKED_MAX_CANCELLATION)
@@ -1293,8 +1308,9 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     resp_threshold : float, default=0.0
         Rows with ``r_ik <= resp_threshold`` are left out of all three statistics of
-        component ``k`` ('full', 'diag', 'spherical'; 'tied' pools every pair).
-        ``0.0`` only skips exact zeros (exact).
+        component ``k`` ('full'; 'diag' and 'spherical' from ``SPARSE_MIN_FEATURES``
+        features on; 'tied' pools every pair). ``0.0`` only skips exact zeros
+        (exact).
     products : CentredProducts or None, default=None
         'diag' and 'spherical': :func:`centred_products` of ``X`` (those of the E
         step). ``None``: built around the responsibility-weighted mean of the centres.
@@ -1314,6 +1330,8 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
         d = X.shape[1]
         if products is None:
             products = centred_products(X, centers, resp.sum(axis=0))
+        if d < SPARSE_MIN_FEATURES:
+            resp_threshold = 0.0  # every pair (see SPARSE_MIN_FEATURES)
         G = _kept_products(resp, products.Z, resp_threshold)
         nk = G[:, 2 * d]
         cg = centers - products.shift

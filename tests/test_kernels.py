@@ -632,14 +632,15 @@ def test_block_statistics_from_e_step_products(covariance_type, dtype):
     assert_stats_match(stats, X, resp, means, covariance_type)
 
 
-@pytest.mark.parametrize("kept_share", [0.01, 0.5])  # sparse / dense product
+@pytest.mark.parametrize("kept_share", [0.005, 0.5])  # sparse / dense product
 @pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
 def test_block_statistics_leave_out_pairs_below_threshold(covariance_type, kept_share):
     """Pairs with r_ik <= resp_threshold are left out of N_k, s_k and S_k, both when
     few pairs are kept (gathered rows for 'full', the sparse product for 'diag' and
     'spherical') and when many are (the masked dense products)."""
     rng = np.random.default_rng(13)
-    n, d, K = 3000, 4, 50
+    n, K = 3000, 100
+    d = 4 if covariance_type == "full" else kernels.SPARSE_MIN_FEATURES
     threshold = 1e-10
     X = rng.normal(size=(n, d))
     centers = rng.normal(scale=0.5, size=(K, d))
@@ -652,8 +653,10 @@ def test_block_statistics_leave_out_pairs_below_threshold(covariance_type, kept_
     resp /= resp.sum(axis=1, keepdims=True)
     kept = np.where(resp > threshold, resp, 0.0)
     share = np.count_nonzero(kept) / kept.size
-    assert share < kernels._SPARSE_DENSITY if kept_share < 0.1 else \
-        share > kernels._GATHER_DENSITY
+    if covariance_type == "full":
+        assert (share < kernels._GATHER_DENSITY) == (kept_share < 0.1)
+    else:
+        assert (share < kernels._sparse_share(2 * d + 1)) == (kept_share < 0.1)
     stats = kernels.block_statistics(*ro(X, np.asfortranarray(resp), centers),
                                      covariance_type, resp_threshold=threshold)
     nk, sum_x, sum_xx, scale_x, scale_xx = oracle_stats(X, kept, centers,
@@ -666,6 +669,38 @@ def test_block_statistics_leave_out_pairs_below_threshold(covariance_type, kept_
         got_xx = np.triu(got_xx)
         sum_xx, tol_xx = np.triu(sum_xx), np.triu(tol_xx)
     assert np.all(np.abs(got_xx - sum_xx) <= tol_xx)
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+def test_block_statistics_keep_every_pair_below_sparse_min_features(covariance_type):
+    """With fewer than SPARSE_MIN_FEATURES features 'diag'/'spherical' keep every pair
+    (masking them would cost more than the product saves)."""
+    rng = np.random.default_rng(14)
+    n, K, d = 2000, 20, kernels.SPARSE_MIN_FEATURES - 1
+    X = rng.normal(size=(n, d))
+    centers = rng.normal(scale=0.5, size=(K, d))
+    resp = rng.random((n, K)) * np.where(rng.random((n, K)) < 0.05, 1.0, 1e-11)
+    resp /= resp.sum(axis=1, keepdims=True)
+    stats = kernels.block_statistics(*ro(X, np.asfortranarray(resp), centers),
+                                     covariance_type, resp_threshold=1e-9)
+    assert_stats_match(stats, X, resp, centers, covariance_type)
+
+
+def test_full_statistics_broad_component_keeps_shift_near_data():
+    """A broad component of small weight keeps a pair on every row; the shift of the
+    packed sums stays the mixture mean by responsibility mass, so the heavy
+    component's expanded sums do not cancel (a shift by kept pairs lost ~1e-10)."""
+    rng = np.random.default_rng(1)
+    d, off = 3, 600.0
+    X = np.vstack([rng.normal(size=(1980, d)), off + off * rng.normal(size=(20, d))])
+    U = kernels.precisions_cholesky_from_covariances(
+        np.array([np.eye(d), off**2 * np.eye(d)]), "full")
+    _, resp = kernels.estimate_resp(X, np.array([0.99, 0.01]),
+                                    np.array([np.zeros(d), np.full(d, off)]), U, "full")
+    assert np.count_nonzero(resp > 1e-20) / resp.size > kernels._GATHER_DENSITY
+    centers = np.array([np.full(d, 0.01), np.full(d, off)])
+    stats = kernels.block_statistics(*ro(X, resp, centers), "full", resp_threshold=1e-20)
+    assert_stats_match(stats, X, np.where(resp > 1e-20, resp, 0.0), centers, "full")
 
 
 @pytest.mark.parametrize("margin", [None, 48.0])
