@@ -141,12 +141,8 @@ def component_statistics_task(source, r0, start, stop, block_size, model, k0, bu
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1, compute_dtype)
             resp = np.exp(buf[b0 - r0:b1 - r0, k0:k1])
-            stats = block_statistics(X, resp, centers, model.covariance_type,
-                                     resp_threshold)
-            if total is None:
-                total = stats
-            else:
-                total += stats
+            total = block_statistics(X, resp, centers, model.covariance_type,
+                                     resp_threshold, out=total)
         del buf
     return total
 

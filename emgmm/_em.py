@@ -158,16 +158,12 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
                 model.covariance_type, margin, prepared, products,
             )
             check_explained(log_prob_norm, b0, source, compute_dtype, model.means)
-            stats = block_statistics(X, resp, centers, model.covariance_type,
-                                     resp_threshold, products)
-            stats.log_likelihood = float(log_prob_norm.sum())
-            if total is None:
-                total = stats
-            else:
-                total += stats
+            total = block_statistics(X, resp, centers, model.covariance_type,
+                                     resp_threshold, products, out=total)
+            total.log_likelihood += float(log_prob_norm.sum())
             worst = worst.update(log_prob_norm, b0, X)
             # release this block's arrays before the next block allocates its own
-            del X, products, log_prob_norm, resp, stats
+            del X, products, log_prob_norm, resp
     return total, worst
 
 
@@ -409,6 +405,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
                 u, bad = factorize(covariances, ct, compute_dtype)
             if bad:
                 raise ValueError(_ill_defined_message(bad[0], compute_dtype))
+        # the statistics (K d^2 values for 'full') are not needed in the next pass
+        del stats, worst
         change = lower_bound - prev
         record = {
             "event": "iteration",

@@ -568,13 +568,15 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                     start = None
                     if resume is not None and init == first:
                         random_state.set_state(resume.rng_state)
-                        model, start = resume.run.model, resume.run
-                    elif do_init:
-                        model = self._initial_model(source, random_state, inits, block_size)
-                    else:
-                        model = self._current_model()
+                        start = resume.run
+                    # the starting model goes to run_em without a reference here, so
+                    # that it is freed after the first iteration (K d^2 values twice)
                     run = run_em(
-                        executor, tasks, block_size, model, n,
+                        executor, tasks, block_size,
+                        start.model if start is not None else (
+                            self._initial_model(source, random_state, inits, block_size)
+                            if do_init else self._current_model()),
+                        n,
                         max_iter=self.max_iter, tol=self.tol, reg_covar=self.reg_covar,
                         compute_dtype=compute_dtype, resp_threshold=self.resp_threshold,
                         on_degenerate=self.on_degenerate, min_count=1.0,

@@ -1089,15 +1089,15 @@ _PACKED_MAX_CANCELLATION = 1e6
 
 
 def _gathered_moments(X, resp, centers, kept, counts, components, nk, sum_x, sum_xx):
-    """``N_k``, ``s_k = sum r_ik (x_i - c_k)`` and
-    ``S_k = sum r_ik (x_i - c_k)(x_i - c_k)^T`` over each component's kept rows, into
+    """Add ``N_k``, ``s_k = sum r_ik (x_i - c_k)`` and the upper triangle of
+    ``S_k = sum r_ik (x_i - c_k)(x_i - c_k)^T`` over each component's kept rows into
     ``nk``, ``sum_x`` and ``sum_xx`` (rows ``components``), centred.
 
     Each component's kept rows (``counts[k]`` of them) are gathered into one buffer
     and centred on ``c_k`` in float64; ``s_k`` is one matrix-vector product with the
     responsibilities, and ``S_k``, after scaling the rows by ``sqrt(r_ik)``, one
     symmetric rank-k update (``syrk``), so the work is level-3 BLAS on the gathered
-    rows only.
+    rows only. The strict lower triangle of ``sum_xx`` is left as it is.
     """
     d = X.shape[1]
     size = int(counts[components].max(initial=0))
@@ -1108,22 +1108,17 @@ def _gathered_moments(X, resp, centers, kept, counts, components, nk, sum_x, sum
         rows = np.flatnonzero(kept[k])
         m = rows.size
         if m == 0:
-            nk[k] = 0.0
-            sum_x[k] = 0.0
-            sum_xx[k] = 0.0
             continue
         np.take(X, rows, axis=0, out=raw[:m])
         work = buf[:m]
         np.subtract(raw[:m], centers[k], out=work)
         r = resp[rows, k]
-        nk[k] = r.sum()
-        np.matmul(r, work, out=sum_x[k])
+        nk[k] += r.sum()
+        sum_x[k] += r @ work
         work *= np.sqrt(r)[:, None]
         # work.T is Fortran-ordered (d, m): syrk(trans=0) gives the upper triangle
-        # of work.T @ work (the strict lower triangle of its result is zero), mirrored
-        upper = syrk(1.0, work.T, trans=0, lower=0)
-        sum_xx[k] = upper
-        sum_xx[k] += np.triu(upper, 1).T
+        # of work.T @ work (the strict lower triangle of its result is zero)
+        sum_xx[k] += syrk(1.0, work.T, trans=0, lower=0)
 
 
 def _packed_moments(X, resp, centers, g, nk, sum_x, sum_xx, resp_threshold=0.0):
@@ -1205,42 +1200,39 @@ def _cancellation(S, scale, N):
     return out
 
 
-def _full_statistics(X, resp, centers, resp_threshold):
-    """``N_k``, ``s_k`` and ``S_k = sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` for 'full'
-    over the pairs with ``r_ik > resp_threshold``.
+def _full_statistics(X, resp, centers, resp_threshold, nk, sum_x, sum_xx):
+    """Add ``N_k``, ``s_k`` and ``S_k = sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` for
+    'full' over the pairs with ``r_ik > resp_threshold`` into ``nk`` (K,), ``sum_x``
+    (K, d) and the upper triangle of ``sum_xx`` (K, d, d).
 
     Dense responsibilities: one GEMM per row chunk of the packed products
-    (:func:`_packed_moments`), with components whose expanded sums would lose
-    accuracy recomputed centred. Sparse ones (fewer than ``_GATHER_DENSITY`` of the
-    pairs kept): each component's rows gathered, centred and reduced by one ``syrk``
-    (:func:`_gathered_moments`).
-
-    Returns
-    -------
-    nk : ndarray of shape (K,)
-    sum_x : ndarray of shape (K, d)
-    sum_xx : ndarray of shape (K, d, d), symmetric
+    (:func:`_packed_moments`, small ``d``), with components whose expanded sums would
+    lose accuracy recomputed centred. Sparse ones (fewer than ``_GATHER_DENSITY`` of
+    the pairs kept): each component's rows gathered, centred and reduced by one
+    ``syrk`` (:func:`_gathered_moments`), straight into the sums.
     """
     n, d = X.shape
     K = centers.shape[0]
-    nk, sum_x, sum_xx = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
     if n == 0:
-        return nk, sum_x, sum_xx
+        return
     kept = (resp > resp_threshold).T
     counts = np.count_nonzero(kept, axis=1)
     if not (counts.sum() >= _GATHER_DENSITY * n * K and _use_packed(d, K)):
-        _gathered_moments(X, resp, centers, kept, counts, np.arange(K), nk, sum_x,
-                          sum_xx)
-        return nk, sum_x, sum_xx
+        _gathered_moments(X, resp, centers, kept, counts, range(K), nk, sum_x, sum_xx)
+        return
+    block = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
     # the mixture mean by responsibility mass: a broad component that keeps a pair
     # on every row would pull a shift weighted by kept pairs far from the data
     g = _shift(centers, resp.sum(axis=0))
-    cancellation = _packed_moments(X, resp, centers, g, nk, sum_x, sum_xx,
-                                   resp_threshold)
+    cancellation = _packed_moments(X, resp, centers, g, *block, resp_threshold)
     redo = np.flatnonzero(cancellation > _PACKED_MAX_CANCELLATION)
     if redo.size:
-        _gathered_moments(X, resp, centers, kept, counts, redo, nk, sum_x, sum_xx)
-    return nk, sum_x, sum_xx
+        for part in block:
+            part[redo] = 0.0
+        _gathered_moments(X, resp, centers, kept, counts, redo, *block)
+    nk += block[0]
+    sum_x += block[1]
+    sum_xx += block[2]
 
 
 def _tied_second_moments(X, resp, centers):
@@ -1287,7 +1279,7 @@ def _tied_second_moments(X, resp, centers):
 
 
 def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
-                     products=None):
+                     products=None, out=None):
     """Sufficient statistics of one block, centred on ``centers``.
 
     ``N_k = sum_i r_ik``, ``s_k = sum_i r_ik (x_i - c_k)`` and
@@ -1314,11 +1306,16 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
     products : CentredProducts or None, default=None
         'diag' and 'spherical': :func:`centred_products` of ``X`` (those of the E
         step). ``None``: built around the responsibility-weighted mean of the centres.
+    out : SufficientStatistics or None, default=None
+        Sums of earlier blocks with the same centres: this block's statistics are
+        added into it (for 'full' without a ``(K, d, d)`` array per block).
 
     Returns
     -------
     SufficientStatistics
-        With ``log_likelihood = 0.0``; the caller adds the block's log-likelihood.
+        ``out``, or new statistics with ``log_likelihood = 0.0``; the caller adds the
+        block's log-likelihood. For 'full' only the upper triangle of ``sum_xx`` is
+        meaningful (see :class:`SufficientStatistics`).
     """
     X = np.asarray(X)
     n = X.shape[0]
@@ -1348,15 +1345,26 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
             sum_x[k] = r @ diff
             sum_xx[k] = r @ (diff * diff)
         np.maximum(sum_xx, 0.0, out=sum_xx)
-        return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
-    if covariance_type == "full":
-        nk, sum_x, sum_xx = _full_statistics(X, resp, centers, resp_threshold)
-        return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
-    nk = resp.sum(axis=0)
-    X64 = X.astype(np.float64, copy=False)
-    sum_x = resp.T @ X64 - nk[:, None] * centers
-    sum_xx = _tied_second_moments(X64, resp, centers)
-    return SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
+        stats = SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
+    elif covariance_type == "full":
+        K, d = centers.shape
+        if out is None:
+            out = SufficientStatistics(np.zeros(K), np.zeros((K, d)),
+                                       np.zeros((K, d, d)), 0.0, 0)
+        _full_statistics(X, resp, centers, resp_threshold, out.nk, out.sum_x,
+                         out.sum_xx)
+        out.n_samples += n
+        return out
+    else:
+        nk = resp.sum(axis=0)
+        X64 = X.astype(np.float64, copy=False)
+        sum_x = resp.T @ X64 - nk[:, None] * centers
+        sum_xx = _tied_second_moments(X64, resp, centers)
+        stats = SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
+    if out is None:
+        return stats
+    out += stats
+    return out
 
 
 # A covariance left by subtracting the squared shift of the mean from second moments
@@ -1437,9 +1445,13 @@ def m_step(stats, centers, reg_covar, covariance_type):
     means = np.asarray(centers, dtype=np.float64) + shift
     d = means.shape[1]
     if covariance_type == "full":
-        upper = stats.sum_xx / nk[:, None, None]
-        cov = np.triu(upper) + np.swapaxes(np.triu(upper, 1), 1, 2)
-        cov -= shift[:, :, None] * shift[:, None, :]
+        # from the upper triangle of the statistics, one (d, d) temporary at a time
+        # (the model may be gigabytes: K d^2 float64 per array)
+        cov = stats.sum_xx / nk[:, None, None]
+        lower = np.tril(np.ones((d, d), dtype=bool), -1)
+        for c, delta in zip(cov, shift):
+            c -= np.multiply.outer(delta, delta)
+            np.copyto(c, c.T, where=lower)
         cov[:, np.arange(d), np.arange(d)] += reg_covar
     elif covariance_type == "tied":
         cov = stats.sum_xx - (shift.T * nk) @ shift

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import tracemalloc
 import warnings
+import weakref
 
 import numpy as np
 import psutil
@@ -257,6 +258,46 @@ def test_per_block_outputs_hold_the_result_and_about_one_block(covariance_type):
                                    rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(gm.score_samples(X)[57_000:59_000],
                                gm.score_samples(X[57_000:59_000]), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n_jobs", [1, None])
+def test_starting_model_and_statistics_are_freed_after_their_iteration(monkeypatch,
+                                                                       n_jobs):
+    """Only the current model (and for the M step the current statistics) stay in
+    memory: the starting model and the statistics of the iteration before are freed,
+    not held through the next pass (for 'full' each is K d^2 float64 values,
+    gigabytes at d = 900)."""
+    from emgmm import _em
+    from emgmm import _gaussian_mixture as gaussian_mixture
+
+    refs = {"model": [], "stats": []}
+    initial_model = GaussianMixture._initial_model
+
+    def spy_model(self, *args, **kwargs):
+        model = initial_model(self, *args, **kwargs)
+        refs["model"].append(weakref.ref(model.precisions_cholesky))
+        return model
+
+    m_step = _em.m_step
+
+    def spy_stats(stats, *args, **kwargs):
+        refs["stats"].append(weakref.ref(stats.sum_xx))
+        return m_step(stats, *args, **kwargs)
+
+    alive = []
+
+    def spy_pass(*args, **kwargs):
+        if len(refs["stats"]) == 1:  # the second iteration's pass
+            alive.append((refs["model"][0]() is not None, refs["stats"][0]() is not None))
+        return statistics_pass(*args, **kwargs)
+
+    statistics_pass = gaussian_mixture.rows_statistics_pass
+    monkeypatch.setattr(GaussianMixture, "_initial_model", spy_model)
+    monkeypatch.setattr(_em, "m_step", spy_stats)
+    monkeypatch.setattr(gaussian_mixture, "rows_statistics_pass", spy_pass)
+    X = np.random.default_rng(0).normal(size=(3000, 5))
+    GaussianMixture(3, max_iter=3, tol=0, random_state=0, n_jobs=n_jobs).fit(X)
+    assert alive == [(False, False)]
 
 
 # ---------------------------------------------------------------------------- C19

@@ -29,6 +29,7 @@ float64 roundoff.
 import functools
 import operator
 import pickle
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -433,6 +434,75 @@ def oracle_m_step(X, resp, reg_covar, covariance_type):
     else:
         cov = np.diagonal(covs, axis1=1, axis2=2).mean(axis=1) + reg_covar
     return weights, means, cov
+
+
+def traced_peak(func, *args, **kwargs):
+    """``func(*args, **kwargs)`` and the peak of the memory it allocated (bytes)."""
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        result = func(*args, **kwargs)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, peak - before
+
+
+def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
+    """'full' M step from the upper triangle of S_k (the lower one holds garbage
+    here), allocating its covariances and (d, d) temporaries only: the model may be
+    gigabytes (it took five (K, d, d) arrays)."""
+    rng = np.random.default_rng(5)
+    K, d = 20, 150
+    S = np.stack([random_spd(rng, d) for _ in range(K)]) * 50.0
+    garbage = np.tril(rng.normal(size=(K, d, d)), -1)
+    stats = kernels.SufficientStatistics(rng.uniform(20, 60, K), rng.normal(size=(K, d)),
+                                         np.triu(S) + garbage, 0.0, 1000)
+    centers = rng.normal(size=(K, d))
+    (weights, means, cov), peak = traced_peak(kernels.m_step, stats, centers, 1e-6,
+                                              "full")
+    assert peak < 1.25 * S.nbytes
+    nk = stats.nk + 10 * np.finfo(np.float64).eps
+    shift = stats.sum_x / nk[:, None]
+    expected = S / nk[:, None, None] - shift[:, :, None] * shift[:, None, :]
+    expected[:, np.arange(d), np.arange(d)] += 1e-6
+    assert_array_equal(cov, np.swapaxes(cov, 1, 2))
+    assert_allclose(cov, expected, rtol=1e-13, atol=1e-13 * np.abs(expected).max())
+    assert_allclose(means, centers + shift, rtol=1e-15)
+    assert_allclose(weights, nk / nk.sum(), rtol=1e-15)
+
+
+@pytest.mark.parametrize("kept_share", [0.02, 0.6])  # gathered rows / packed product
+def test_full_statistics_add_into_the_sums_of_earlier_blocks(kept_share):
+    """block_statistics(out=...) adds a 'full' block into the sums: equal to the sum of
+    the blocks' own statistics (bitwise, upper triangles), and for gathered rows
+    without a (K, d, d) array per block."""
+    rng = np.random.default_rng(6)
+    n, d, K = 600, 40, 30
+    X = rng.normal(size=(3 * n, d))
+    keep = rng.random((3 * n, K)) < kept_share
+    keep[np.arange(3 * n), rng.integers(K, size=3 * n)] = True  # a pair in every row
+    resp = rng.random((3 * n, K)) * np.where(keep, 1.0, 1e-30)
+    resp /= resp.sum(axis=1, keepdims=True)
+    resp = np.asfortranarray(resp)
+    centers = rng.normal(scale=0.3, size=(K, d))
+    parts = [kernels.block_statistics(X[i:i + n], resp[i:i + n], centers, "full", 1e-20)
+             for i in range(0, 3 * n, n)]
+    total = kernels.block_statistics(X[:n], resp[:n], centers, "full", 1e-20)
+    for i in (n, 2 * n):
+        total, peak = traced_peak(kernels.block_statistics, X[i:i + n], resp[i:i + n],
+                                  centers, "full", 1e-20, out=total)
+    expected = parts[0] + parts[1] + parts[2]
+    iu = np.triu_indices(d)
+    assert total.n_samples == 3 * n
+    assert_array_equal(total.nk, expected.nk)
+    assert_array_equal(total.sum_x, expected.sum_x)
+    assert_array_equal(total.sum_xx[:, iu[0], iu[1]], expected.sum_xx[:, iu[0], iu[1]])
+    share = np.count_nonzero(resp > 1e-20) / resp.size
+    assert (share < kernels._GATHER_DENSITY) == (kept_share < 0.1)
+    if kept_share < 0.1:
+        assert peak < 0.25 * total.sum_xx.nbytes
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
