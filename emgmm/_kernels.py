@@ -977,8 +977,9 @@ class SufficientStatistics:
     sum_x : ndarray of shape (K, d), float64
         ``sum_i r_ik (x_i - c_k)``.
     sum_xx : ndarray, float64
-        'full': ``(K, d, d)``, ``sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` (upper triangle
-        filled; the lower is symmetrised in :func:`m_step`); 'tied': ``(d, d)``, the
+        'full': ``(K, d, d)``, ``sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` (only the upper
+        triangle is meaningful: gathered rows fill only it, and :func:`m_step`
+        symmetrises from it); 'tied': ``(d, d)``, the
         same summed over ``k``; 'diag' and 'spherical': ``(K, d)``, the diagonal.
     log_likelihood : float
         ``sum_i log p(x_i)`` under the parameters of the E step.
@@ -1445,13 +1446,15 @@ def m_step(stats, centers, reg_covar, covariance_type):
     means = np.asarray(centers, dtype=np.float64) + shift
     d = means.shape[1]
     if covariance_type == "full":
-        # from the upper triangle of the statistics, one (d, d) temporary at a time
+        # from the upper triangle of the statistics, with cache-sized temporaries
         # (the model may be gigabytes: K d^2 float64 per array)
         cov = stats.sum_xx / nk[:, None, None]
         lower = np.tril(np.ones((d, d), dtype=bool), -1)
-        for c, delta in zip(cov, shift):
-            c -= np.multiply.outer(delta, delta)
-            np.copyto(c, c.T, where=lower)
+        step = max(1, 2**16 // (d * d))
+        for k0 in range(0, len(cov), step):
+            c, delta = cov[k0:k0 + step], shift[k0:k0 + step]
+            c -= delta[:, :, None] * delta[:, None, :]
+            np.copyto(c, np.swapaxes(c, 1, 2), where=lower)
         cov[:, np.arange(d), np.arange(d)] += reg_covar
     elif covariance_type == "tied":
         cov = stats.sum_xx - (shift.T * nk) @ shift

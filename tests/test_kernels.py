@@ -454,7 +454,7 @@ def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
     here), allocating its covariances and (d, d) temporaries only: the model may be
     gigabytes (it took five (K, d, d) arrays)."""
     rng = np.random.default_rng(5)
-    K, d = 20, 150
+    K, d = 40, 150
     S = np.stack([random_spd(rng, d) for _ in range(K)]) * 50.0
     garbage = np.tril(rng.normal(size=(K, d, d)), -1)
     stats = kernels.SufficientStatistics(rng.uniform(20, 60, K), rng.normal(size=(K, d)),
