@@ -330,8 +330,10 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
     executor : Executor
     tasks : list of (start, stop)
     block_size : int
-    model : Model
-        Starting parameters.
+    model : Model or callable
+        Starting parameters, or a function without arguments that returns them: then
+        nothing outside keeps the starting model, which is freed after the first
+        iteration (``K d^2`` values twice for 'full').
     n_samples : int
     max_iter, tol, reg_covar, compute_dtype, resp_threshold, on_degenerate
         As the estimator's parameters.
@@ -353,6 +355,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
     -------
     RunResult
     """
+    if callable(model):
+        model = model()
     ct = model.covariance_type
     K = model.means.shape[0]
     if start is None:

@@ -569,14 +569,15 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                     if resume is not None and init == first:
                         random_state.set_state(resume.rng_state)
                         start = resume.run
-                    # the starting model goes to run_em without a reference here, so
-                    # that it is freed after the first iteration (K d^2 values twice)
+                    # built here (before the checkpointer records the random state)
+                    # and handed over in a list that run_em empties, so that nothing
+                    # here keeps it after the first iteration (K d^2 values twice)
+                    starting = [start.model if start is not None else
+                                self._initial_model(source, random_state, inits,
+                                                    block_size)
+                                if do_init else self._current_model()]
                     run = run_em(
-                        executor, tasks, block_size,
-                        start.model if start is not None else (
-                            self._initial_model(source, random_state, inits, block_size)
-                            if do_init else self._current_model()),
-                        n,
+                        executor, tasks, block_size, starting.pop, n,
                         max_iter=self.max_iter, tol=self.tol, reg_covar=self.reg_covar,
                         compute_dtype=compute_dtype, resp_threshold=self.resp_threshold,
                         on_degenerate=self.on_degenerate, min_count=1.0,
