@@ -373,13 +373,16 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
         stats, worst = statistics_pass(executor, tasks, block_size, model,
                                        compute_dtype, resp_threshold, n_worst)
         prev, lower_bound = lower_bound, stats.log_likelihood / n_samples
-        weights, means, covariances = m_step(stats, model.means, reg_covar, ct)
+        # (the covariances replace the second moments: only N_k and s_k are read on)
+        weights, means, covariances = m_step(stats, model.means, reg_covar, ct,
+                                             overwrite=True)
         if needs_recentring(stats, means, covariances, ct).any():
             # a tight component moved far from its centre: the same responsibilities
             # summed again around the new means (one more pass, rarely needed)
             stats, _ = statistics_pass(executor, tasks, block_size, model,
                                        compute_dtype, resp_threshold, 0, centers=means)
-            weights, means, covariances = m_step(stats, means, reg_covar, ct)
+            weights, means, covariances = m_step(stats, means, reg_covar, ct,
+                                                 overwrite=True)
         u, bad = factorize(covariances, ct, compute_dtype)
         # a component re-seeded before that starves again is kept, as scikit-learn
         # keeps it (its covariance is positive definite; re-seeding it on every

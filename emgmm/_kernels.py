@@ -1414,7 +1414,7 @@ def needs_recentring(stats, means, covariances, covariance_type):
     return lost.any(axis=1) & (nk > 0.0)
 
 
-def m_step(stats, centers, reg_covar, covariance_type):
+def m_step(stats, centers, reg_covar, covariance_type, overwrite=False):
     """Maximisation step from summed sufficient statistics (Bishop eq. 9.24-9.26).
 
     ``N_k`` gets ``10 * eps`` added as in scikit-learn, ``w_k = N_k / sum N``,
@@ -1431,6 +1431,10 @@ def m_step(stats, centers, reg_covar, covariance_type):
     reg_covar : float
         Added to the diagonal of every covariance.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    overwrite : bool, default=False
+        For 'full', form the covariances in the memory of ``stats.sum_xx`` (which
+        is then the returned array): one ``(K, d, d)`` array less at the M step, for
+        callers that are done with the statistics' second moments.
 
     Returns
     -------
@@ -1448,7 +1452,8 @@ def m_step(stats, centers, reg_covar, covariance_type):
     if covariance_type == "full":
         # from the upper triangle of the statistics, with cache-sized temporaries
         # (the model may be gigabytes: K d^2 float64 per array)
-        cov = stats.sum_xx / nk[:, None, None]
+        cov = np.divide(stats.sum_xx, nk[:, None, None],
+                        out=stats.sum_xx if overwrite else None)
         lower = np.tril(np.ones((d, d), dtype=bool), -1)
         step = max(1, 2**16 // (d * d))
         for k0 in range(0, len(cov), step):

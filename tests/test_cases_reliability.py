@@ -281,7 +281,7 @@ def test_starting_model_and_statistics_are_freed_after_their_iteration(monkeypat
     m_step = _em.m_step
 
     def spy_stats(stats, *args, **kwargs):
-        refs["stats"].append(weakref.ref(stats.sum_xx))
+        refs["stats"].append(weakref.ref(stats))  # its sum_xx becomes the covariances
         return m_step(stats, *args, **kwargs)
 
     alive = []

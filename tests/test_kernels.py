@@ -471,6 +471,14 @@ def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
     assert_allclose(cov, expected, rtol=1e-13, atol=1e-13 * np.abs(expected).max())
     assert_allclose(means, centers + shift, rtol=1e-15)
     assert_allclose(weights, nk / nk.sum(), rtol=1e-15)
+    # overwrite=True: the same model, formed in the statistics' memory
+    (w2, m2, cov2), peak = traced_peak(kernels.m_step, stats, centers, 1e-6, "full",
+                                       overwrite=True)
+    assert peak < 0.25 * S.nbytes
+    assert np.shares_memory(cov2, stats.sum_xx)
+    assert_array_equal(cov2, cov)
+    assert_array_equal(m2, means)
+    assert_array_equal(w2, weights)
 
 
 @pytest.mark.parametrize("kept_share", [0.02, 0.6])  # gathered rows / packed product
