@@ -105,7 +105,7 @@ MIN_BLOCK_ROWS = 8192
 #: products and element-wise sweeps bound by memory traffic, faster when a block's
 #: arrays stay in cache; they have no per-block model work. Measured on [1M, 64],
 #: K=64, 2 row threads: 15% less time per iteration than 128 MiB blocks on an Intel
-#: machine, and on an AMD EPYC one (2 MiB L2 per core) 0.78 s against 0.91 s at 32 MiB
+#: machine, and on an AMD EPYC one (1 MiB L2 per core) 0.78 s against 0.91 s at 32 MiB
 #: and 0.85 s at 8 MiB (smaller blocks pay more per-block overhead).
 STREAMING_BLOCK_MIB = 16
 #: The number of blocks is rounded up to a multiple of this (equal shares for 2, 4
