@@ -1122,25 +1122,20 @@ def _gathered_moments(X, resp, centers, kept, counts, components, nk, sum_x, sum
         sum_xx[k] += syrk(1.0, work.T, trans=0, lower=0)
 
 
-def _packed_moments(X, resp, centers, g, nk, sum_x, sum_xx, resp_threshold=0.0):
-    """Centred statistics from one GEMM per row chunk (float64 accumulation) into
-    ``nk``, ``sum_x`` and ``sum_xx``, leaving out the pairs with
-    ``r_ik <= resp_threshold`` (> 0; masked per chunk).
-
-    ``R^T [y_j y_l (j <= l), y, 1]`` over the rows of a chunk (``y = x - g``) gives
-    ``sum_i r_ik y y^T``, ``sum_i r_ik y`` and ``N_k`` for every component at once;
-    then ``s_k - N_k m_k`` and ``S_k = sum r y y^T - s_k m_k^T - m_k s_k^T +
-    N_k m_k m_k^T`` with ``m_k = c_k - g``.
+def _packed_sums(X, resp, g, resp_threshold=0.0):
+    """``R^T [y_j y_l (j <= l), y, 1]`` summed over the rows (``y = x - g``), one GEMM
+    per row chunk, float64 accumulation; the pairs with ``r_ik <= resp_threshold``
+    (> 0) are left out (masked per chunk).
 
     Returns
     -------
-    cancellation : ndarray of shape (K,)
-        See :func:`_cancellation`.
+    acc : ndarray of shape (K, d(d+1)/2 + d + 1), float64
+        Per component ``sum_i r_ik y_j y_l`` (``j <= l``, row-major upper triangle),
+        then ``sum_i r_ik y`` and ``N_k``.
     """
-    n, d = X.shape
-    K = centers.shape[0]
-    iu = _packed_index(d)
-    T = iu[0].size
+    K = resp.shape[1]
+    d = X.shape[1]
+    T = d * (d + 1) // 2
     acc = np.zeros((K, T + d + 1))
     part = np.empty_like(acc)
     for r0, r1, _, P in _packed_chunks(X, g):
@@ -1149,20 +1144,55 @@ def _packed_moments(X, resp, centers, g, nk, sum_x, sum_xx, resp_threshold=0.0):
             r = np.where(r > resp_threshold, r, 0.0)
         np.matmul(r.T, P, out=part)
         acc += part
-    m_k = centers - g
-    s = acc[:, T:T + d]
-    N = acc[:, T + d]
-    nk[:] = N
-    np.subtract(s, N[:, None] * m_k, out=sum_x)
-    sum_xx[:, iu[0], iu[1]] = acc[:, :T]
-    sum_xx[:, iu[1], iu[0]] = acc[:, :T]
-    # per-feature magnitude of the expanded terms, a_j = sum r y_j^2 + N m_j^2
-    scale = np.diagonal(sum_xx, axis1=1, axis2=2) + N[:, None] * m_k**2
-    # s m^T + m s^T - N m m^T = t m^T + m t^T with t = s - N m / 2 (one temporary)
-    cross = (s - 0.5 * N[:, None] * m_k)[:, :, None] * m_k[:, None, :]
-    sum_xx -= cross
-    sum_xx -= np.swapaxes(cross, 1, 2)
-    return _cancellation(sum_xx, scale, N)
+    return acc
+
+
+#: Bytes of the (components, d, d) work arrays that turn packed sums into centred
+#: second moments (:func:`_add_packed_moments`): a few per thread, never (K, d, d).
+_MOMENT_CHUNK_BYTES = 2**20
+
+
+def _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx):
+    """Add the centred statistics of the packed sums ``acc`` (:func:`_packed_sums`)
+    into ``nk``, ``sum_x`` and ``sum_xx`` for the components whose expanded sums keep
+    their accuracy; return the others.
+
+    With ``m_k = c_k - g``: ``s_k - N_k m_k`` and ``S_k = sum r y y^T - s_k m_k^T -
+    m_k s_k^T + N_k m_k m_k^T``. A component whose rounding is amplified more than
+    ``_PACKED_MAX_CANCELLATION``-fold (:func:`_cancellation`) is not added. Components
+    are taken a chunk of ``_MOMENT_CHUNK_BYTES`` at a time.
+
+    Returns
+    -------
+    redo : ndarray of int
+        The components left out, to recompute centred.
+    """
+    K, d = centers.shape
+    iu = _packed_index(d)
+    T = iu[0].size
+    step = max(1, _MOMENT_CHUNK_BYTES // (8 * d * d))
+    S = np.empty((min(step, K), d, d))
+    redo = []
+    for k0 in range(0, K, step):
+        k1 = min(k0 + step, K)
+        a, S_c = acc[k0:k1], S[:k1 - k0]
+        m_k = centers[k0:k1] - g
+        s, N = a[:, T:T + d], a[:, T + d]
+        S_c[:, iu[0], iu[1]] = a[:, :T]
+        S_c[:, iu[1], iu[0]] = a[:, :T]
+        # per-feature magnitude of the expanded terms, a_j = sum r y_j^2 + N m_j^2
+        scale = np.diagonal(S_c, axis1=1, axis2=2) + N[:, None] * m_k**2
+        # s m^T + m s^T - N m m^T = t m^T + m t^T with t = s - N m / 2
+        cross = (s - 0.5 * N[:, None] * m_k)[:, :, None] * m_k[:, None, :]
+        S_c -= cross
+        S_c -= np.swapaxes(cross, 1, 2)
+        good = _cancellation(S_c, scale, N) <= _PACKED_MAX_CANCELLATION
+        keep = k0 + np.flatnonzero(good)
+        redo.append(k0 + np.flatnonzero(~good))
+        nk[keep] += N[good]
+        sum_x[keep] += s[good] - N[good, None] * m_k[good]
+        sum_xx[keep] += S_c[good]
+    return np.concatenate(redo)
 
 
 def _cancellation(S, scale, N):
@@ -1207,8 +1237,8 @@ def _full_statistics(X, resp, centers, resp_threshold, nk, sum_x, sum_xx):
     (K, d) and the upper triangle of ``sum_xx`` (K, d, d).
 
     Dense responsibilities: one GEMM per row chunk of the packed products
-    (:func:`_packed_moments`, small ``d``), with components whose expanded sums would
-    lose accuracy recomputed centred. Sparse ones (fewer than ``_GATHER_DENSITY`` of
+    (:func:`_packed_sums`, :func:`_add_packed_moments`; small ``d``), with components
+    whose expanded sums would lose accuracy recomputed centred. Sparse ones (fewer than ``_GATHER_DENSITY`` of
     the pairs kept): each component's rows gathered, centred and reduced by one
     ``syrk`` (:func:`_gathered_moments`), straight into the sums.
     """
@@ -1221,19 +1251,13 @@ def _full_statistics(X, resp, centers, resp_threshold, nk, sum_x, sum_xx):
     if not (counts.sum() >= _GATHER_DENSITY * n * K and _use_packed(d, K)):
         _gathered_moments(X, resp, centers, kept, counts, range(K), nk, sum_x, sum_xx)
         return
-    block = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
     # the mixture mean by responsibility mass: a broad component that keeps a pair
     # on every row would pull a shift weighted by kept pairs far from the data
     g = _shift(centers, resp.sum(axis=0))
-    cancellation = _packed_moments(X, resp, centers, g, *block, resp_threshold)
-    redo = np.flatnonzero(cancellation > _PACKED_MAX_CANCELLATION)
+    acc = _packed_sums(X, resp, g, resp_threshold)
+    redo = _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx)
     if redo.size:
-        for part in block:
-            part[redo] = 0.0
-        _gathered_moments(X, resp, centers, kept, counts, redo, *block)
-    nk += block[0]
-    sum_x += block[1]
-    sum_xx += block[2]
+        _gathered_moments(X, resp, centers, kept, counts, redo, nk, sum_x, sum_xx)
 
 
 def _tied_second_moments(X, resp, centers):

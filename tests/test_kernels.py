@@ -513,6 +513,28 @@ def test_full_statistics_add_into_the_sums_of_earlier_blocks(kept_share):
         assert peak < 0.25 * total.sum_xx.nbytes
 
 
+def test_full_statistics_from_packed_sums_take_no_model_sized_temporaries():
+    """Dense 'full' responsibilities (the packed product): the centred second moments
+    are formed a few components at a time and added into the sums, with no (K, d, d)
+    temporaries (it took five: the block's sums, the cross terms, and the Cholesky
+    factors and their inverses of the accuracy check)."""
+    rng = np.random.default_rng(8)
+    n, d, K = 600, 64, 200
+    X = rng.normal(size=(n, d))
+    centers = rng.normal(scale=0.3, size=(K, d))
+    resp = np.asfortranarray(random_resp(rng, n, K))
+    X, resp, centers = ro(X, resp, centers)
+    assert np.count_nonzero(resp > 1e-20) / resp.size > kernels._GATHER_DENSITY
+    total = kernels.SufficientStatistics(np.zeros(K), np.zeros((K, d)),
+                                         np.zeros((K, d, d)), 0.0, 0)
+    total, peak = traced_peak(kernels.block_statistics, X, resp, centers, "full", 1e-20,
+                              out=total)
+    # the packed sums (about one (K, d, d)), one packed row chunk (<= 4 MiB) and
+    # chunk-sized work arrays
+    assert peak < 2.5 * total.sum_xx.nbytes
+    assert_stats_match(total, X, np.where(resp > 1e-20, resp, 0.0), centers, "full")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_m_step(covariance_type, dtype):
