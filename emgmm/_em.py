@@ -29,7 +29,12 @@ from ._kernels import (
     prepare_log_prob,
     relevance_margin,
 )
-from ._memory import available_memory
+from ._memory import (
+    RELEASE_MIN_BYTES,
+    available_memory,
+    bytes_per_row,
+    release_free_memory,
+)
 from ._parallel import limit_blas
 
 _MIB = 2**20
@@ -167,6 +172,20 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
     return total, worst
 
 
+def release_after_pass(model, compute_dtype, block_rows):
+    """After a pass whose blocks took at least ``RELEASE_MIN_BYTES`` each, hand the
+    free pages they left in the allocator's arenas back to the system
+    (:func:`~emgmm._memory.release_free_memory`), between the passes, when no task
+    allocates: every row thread's arena would otherwise keep its own high-water mark
+    resident (on [100k, 64], K=200 'full': 241-250 MiB above the data against
+    155-180 MiB with the release, at the same speed; releasing after every task
+    instead cost ~5%: each block faulted its pages in again)."""
+    K, d = model.means.shape
+    itemsize = np.dtype(compute_dtype).itemsize
+    if block_rows * bytes_per_row(d, K, itemsize) >= RELEASE_MIN_BYTES:
+        release_free_memory()
+
+
 def score_task(source, start, stop, block_size, model, compute_dtype, want_labels,
                *, blas_threads):
     """Summed log-likelihood (and labels if asked) of rows ``start:stop``."""
@@ -183,6 +202,7 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
             total += float(log_prob_norm.sum())
             if want_labels:
                 labels[b0 - start:b1 - start] = log_resp.argmax(axis=1)
+            del X, log_prob_norm, log_resp
     return total, labels
 
 
@@ -372,6 +392,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
         n_worst = min(K + len(used_rows), 2 * K)
         stats, worst = statistics_pass(executor, tasks, block_size, model,
                                        compute_dtype, resp_threshold, n_worst)
+        release_after_pass(model, compute_dtype, min(block_size, n_samples))
         prev, lower_bound = lower_bound, stats.log_likelihood / n_samples
         # (the covariances replace the second moments: only N_k and s_k are read on)
         weights, means, covariances = m_step(stats, model.means, reg_covar, ct,
@@ -443,6 +464,7 @@ def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels):
     for task_total, labels in executor.map(score_task, args):
         total += task_total
         parts.append(labels)
+    release_after_pass(model, compute_dtype, min(block_size, tasks[-1][1] if tasks else 0))
     labels = np.concatenate(parts) if want_labels else None
     return total, labels
 

@@ -9,6 +9,7 @@ so they agree to 1e-12 relative, not bitwise.
 """
 
 import os
+import threading
 import warnings
 
 import h5py
@@ -20,6 +21,7 @@ from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from conftest import COVARIANCE_TYPES, make_blobs_data
 from emgmm import GaussianMixture
+import emgmm._em as em
 import emgmm._memory as memory
 import emgmm._parallel as parallel
 
@@ -428,3 +430,51 @@ def test_block_rows_within_budget(covariance_type):
         assert rows >= memory.MIN_BLOCK_ROWS
     small = memory.block_rows(n, d, K, 8, 4, covariance_type=covariance_type)
     assert small * per_row <= 4 * 2**20
+
+
+def _resident_bytes():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.skipif(memory._MALLOC_TRIM is None, reason="glibc's malloc_trim only")
+@pytest.mark.skipif(any(k.startswith("MALLOC_") for k in os.environ),
+                    reason="the allocator is tuned by MALLOC_* variables")
+def test_release_free_memory_returns_what_a_thread_freed():
+    """Blocks that a worker thread frees stay resident in its glibc arena (once a
+    freed block has raised the allocator's mmap threshold above the block size);
+    release_free_memory hands them back to the system."""
+    retained, pins = [], []
+
+    def blocks():
+        big = [np.ones(2**19) for _ in range(40)]     # 40 blocks of 4 MiB, touched
+        pins.append([np.ones(1024) for _ in range(40)])  # outlive the blocks
+        before = _resident_bytes()
+        del big
+        retained.append(160 * 2**20 - (before - _resident_bytes()))
+
+    for _ in range(2):  # the first round's frees raise the mmap threshold
+        worker = threading.Thread(target=blocks)
+        worker.start()
+        worker.join()
+    assert retained[-1] > 100 * 2**20
+    before = _resident_bytes()
+    assert memory.release_free_memory()
+    assert before - _resident_bytes() > 100 * 2**20
+
+
+@pytest.mark.parametrize("threshold, expected", [(1, 4), (2**40, 0)])
+def test_passes_release_memory_after_large_blocks_only(monkeypatch, threshold,
+                                                       expected):
+    """Every pass (3 iterations and the final scoring pass) releases the free memory
+    once its blocks took RELEASE_MIN_BYTES; passes over small blocks do not (the
+    release and the page faults after it would cost more than they give back)."""
+    calls = []
+    monkeypatch.setattr(em, "RELEASE_MIN_BYTES", threshold)
+    monkeypatch.setattr(em, "release_free_memory", lambda: calls.append(1))
+    X = make_blobs_data(1500)
+    fit(X, max_iter=3)
+    assert len(calls) == expected
