@@ -179,7 +179,8 @@ def release_after_pass(model, compute_dtype, block_rows):
     allocates: every row thread's arena would otherwise keep its own high-water mark
     resident (on [100k, 64], K=200 'full': 241-250 MiB above the data against
     155-180 MiB with the release, at the same speed; releasing after every task
-    instead cost ~5%: each block faulted its pages in again)."""
+    instead cost ~5%: each block faulted its pages in again). Worker processes
+    (``n_jobs >= 2``) run their tasks in one thread, and so in one arena each."""
     K, d = model.means.shape
     itemsize = np.dtype(compute_dtype).itemsize
     if block_rows * bytes_per_row(d, K, itemsize) >= RELEASE_MIN_BYTES:
@@ -464,7 +465,8 @@ def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels):
     for task_total, labels in executor.map(score_task, args):
         total += task_total
         parts.append(labels)
-    release_after_pass(model, compute_dtype, min(block_size, tasks[-1][1] if tasks else 0))
+    n_samples = tasks[-1][1] if tasks else 0
+    release_after_pass(model, compute_dtype, min(block_size, n_samples))
     labels = np.concatenate(parts) if want_labels else None
     return total, labels
 

@@ -1201,7 +1201,7 @@ def _cancellation(S, scale, N):
 
     Features with ``a_j = 0`` (exactly zero in every row and centre) are left out;
     ``inf`` when the rest of ``S_k`` is not positive definite, 0 when ``N_k = 0``.
-    All components at once: one batched Cholesky and inverse of the factors
+    The components of ``S`` at once: one batched Cholesky and inverse of the factors
     (``(S^{-1})_jj = sum_i (L^{-1})_ij^2``); a failed batch falls back per component.
     """
     K, d, _ = S.shape

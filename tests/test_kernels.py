@@ -535,6 +535,48 @@ def test_full_statistics_from_packed_sums_take_no_model_sized_temporaries():
     assert_stats_match(total, X, np.where(resp > 1e-20, resp, 0.0), centers, "full")
 
 
+def test_packed_moments_recompute_tight_far_components_in_any_chunk(monkeypatch):
+    """Components whose expanded sums cancel (clusters of spread 1e-3 at 100 and 200
+    from the data) are recomputed centred wherever they fall among the chunks of
+    components (here 3 per chunk), the others added from the packed sums: the same
+    statistics, bitwise, as one chunk for all."""
+    rng = np.random.default_rng(9)
+    n, d, K = 900, 6, 12
+    far = [4, 10]  # in the second and the fourth chunk
+    X = rng.normal(size=(n, d))
+    centers = rng.normal(scale=0.3, size=(K, d))
+    resp = rng.random((n, K)) + 0.1
+    for j, k in enumerate(far):
+        rows = slice(100 * j, 100 * j + 100)
+        X[rows] = 100.0 * (j + 1) + 1e-3 * rng.normal(size=(100, d))
+        centers[k] = 100.0 * (j + 1)
+        resp[:, k] = 1e-15
+        resp[rows] = 1e-15
+        resp[rows, k] = 1.0
+    resp = np.asfortranarray(resp / resp.sum(axis=1, keepdims=True))
+    X, resp, centers = ro(X, resp, centers)
+    whole = kernels.block_statistics(X, resp, centers, "full", 1e-20)
+    monkeypatch.setattr(kernels, "_MOMENT_CHUNK_BYTES", 3 * 8 * d * d)
+    g = kernels._shift(centers, resp.sum(axis=0))
+    sums = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
+    redo = kernels._add_packed_moments(kernels._packed_sums(X, resp, g, 1e-20),
+                                       centers, g, *sums)
+    assert_array_equal(redo, far)
+    chunked = kernels.block_statistics(X, resp, centers, "full", 1e-20)
+    iu = np.triu_indices(d)
+    assert_array_equal(chunked.nk, whole.nk)
+    assert_array_equal(chunked.sum_x, whole.sum_x)
+    assert_array_equal(chunked.sum_xx[:, iu[0], iu[1]], whole.sum_xx[:, iu[0], iu[1]])
+    # the recomputed components to rounding (the others carry the cancellation the
+    # packed sums accept, up to _PACKED_MAX_CANCELLATION times the unit roundoff)
+    nk, sum_x, sum_xx, scale_x, scale_xx = oracle_stats(X, resp, centers, "full")
+    tol_x, tol_xx = stats_tolerances(X, X.dtype, scale_x, scale_xx, n)
+    assert_allclose(chunked.nk[far], nk[far], rtol=gamma(n, U64) * 2, atol=0)
+    assert np.all(np.abs(chunked.sum_x[far] - sum_x[far]) <= tol_x[far])
+    got_xx, sum_xx, tol_xx = (np.triu(a[far]) for a in (chunked.sum_xx, sum_xx, tol_xx))
+    assert np.all(np.abs(got_xx - sum_xx) <= tol_xx)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_m_step(covariance_type, dtype):

@@ -441,8 +441,8 @@ def _resident_bytes():
 
 
 @pytest.mark.skipif(memory._MALLOC_TRIM is None, reason="glibc's malloc_trim only")
-@pytest.mark.skipif(any(k.startswith("MALLOC_") for k in os.environ),
-                    reason="the allocator is tuned by MALLOC_* variables")
+@pytest.mark.skipif(any(k.startswith("MALLOC_") or k == "LD_PRELOAD" for k in os.environ),
+                    reason="the allocator is tuned (MALLOC_*) or replaced (LD_PRELOAD)")
 def test_release_free_memory_returns_what_a_thread_freed():
     """Blocks that a worker thread frees stay resident in its glibc arena (once a
     freed block has raised the allocator's mmap threshold above the block size);
