@@ -1238,9 +1238,10 @@ def _full_statistics(X, resp, centers, resp_threshold, nk, sum_x, sum_xx):
 
     Dense responsibilities: one GEMM per row chunk of the packed products
     (:func:`_packed_sums`, :func:`_add_packed_moments`; small ``d``), with components
-    whose expanded sums would lose accuracy recomputed centred. Sparse ones (fewer than ``_GATHER_DENSITY`` of
-    the pairs kept): each component's rows gathered, centred and reduced by one
-    ``syrk`` (:func:`_gathered_moments`), straight into the sums.
+    whose expanded sums would lose accuracy recomputed centred. Sparse ones (fewer
+    than ``_GATHER_DENSITY`` of the pairs kept): each component's rows gathered,
+    centred and reduced by one ``syrk`` (:func:`_gathered_moments`), straight into
+    the sums.
     """
     n, d = X.shape
     K = centers.shape[0]

@@ -106,9 +106,9 @@ def release_free_memory():
     that each allocate and free blocks of tens of MiB then keep their own high-water
     marks resident, fragmented by the allocations that outlive a block (on [100k, 64],
     K=200 'full' with 2 row threads: 235-250 MiB resident above the data where
-    ``tracemalloc`` traced a peak of 113 MiB). ``malloc_trim(0)`` (glibc >= 2.8; thread-safe) releases
-    the whole free pages of every arena (``madvise``); the next blocks fault them
-    in again. Elsewhere this does nothing.
+    ``tracemalloc`` traced a peak of 113 MiB). ``malloc_trim(0)`` (glibc >= 2.8;
+    thread-safe) releases the whole free pages of every arena (``madvise``); the
+    next blocks fault them in again. Elsewhere this does nothing.
 
     Returns
     -------
