@@ -31,6 +31,9 @@ def where(source, start, stop, *, blas_threads):
 
 @pytest.fixture(scope="module")
 def client():
+    # LocalCluster leaves its workers' settings in os.environ (OPENBLAS_NUM_THREADS=1,
+    # MALLOC_TRIM_THRESHOLD_, ...): the tests after this module must not inherit them
+    environ = dict(os.environ)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dashboard port, etc.
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1,
@@ -41,6 +44,8 @@ def client():
     finally:
         client.close()
         cluster.close()
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 @pytest.fixture(scope="module")
