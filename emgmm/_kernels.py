@@ -1122,10 +1122,10 @@ def _gathered_moments(X, resp, centers, kept, counts, components, nk, sum_x, sum
         sum_xx[k] += syrk(1.0, work.T, trans=0, lower=0)
 
 
-def _packed_sums(X, resp, g, resp_threshold=0.0):
+def _packed_sums(X, resp, g, kept=None):
     """``R^T [y_j y_l (j <= l), y, 1]`` summed over the rows (``y = x - g``), one GEMM
-    per row chunk, float64 accumulation; the pairs with ``r_ik <= resp_threshold``
-    (> 0) are left out (masked per chunk).
+    per row chunk, float64 accumulation; only the pairs of ``kept`` (``(K, n)``
+    bool, masked per chunk; ``None``: every pair).
 
     Returns
     -------
@@ -1140,8 +1140,8 @@ def _packed_sums(X, resp, g, resp_threshold=0.0):
     part = np.empty_like(acc)
     for r0, r1, _, P in _packed_chunks(X, g):
         r = resp[r0:r1]
-        if resp_threshold > 0.0:
-            r = np.where(r > resp_threshold, r, 0.0)
+        if kept is not None:
+            r = np.where(kept[:, r0:r1].T, r, 0.0)
         np.matmul(r.T, P, out=part)
         acc += part
     return acc
@@ -1255,7 +1255,7 @@ def _full_statistics(X, resp, centers, resp_threshold, nk, sum_x, sum_xx):
     # the mixture mean by responsibility mass: a broad component that keeps a pair
     # on every row would pull a shift weighted by kept pairs far from the data
     g = _shift(centers, resp.sum(axis=0))
-    acc = _packed_sums(X, resp, g, resp_threshold)
+    acc = _packed_sums(X, resp, g, kept if resp_threshold > 0.0 else None)
     redo = _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx)
     if redo.size:
         _gathered_moments(X, resp, centers, kept, counts, redo, nk, sum_x, sum_xx)
