@@ -30,6 +30,7 @@ from ._kernels import (
     SufficientStatistics,
     _logsumexp_rows,
     block_statistics,
+    exp_flushed,
     log_gaussian_prob,
 )
 from ._memory import buffer_rows, component_slices, range_pieces
@@ -140,7 +141,7 @@ def component_statistics_task(source, r0, start, stop, block_size, model, k0, bu
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1, compute_dtype)
-            resp = np.exp(buf[b0 - r0:b1 - r0, k0:k1])
+            resp = exp_flushed(np.array(buf[b0 - r0:b1 - r0, k0:k1]))
             total = block_statistics(X, resp, centers, model.covariance_type,
                                      resp_threshold, out=total)
         del buf

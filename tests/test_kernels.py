@@ -242,6 +242,39 @@ def test_estimate_log_prob_resp(covariance_type, dtype):
         assert_allclose(np.exp(log_resp).sum(axis=1), 1.0, rtol=1e-12)
 
 
+def test_exp_flushed_is_exp_above_the_floor_and_zero_below():
+    """np.exp bit for bit from EXP_FLOOR up; 0 below (the underflowing and subnormal
+    results included); -inf gives 0, NaN stays NaN; in place."""
+    rng = np.random.default_rng(0)
+    a = np.concatenate([rng.uniform(-800.0, 5.0, 5000), np.linspace(-760.0, -690.0, 701),
+                        [kernels.EXP_FLOOR, np.nextafter(kernels.EXP_FLOOR, 0.0),
+                         np.nextafter(kernels.EXP_FLOOR, -1.0), 0.0, -np.inf, np.nan]])
+    with np.errstate(under="ignore", invalid="ignore"):
+        expected = np.where(a < kernels.EXP_FLOOR, 0.0, np.exp(a))
+        assert (np.exp(a[a < kernels.EXP_FLOOR]) > 0.0).any()  # some really are flushed
+    got = a.copy()
+    assert kernels.exp_flushed(got) is got
+    assert_array_equal(got, expected)
+    assert np.exp(kernels.EXP_FLOOR) < 1e-300
+
+
+def test_estimate_resp_flushes_only_responsibilities_below_the_floor():
+    """Pairs whose log-responsibility lies between the subnormal range and EXP_FLOOR
+    get 0; every other responsibility is exp(log_resp) of the log path."""
+    weights = np.array([0.5, 0.5])
+    means = np.array([[0.0], [1.0]])
+    U = np.ones((2, 1, 1))
+    # log r_i1 - log r_i0 = x - 1/2: from 0 down to beyond the subnormal range
+    X = -np.linspace(0.0, 760.0, 1521)[:, None]
+    log_norm, log_resp = kernels.estimate_log_prob_resp(X, weights, means, U, "full")
+    log_norm2, resp = kernels.estimate_resp(X, weights, means, U, "full")
+    assert_allclose(log_norm2, log_norm, rtol=1e-15)
+    assert (log_resp[:, 1] < kernels.EXP_FLOOR).sum() > 100
+    with np.errstate(under="ignore"):
+        expected = np.where(log_resp >= kernels.EXP_FLOOR, np.exp(log_resp), 0.0)
+    assert_allclose(resp, expected, rtol=1e-12, atol=0.0)
+
+
 # ------------------------------------------------------------------ block_statistics
 
 
