@@ -159,10 +159,51 @@ def test_packed_estimate_error_within_its_bound(case, dtype):
     exact = oracle_weighted(X, weights, means, U)
     y = np.linalg.norm(X - est.g, axis=1)
     assert_allclose(y_norm, y, rtol=100 * np.finfo(dtype).eps)
-    bound = est.half_rho * (y[:, None] + est.m_norm) ** 2
+    bound = est.error_coef * (y[:, None] + est.m_norm) ** 2
     # the oracle itself carries float64 rounding: allow its own size on top
     slack = 1e-12 * np.abs(exact)
     assert np.all(np.abs(approx - exact) <= bound + slack)
+
+
+@pytest.mark.parametrize("d", [1, 2, 12, 64])
+def test_abs_spectral_bound_is_an_upper_bound_close_to_the_radius(d):
+    """Against numpy's eigvalsh of |Lambda| (symmetric): never below, within 1% above,
+    and exact for diagonal and block-diagonal (reducible) matrices; NaN on overflow."""
+    rng = np.random.default_rng(d)
+    A = np.abs(np.stack([np.linalg.inv(random_spd(rng, d, cond=c))
+                         for c in (1.0, 10.0, 1e4, 1e8)]))
+    diag = np.diag(rng.uniform(0.5, 3.0, d))
+    block = np.zeros((d, d))
+    block[:d // 2, :d // 2] = 1.0
+    block[d // 2:, d // 2:] = 2.0
+    A = np.concatenate([A, diag[None], block[None]])
+    radius = np.linalg.eigvalsh(A).max(axis=1)
+    bound = kernels._abs_spectral_bound(A.copy())
+    assert np.all(bound >= radius)
+    assert np.all(bound <= radius * 1.01)
+    assert_allclose(bound[-2:], radius[-2:], rtol=1e-13)
+    A[0, 0, 0] = np.inf
+    assert np.isnan(kernels._abs_spectral_bound(A)[0])
+
+
+def test_packed_estimate_error_coefficient_uses_the_spectral_bound():
+    """The coefficient is that of the documented bound: gamma_{T+3} lambda_k plus the
+    float64 part, (T + 4) u32 for float32; ``rho_k`` caps ``lambda_k``."""
+    rng = np.random.default_rng(5)
+    weights, means, U = separated_model(rng, 6, 10, 3.0, 100.0)
+    d = 10
+    Lam = np.abs(U @ np.swapaxes(U, 1, 2))
+    radius = np.linalg.eigvalsh(Lam).max(axis=1)
+    absU = np.abs(U)
+    rho = (absU @ np.swapaxes(absU, 1, 2)).sum(axis=2).max(axis=1)
+    T = d * (d + 1) // 2 + d + 1
+    for dtype, m in ((np.float64, T + 3), (np.float32, T + 4)):
+        u = np.finfo(dtype).eps / 2
+        g64 = (2 * d + 2) * 2.0**-53
+        est = kernels.PackedEstimate.build(weights, means, U, dtype)
+        expected = 0.5 * (m * u * radius + g64 * (radius + rho))
+        assert_allclose(est.error_coef, expected, rtol=0.02)
+        assert np.all(radius < rho)
 
 
 @needs_extended
