@@ -514,6 +514,26 @@ def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
     assert_array_equal(w2, weights)
 
 
+@pytest.mark.parametrize("chunk_bytes", [None, 3000])  # one chunk / 20-row chunks
+def test_packed_sums_over_row_chunks_equal_whole_array_products(chunk_bytes, monkeypatch):
+    """``R^T [y_j y_l, y, 1]`` over the kept pairs against numpy on the whole array."""
+    if chunk_bytes is not None:
+        monkeypatch.setattr(kernels, "_PACKED_CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(8)
+    n, d, K = 203, 5, 7
+    X = rng.normal(size=(n, d))
+    g = rng.normal(size=d)
+    resp = np.asfortranarray(rng.dirichlet(np.ones(K), size=n))
+    kept = (rng.random((n, K)) < 0.7).T
+    acc = kernels._packed_sums(X, resp, g, kept)
+    Y = X - g
+    iu = np.triu_indices(d)
+    R = np.where(kept.T, resp, 0.0)
+    expected = np.concatenate([np.einsum("ik,ij,il->kjl", R, Y, Y)[:, iu[0], iu[1]],
+                               R.T @ Y, R.sum(axis=0)[:, None]], axis=1)
+    assert_allclose(acc, expected, rtol=1e-13, atol=1e-13)
+
+
 @pytest.mark.parametrize("kept_share", [0.02, 0.6])  # gathered rows / packed product
 def test_full_statistics_add_into_the_sums_of_earlier_blocks(kept_share):
     """block_statistics(out=...) adds a 'full' block into the sums: equal to the sum of
@@ -546,11 +566,12 @@ def test_full_statistics_add_into_the_sums_of_earlier_blocks(kept_share):
         assert peak < 0.25 * total.sum_xx.nbytes
 
 
-def test_full_statistics_from_packed_sums_take_no_model_sized_temporaries():
+def test_full_statistics_from_packed_sums_take_no_model_sized_temporaries(monkeypatch):
     """Dense 'full' responsibilities (the packed product): the centred second moments
     are formed a few components at a time and added into the sums, with no (K, d, d)
     temporaries (it took five: the block's sums, the cross terms, and the Cholesky
     factors and their inverses of the accuracy check)."""
+    monkeypatch.setattr(kernels, "_PACKED_CHUNK_BYTES", 4 * 2**20)
     rng = np.random.default_rng(8)
     n, d, K = 600, 64, 200
     X = rng.normal(size=(n, d))

@@ -348,6 +348,7 @@ def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,
     zero weight gives zero responsibilities. Also over many row chunks (16 rows)."""
     if chunk_bytes is not None:
         monkeypatch.setattr(kernels, "_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(kernels, "_PACKED_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(2)
     weights, means, U = separated_model(rng, 6, 4, 3.0, 10.0)
     weights[2] = 0.0
