@@ -34,7 +34,8 @@ from ._kernels import (
     log_gaussian_prob,
 )
 from ._memory import buffer_rows, component_slices, range_pieces
-from ._parallel import joblib_temp_folder, limit_blas, make_temp_folder
+from ._blas import limit_blas
+from ._parallel import joblib_temp_folder, make_temp_folder
 
 
 class SharedBuffer:

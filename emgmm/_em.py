@@ -35,7 +35,7 @@ from ._memory import (
     bytes_per_row,
     release_free_memory,
 )
-from ._parallel import limit_blas
+from ._blas import limit_blas
 
 _MIB = 2**20
 # Errors of a worker pool whose worker process died: loky's TerminatedWorkerError and

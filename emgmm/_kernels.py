@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import linalg, sparse
 
+from ._blas import single_blas_thread
+
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 
 _LOG_2PI = np.log(2.0 * np.pi)
@@ -824,11 +826,12 @@ class PackedEstimate:
         bounds = np.searchsorted(comps, np.arange(K + 1))
         counts = np.diff(bounds)
         buf = np.empty((counts.max(initial=0), X.shape[1]))
-        for k in np.flatnonzero(counts):
-            rows = idx[bounds[k]:bounds[k + 1]]
-            z = np.subtract(X[rows], self.means[k], out=buf[:rows.size])
-            z = _trmm_right_upper(z, self.u[k])
-            weighted[rows, k] = self.offset[k] - 0.5 * np.einsum("ij,ij->i", z, z)
+        with single_blas_thread():
+            for k in np.flatnonzero(counts):
+                rows = idx[bounds[k]:bounds[k + 1]]
+                z = np.subtract(X[rows], self.means[k], out=buf[:rows.size])
+                z = _trmm_right_upper(z, self.u[k])
+                weighted[rows, k] = self.offset[k] - 0.5 * np.einsum("ij,ij->i", z, z)
         return weighted
 
 
@@ -1187,21 +1190,22 @@ def _gathered_moments(X, resp, centers, kept, counts, components, nk, sum_x, sum
     buf = np.empty((size, d), dtype=np.float64)
     raw = buf if X.dtype == np.float64 else np.empty((size, d), dtype=X.dtype)
     (syrk,) = linalg.get_blas_funcs(("syrk",), (buf,))
-    for k in components:
-        rows = np.flatnonzero(kept[k])
-        m = rows.size
-        if m == 0:
-            continue
-        np.take(X, rows, axis=0, out=raw[:m])
-        work = buf[:m]
-        np.subtract(raw[:m], centers[k], out=work)
-        r = resp[rows, k]
-        nk[k] += r.sum()
-        sum_x[k] += r @ work
-        work *= np.sqrt(r)[:, None]
-        # work.T is Fortran-ordered (d, m): syrk(trans=0) gives the upper triangle
-        # of work.T @ work (the strict lower triangle of its result is zero)
-        sum_xx[k] += syrk(1.0, work.T, trans=0, lower=0)
+    with single_blas_thread():
+        for k in components:
+            rows = np.flatnonzero(kept[k])
+            m = rows.size
+            if m == 0:
+                continue
+            np.take(X, rows, axis=0, out=raw[:m])
+            work = buf[:m]
+            np.subtract(raw[:m], centers[k], out=work)
+            r = resp[rows, k]
+            nk[k] += r.sum()
+            sum_x[k] += r @ work
+            work *= np.sqrt(r)[:, None]
+            # work.T is Fortran-ordered (d, m): syrk(trans=0) gives the upper
+            # triangle of work.T @ work (the strict lower triangle of its result is 0)
+            sum_xx[k] += syrk(1.0, work.T, trans=0, lower=0)
 
 
 def _packed_sums(X, resp, g, kept=None):

@@ -14,16 +14,15 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import uuid
-from contextlib import nullcontext
 
 import numpy as np
 from joblib import Parallel, cpu_count, delayed, effective_n_jobs
 from joblib._parallel_backends import LokyBackend, MultiprocessingBackend
 from joblib.parallel import get_active_backend
-from threadpoolctl import ThreadpoolController, threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_info
 
+from ._blas import hold_process_limit, release_process_limit
 from ._sources import ArraySource, MemmapSource
 
 TEMP_PREFIX = "emgmm-"
@@ -277,7 +276,7 @@ class Executor:
             # (the M step) to one task's share: OpenBLAS threads spin for ~0.1 s
             # after each multi-threaded call and would take the cores that the
             # next pass's tasks run on.
-            _hold_process_limit(1 if self.row_threads else self.blas_threads)
+            hold_process_limit(1 if self.row_threads else self.blas_threads)
             self._holds_limit = True
         return self
 
@@ -379,59 +378,10 @@ class Executor:
         self._return_as = None
         self._shared = []
         if self._holds_limit:
-            _release_process_limit()
+            release_process_limit()
             self._holds_limit = False
         if self.worker_source is not self.source:
             self.worker_source.close()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
-
-
-# The process-wide BLAS limit of the open executors. Fits may run in several threads
-# of one process at once and threadpoolctl limits are process-wide: the smallest
-# requested limit holds until the last executor closes, which restores the limits
-# found by the first.
-_LIMIT_LOCK = threading.Lock()
-_LIMIT = {"holders": 0, "threads": None, "original": None}
-
-
-def _hold_process_limit(threads):
-    """Limit this process's BLAS to at most ``threads`` until released."""
-    with _LIMIT_LOCK:
-        if _LIMIT["holders"] == 0:
-            _LIMIT["original"] = threadpool_limits(limits=threads, user_api="blas")
-            _LIMIT["threads"] = threads
-        elif threads < _LIMIT["threads"]:
-            threadpool_limits(limits=threads, user_api="blas")
-            _LIMIT["threads"] = threads
-        _LIMIT["holders"] += 1
-
-
-def _release_process_limit():
-    """Release one hold; the last restores the limits found by the first."""
-    with _LIMIT_LOCK:
-        _LIMIT["holders"] -= 1
-        if _LIMIT["holders"] == 0:
-            _LIMIT["original"].restore_original_limits()
-            _LIMIT["original"] = _LIMIT["threads"] = None
-
-
-# (pid, ThreadpoolController) of this process: finding the loaded libraries costs
-# ~1 ms (dl_iterate_phdr over every shared object), which each task would pay again.
-_CONTROLLER = None
-
-
-def limit_blas(blas_threads):
-    """Context that limits BLAS threads in a worker (a no-op in process).
-
-    The BLAS libraries are looked up once per process, at the first call: the task
-    modules have imported numpy and scipy by then.
-    """
-    global _CONTROLLER
-    if blas_threads is None:
-        return nullcontext()
-    if _CONTROLLER is None or _CONTROLLER[0] != os.getpid():
-        _CONTROLLER = (os.getpid(), ThreadpoolController())
-    return _CONTROLLER[1].limit(limits=blas_threads, user_api="blas")
-

@@ -11,17 +11,21 @@ so they agree to 1e-12 relative, not bitwise.
 import os
 import subprocess
 import sys
+import threading
 import warnings
 
 import h5py
 import joblib
 import numpy as np
 import pytest
+import scipy.linalg
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
+from threadpoolctl import threadpool_limits
 
 from conftest import COVARIANCE_TYPES, make_blobs_data
 from emgmm import GaussianMixture
+import emgmm._blas as blas
 import emgmm._em as em
 import emgmm._memory as memory
 import emgmm._parallel as parallel
@@ -390,6 +394,90 @@ def test_tiny_tasks_run_with_one_blas_thread(X, n_jobs, monkeypatch):
             monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
             fit(X, n_jobs=1, callback=record)
             assert seen and set(seen) == {2}
+
+
+def test_single_blas_thread_inside_and_the_limit_restored_after():
+    """One BLAS thread inside the context, the limit from before after it; under a
+    pass's hold of one thread, nothing changes."""
+    with threadpool_limits(limits=2, user_api="blas"):
+        with blas.single_blas_thread():
+            assert parallel.blas_thread_count() == 1
+            with blas.single_blas_thread():  # nested
+                assert parallel.blas_thread_count() == 1
+            assert parallel.blas_thread_count() == 1
+        assert parallel.blas_thread_count() == 2
+        blas.hold_process_limit(1)
+        try:
+            with blas.single_blas_thread():
+                assert parallel.blas_thread_count() == 1
+            assert parallel.blas_thread_count() == 1
+        finally:
+            blas.release_process_limit()
+        assert parallel.blas_thread_count() == 2
+    assert blas._LIMIT["holders"] == 0
+
+
+def test_single_blas_thread_from_many_threads_at_once():
+    """Threads entering and leaving at random: while any is inside, the process holds
+    one thread (none restores the limit while another is inside); the limit from
+    before is back after. (The holds are read, not OpenBLAS: it ignores a limit set
+    from another thread once the main thread has set one.)"""
+    inside = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(100):
+            with blas.single_blas_thread():
+                inside.append((blas._LIMIT["holders"] > 0, blas._LIMIT["threads"]))
+                if rng.random() < 0.2:
+                    np.linalg.norm(rng.normal(size=64))  # let another thread run
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(inside) == 400 and set(inside) == {(True, 1)}
+        assert parallel.blas_thread_count() == 2
+    assert blas._LIMIT["holders"] == 0
+
+
+@pytest.mark.skipif(joblib.cpu_count() < 2, reason="BLAS runs one thread anyway")
+@pytest.mark.parametrize("n_jobs", [1, None])
+def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
+    """The refined E step's triangular products and the gathered statistics' syrk
+    calls (one per component, a few hundred rows each) run with one BLAS thread also
+    under an explicit n_jobs=1, whose passes otherwise keep BLAS's threads; the fit
+    equals the one under a process-wide limit of one thread."""
+    seen = {"trmm": set(), "syrk": set(), "callback": set()}
+    get_blas_funcs = scipy.linalg.get_blas_funcs
+
+    def spying_get_blas_funcs(names, arrays=(), **kwargs):
+        funcs = get_blas_funcs(names, arrays, **kwargs)
+
+        def spy(name, func):
+            def run(*args, **kw):
+                seen[name].add(parallel.blas_thread_count())
+                return func(*args, **kw)
+            return run
+        return [spy(name, f) for name, f in zip(names, funcs)]
+
+    monkeypatch.setattr(scipy.linalg, "get_blas_funcs", spying_get_blas_funcs)
+    monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
+    rng = np.random.default_rng(0)
+    centres = rng.normal(scale=30.0, size=(6, 5))
+    X = np.repeat(centres, 200, axis=0) + rng.normal(size=(1200, 5))
+    params = dict(n_components=6, covariance_type="full", compute_dtype="float32")
+    with threadpool_limits(limits=2, user_api="blas"):
+        got = fit(X, n_jobs=n_jobs, **params, callback=lambda _: seen["callback"].add(
+            parallel.blas_thread_count()))
+    assert seen["trmm"] == {1} and seen["syrk"] == {1}
+    if n_jobs == 1:
+        assert seen["callback"] == {2}  # the rest of the pass keeps both threads
+    with threadpool_limits(limits=1, user_api="blas"):
+        serial = fit(X, n_jobs=1, **params)
+    assert_same_state(got, serial)
 
 
 def test_row_threads_only_for_enough_work_and_small_statistics():
