@@ -261,6 +261,12 @@ def _shift(means, weights):
     return (weights / total) @ np.asarray(means, dtype=np.float64)
 
 
+def _gamma(m, dtype):
+    """Higham's ``gamma_m = m u / (1 - m u)`` for the unit roundoff ``u`` of ``dtype``."""
+    unit = np.finfo(dtype).eps / 2
+    return m * unit / (1.0 - m * unit)
+
+
 def _trmm_right_upper(block, u):
     """``block @ u`` for an upper-triangular ``u`` with one triangular BLAS call.
 
@@ -279,20 +285,21 @@ def _trmm_right_upper(block, u):
 _GEMM_COLUMNS = 1024      # columns of one batched product (components x features)
 _CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
 # The packed formulation (below) is used while its packed model fits in this many bytes
-# and a row chunk of packed products still has _PACKED_MIN_ROWS rows (beyond d ~ 90 the
-# products would be too thin to run at the GEMM rate).
+# and _CHUNK_BYTES of float64 packed products still hold _PACKED_MIN_ROWS rows (the
+# cut-off at d ~ 90, beyond which the dense products run nearer the GEMM rate).
 _PACKED_MODEL_BYTES = 64 * 2**20
 _PACKED_MIN_ROWS = 128
+# ... and only for components whose |m_k|^T |Lambda_k| |m_k| (m_k = mu_k - shift) is
+# at most this: its float64 rounding error then stays below ~1e-10 in log N.
+_PACKED_MAX_AMPLIFICATION = 1e5
 # Bytes of one row chunk of float64 packed products (float32 chunks have as many rows).
 # Larger than _CHUNK_BYTES: the thin side of their GEMM is the K components, and more
 # rows per call amortise the packing of the (T, K) weights that each call repeats
 # (d=64, K=200: 244 -> 977 rows took a block's estimate from 300 to 260 ms on one
 # thread and 5-iteration fits from 1.62 to 1.38 s per iteration in float64; float32
-# gained ~3% on one thread, nothing in a fit).
+# gained ~3% on one thread, nothing in a fit). Each thread holds one such buffer
+# (16 MiB at d=64, beside its block's (n, K) arrays: not counted in working_memory).
 _PACKED_CHUNK_BYTES = 16 * 2**20
-# ... and only for components whose |m_k|^T |Lambda_k| |m_k| (m_k = mu_k - shift) is
-# at most this: its float64 rounding error then stays below ~1e-10 in log N.
-_PACKED_MAX_AMPLIFICATION = 1e5
 
 
 def _chunk_rows(n_columns, itemsize, n_rows, nbytes=None):
@@ -594,9 +601,7 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
     # within it of their row's best. (||y_i||^2 as a product with ones: faster than
     # a strided reduction.)
     if n:
-        unit = np.finfo(np.float64).eps / 2
-        m = 2 * d + 4
-        gamma = m * unit / (1.0 - m * unit)
+        gamma = _gamma(2 * d + 4, np.float64)
         y_max = np.sqrt((products.Z[:, :d] @ np.ones(d)).max())
         # (a zero weight's constant, -inf, is exact)
         constant = np.where(np.isfinite(A[-1]), np.abs(A[-1]), 0.0)
@@ -646,12 +651,6 @@ _REFINE_PROBE_ROWS = 512
 _REFINE_MAX_DENSITY = 0.3
 
 
-def _gamma(m, dtype):
-    """Higham's ``gamma_m = m u / (1 - m u)`` for the unit roundoff ``u`` of ``dtype``."""
-    unit = np.finfo(dtype).eps / 2
-    return m * unit / (1.0 - m * unit)
-
-
 #: Power iterations behind :func:`_abs_spectral_bound` (4 gave within 0.4% of the
 #: spectral radius on fitted 64-feature precisions, the worst of 200).
 _SPECTRAL_ITERATIONS = 6
@@ -664,8 +663,10 @@ def _abs_spectral_bound(A):
     Collatz-Wielandt: ``rho(A) <= max_j (A v)_j / v_j`` for every positive ``v``
     (Horn and Johnson, *Matrix Analysis*, 2nd ed., 2013, Cor. 8.1.29); ``v`` from a
     few power iterations started at ones stays positive (the diagonal is), and the
-    bound then comes within a fraction of a percent of the radius. Raised by
-    ``gamma_{d+2}`` for its own float64 rounding; NaN where ``A`` overflows.
+    bound then comes within a few percent of the radius (0.4% at most on 200 fitted
+    64-feature precisions). Raised by ``gamma_{d+2}`` for its own float64 rounding.
+    NaN where ``A`` overflows, or where ``v`` underflows (diagonal entries some 50
+    decades apart): the caller then keeps its cruder bound (``np.fmin``).
     """
     K, d, _ = A.shape
     v = np.ones((K, d, 1))
@@ -692,16 +693,21 @@ class PackedEstimate:
     ``dtype`` and ``m = T + 3`` (``T = d (d+1)/2 + d + 1`` products in the dot
     product, Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, eq. 3.5,
     plus the roundings of ``y`` and of the products; one more for float32, whose
-    weights are rounded from float64), ``gamma64 = gamma_{2d+2}`` in float64 for
-    ``Lambda_k = U_k U_k^T``, ``Lambda_k m_k`` and ``m_k^T Lambda_k m_k``. The sum of
-    the magnitudes of the dot product's terms is at most
+    weights are rounded from float64), and ``gamma64 = gamma_{2d+2}`` in float64.
+    The sum of the magnitudes of the dot product's terms is at most
     ``(|y| + |m_k|)^T |Lambda_k| (|y| + |m_k|) <= lambda_k (||y|| + ||m_k||)^2``
     with ``lambda_k`` an upper bound of the spectral radius of ``|Lambda_k|``
-    (elementwise absolute values; :func:`_abs_spectral_bound`), and the rounding of
-    ``Lambda_k`` is at most ``gamma_d |U_k| |U_k|^T``, whose spectral radius is at
-    most ``rho_k = max_j (|U_k| |U_k|^T 1)_j``. Half of ``e_k`` bounds the error in
-    ``log N``: ``error_coef[k] (||y|| + ||m_k||)^2``. The pairs recomputed by
-    :meth:`refine` are computed in float64 whatever ``dtype`` is.
+    (elementwise absolute values; :func:`_abs_spectral_bound`). The float64 work on
+    the model adds ``gamma_d rho_k`` for ``Lambda_k = U_k U_k^T`` (its rounding is at
+    most ``gamma_d |U_k| |U_k|^T``, whose spectral radius is at most
+    ``rho_k = max_j (|U_k| |U_k|^T 1)_j``) and ``gamma_{2d+2} lambda_k`` for
+    ``Lambda_k m_k``, ``m_k^T Lambda_k m_k`` and the rounding of ``m_k`` itself.
+    Half of ``e_k`` bounds the error in ``log N``: ``error_coef[k] (||y|| +
+    ||m_k||)^2``; the float64 rounding of ``log w_k + log N`` from it is within the
+    bound's spare (``gamma64 rho_k`` counts ``Lambda_k`` twice). Products that fall
+    below float32's normal range (``||y|| < ~1e-19``) round absolutely, beyond the
+    bound, by at most ~1e-13 in ``log N`` (see :func:`_representable`). The pairs
+    recomputed by :meth:`refine` are computed in float64 whatever ``dtype`` is.
 
     A dataclass of arrays, so that a pass can build it once and share it with its
     workers (:meth:`build`).
@@ -925,7 +931,8 @@ def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margi
 
     ``r_ik = exp(a_ik - t_i) / sum_j exp(a_ij - t_i)`` with ``a`` the weighted
     log-densities and ``t_i`` their row maximum: the same as ``exp(log_resp)`` of
-    :func:`estimate_log_prob_resp` to rounding, without the second exponential.
+    :func:`estimate_log_prob_resp` to rounding, without the second exponential, except
+    that responsibilities below ``exp(EXP_FLOOR)`` (~1e-304) are 0 (:func:`exp_flushed`).
 
     Parameters
     ----------

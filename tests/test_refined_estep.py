@@ -125,7 +125,7 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     margin = kernels.relevance_margin(1e-20)
     assert kernels.PackedEstimate.build(weights, means, U).weighted_refined(X, margin) is not None
     # 30 coinciding components with a thin direction (variance 1e-6): every pair is
-    # relevant and the bound of the expansion (rho_k ~ 1e6) exceeds the tolerance, so
+    # relevant and the bound of the expansion (lambda_k ~ 1e6) exceeds the tolerance, so
     # the probe sends the block to the plain path
     Q, _ = np.linalg.qr(rng.normal(size=(12, 12)))
     cov = (Q * np.r_[1e-6, np.ones(11)]) @ Q.T
