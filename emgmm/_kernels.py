@@ -831,13 +831,21 @@ class PackedEstimate:
         comps, idx = np.nonzero(mask)
         bounds = np.searchsorted(comps, np.arange(K + 1))
         counts = np.diff(bounds)
-        buf = np.empty((counts.max(initial=0), X.shape[1]))
+        size = counts.max(initial=0)
+        buf = np.empty((size, X.shape[1]))
+        raw = buf if X.dtype == np.float64 else np.empty((size, X.shape[1]), X.dtype)
+        sq = np.empty(size)
         with single_blas_thread():
             for k in np.flatnonzero(counts):
                 rows = idx[bounds[k]:bounds[k + 1]]
-                z = np.subtract(X[rows], self.means[k], out=buf[:rows.size])
+                m = rows.size
+                np.take(X, rows, axis=0, out=raw[:m])
+                z = np.subtract(raw[:m], self.means[k], out=buf[:m])
                 z = _trmm_right_upper(z, self.u[k])
-                weighted[rows, k] = self.offset[k] - 0.5 * np.einsum("ij,ij->i", z, z)
+                q = np.einsum("ij,ij->i", z, z, out=sq[:m])
+                q *= -0.5
+                q += self.offset[k]
+                weighted[rows, k] = q
         return weighted
 
 
