@@ -62,9 +62,10 @@ def single_blas_thread():
     """Context for a loop of small BLAS calls (one per component): one BLAS thread.
 
     OpenBLAS splits every product beyond a small size over its threads, which then
-    synchronise on each call: the per-component triangular products of the refined E
-    step (a few hundred rows each, d=64) took 7x as long on two threads as on one, and
-    an explicit ``n_jobs=1`` fit of [100k, 64], K=200 'full' ~25% longer per iteration.
+    synchronise on each call: the per-component products of the refined E step (a few
+    hundred rows each, d=64; triangular products then) took 7x as long on two threads
+    as on one, and an explicit ``n_jobs=1`` fit of [100k, 64], K=200 'full' ~25%
+    longer per iteration.
     A hold on the process (:func:`hold_process_limit`: ~10 us with its release, a
     counter when a pass already holds one thread), safe when several threads use it
     at once: while any of them is inside, the limit stays at one. OpenBLAS (0.3.31)

@@ -446,24 +446,24 @@ def test_single_blas_thread_from_many_threads_at_once():
 @pytest.mark.skipif(joblib.cpu_count() < 2, reason="BLAS runs one thread anyway")
 @pytest.mark.parametrize("n_jobs", [1, None])
 def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
-    """The refined E step's triangular products and the gathered statistics' syrk
-    calls (one per component, a few hundred rows each) run with one BLAS thread also
-    under an explicit n_jobs=1, whose passes otherwise keep BLAS's threads; the fit
-    equals the one under a process-wide limit of one thread."""
-    seen = {"trmm": set(), "syrk": set(), "callback": set()}
-    get_blas_funcs = scipy.linalg.get_blas_funcs
+    """The refined E step's recomputations and the gathered statistics (one product
+    per component, a few hundred rows each) run with one BLAS thread also under an
+    explicit n_jobs=1, whose passes otherwise keep BLAS's threads; the fit equals the
+    one under a process-wide limit of one thread."""
+    from contextlib import contextmanager
 
-    def spying_get_blas_funcs(names, arrays=(), **kwargs):
-        funcs = get_blas_funcs(names, arrays, **kwargs)
+    from emgmm import _kernels as kernels
 
-        def spy(name, func):
-            def run(*args, **kw):
-                seen[name].add(parallel.blas_thread_count())
-                return func(*args, **kw)
-            return run
-        return [spy(name, f) for name, f in zip(names, funcs)]
+    seen = {"loops": [], "callback": set()}
+    single = kernels.single_blas_thread
 
-    monkeypatch.setattr(scipy.linalg, "get_blas_funcs", spying_get_blas_funcs)
+    @contextmanager
+    def spying_single_blas_thread():
+        with single():
+            seen["loops"].append(parallel.blas_thread_count())
+            yield
+
+    monkeypatch.setattr(kernels, "single_blas_thread", spying_single_blas_thread)
     monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
     rng = np.random.default_rng(0)
     centres = rng.normal(scale=30.0, size=(6, 5))
@@ -472,12 +472,35 @@ def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
     with threadpool_limits(limits=2, user_api="blas"):
         got = fit(X, n_jobs=n_jobs, **params, callback=lambda _: seen["callback"].add(
             parallel.blas_thread_count()))
-    assert seen["trmm"] == {1} and seen["syrk"] == {1}
+    assert len(seen["loops"]) > 10 and set(seen["loops"]) == {1}
     if n_jobs == 1:
         assert seen["callback"] == {2}  # the rest of the pass keeps both threads
     with threadpool_limits(limits=1, user_api="blas"):
         serial = fit(X, n_jobs=1, **params)
     assert_same_state(got, serial)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied"])
+def test_passes_call_no_scipy_blas_wrapper(covariance_type, monkeypatch):
+    """scipy's BLAS wrappers hold the GIL while they run, so row threads calling them
+    would take turns: the passes use numpy's products only (refined E step, gathered
+    statistics, 'tied' factor products and second moments)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("scipy.linalg.get_blas_funcs called in a pass")
+
+    monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
+    rng = np.random.default_rng(1)
+    centres = rng.normal(scale=30.0, size=(6, 5))
+    X = np.repeat(centres, 200, axis=0) + rng.normal(size=(1200, 5))
+    reference = fit(X, n_jobs=1, n_components=6, covariance_type=covariance_type)
+    monkeypatch.setattr(scipy.linalg, "get_blas_funcs", refuse)
+    monkeypatch.setattr(scipy.linalg.blas, "get_blas_funcs", refuse)
+    for dtype in ("float64", "float32"):
+        got = fit(X, n_jobs=None, n_components=6, covariance_type=covariance_type,
+                  compute_dtype=dtype)
+        assert np.isfinite(got.lower_bound_)
+    assert_same_state(fit(X, n_jobs=1, n_components=6, covariance_type=covariance_type),
+                      reference)
 
 
 def test_row_threads_only_for_enough_work_and_small_statistics():
