@@ -3,9 +3,10 @@ kernels' loops of small products.
 
 threadpoolctl limits are process-wide: tasks that run in threads of one process share
 one limit, which the holds below count (the smallest requested limit holds until the
-last release, which restores the limits found by the first). The BLAS libraries are
-looked up once per process (finding them costs ~1 ms: ``dl_iterate_phdr`` over every
-shared object), at the first call, when numpy and scipy are loaded.
+last release, which restores the limits found by the first). The limits of tasks and
+of the kernels' loops use the BLAS libraries found at the first call in this process
+(finding them costs ~1 ms: ``dl_iterate_phdr`` over every shared object), when numpy
+and scipy are loaded; an executor's hold looks them up afresh.
 """
 
 import os
@@ -36,14 +37,30 @@ _LIMIT_LOCK = threading.Lock()
 _LIMIT = {"holders": 0, "threads": None, "original": None}
 
 
-def hold_process_limit(threads):
-    """Limit this process's BLAS to at most ``threads`` until released."""
+def _reset_after_fork():
+    """A forked child (multiprocessing workers) starts with no holds of its own."""
+    global _LIMIT_LOCK
+    _LIMIT_LOCK = threading.Lock()
+    _LIMIT.update(holders=0, threads=None, original=None)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def hold_process_limit(threads, cached=False):
+    """Limit this process's BLAS to at most ``threads`` until released.
+
+    ``cached``: through the controller found at the first call (~10 us) instead of
+    looking the libraries up again (~1 ms; finds those loaded since).
+    """
     with _LIMIT_LOCK:
+        controller = _controller() if cached else ThreadpoolController()
         if _LIMIT["holders"] == 0:
-            _LIMIT["original"] = _controller().limit(limits=threads, user_api="blas")
+            _LIMIT["original"] = controller.limit(limits=threads, user_api="blas")
             _LIMIT["threads"] = threads
         elif threads < _LIMIT["threads"]:
-            _controller().limit(limits=threads, user_api="blas")
+            controller.limit(limits=threads, user_api="blas")
             _LIMIT["threads"] = threads
         _LIMIT["holders"] += 1
 
@@ -65,15 +82,16 @@ def single_blas_thread():
     synchronise on each call: the per-component products of the refined E step (a few
     hundred rows each, d=64; triangular products then) took 7x as long on two threads
     as on one, and an explicit ``n_jobs=1`` fit of [100k, 64], K=200 'full' ~25%
-    longer per iteration.
-    A hold on the process (:func:`hold_process_limit`: ~10 us with its release, a
-    counter when a pass already holds one thread), safe when several threads use it
-    at once: while any of them is inside, the limit stays at one. OpenBLAS (0.3.31)
-    ignores a limit set from a thread other than the main one once the main thread
-    has set one: in thread workers this then changes nothing (row threads run under
-    their pass's hold of one thread anyway).
+    longer per iteration. A hold on the process (:func:`hold_process_limit`, cached:
+    ~10 us with its release), taken in the main thread only: OpenBLAS (0.3.31)
+    ignores a limit set from another thread once the main thread has set one, so a
+    hold released last by another thread could not restore the limit. Thread workers
+    (row threads) run under their pass's hold of one thread anyway.
     """
-    hold_process_limit(1)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hold_process_limit(1, cached=True)
     try:
         yield
     finally:

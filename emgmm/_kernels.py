@@ -267,15 +267,15 @@ def _gamma(m, dtype):
     return m * unit / (1.0 - m * unit)
 
 
-# Every product of the passes is numpy's ``matmul``, also where the factor is
-# triangular or the result symmetric (``trmm``, ``syrk`` would do half the flops):
-# scipy's BLAS wrappers hold the GIL while they run, so that row threads calling them
-# take turns (two threads doing ``trmm`` on [2000, 400] blocks took as long as one
-# doing both; ``matmul`` releases it). On [100k, 64], K=200 'full' with two row threads
-# float32 iterations took ~9% less time and the patch data ~13% less (float64 on A the
-# same); a serial ``n_jobs=1`` fit pays the doubled flops of the per-component products
-# (~5-15% there). The same products everywhere also keep results bitwise equal across
-# schedules and ``n_jobs`` (with one BLAS thread per task).
+# Every product of the passes is numpy's ``matmul``, which releases the GIL; scipy's
+# BLAS wrappers (``trmm``, ``syrk``) hold it while they run, so that row threads
+# calling them take turns (two threads doing ``trmm`` on [2000, 400] blocks took as
+# long as one doing both). numpy sends ``W.T @ W`` to ``syrk`` itself; the triangular
+# factor products of ``refine`` take twice the flops of ``trmm``. Alternating
+# 5-iteration fits (two pairs each, with two row threads; not in the results files):
+# float32 iterations of [100k, 64], K=200 'full' ~9% faster, the patch data ~13%,
+# float64 the same. The same products everywhere also keep results bitwise equal
+# across schedules and ``n_jobs`` (with one BLAS thread per task).
 
 # Sizes of the work buffers of the 'full' kernels. Row chunks are cut so that the
 # buffer a chunk's matrix product writes stays within a few MiB (cache-sized), and

@@ -417,30 +417,52 @@ def test_single_blas_thread_inside_and_the_limit_restored_after():
     assert blas._LIMIT["holders"] == 0
 
 
-def test_single_blas_thread_from_many_threads_at_once():
-    """Threads entering and leaving at random: while any is inside, the process holds
-    one thread (none restores the limit while another is inside); the limit from
-    before is back after. (The holds are read, not OpenBLAS: it ignores a limit set
-    from another thread once the main thread has set one.)"""
-    inside = []
+def test_single_blas_thread_holds_in_the_main_thread_only():
+    """OpenBLAS ignores a limit set from another thread once the main thread has set
+    one: a hold released last by another thread could not restore the limit. Other
+    threads take no hold; the main thread's hold restores the limit also when a thread
+    that entered the context while it was held leaves last."""
+    inside, go, holders = threading.Event(), threading.Event(), []
 
-    def work(seed):
-        rng = np.random.default_rng(seed)
-        for _ in range(100):
-            with blas.single_blas_thread():
-                inside.append((blas._LIMIT["holders"] > 0, blas._LIMIT["threads"]))
-                if rng.random() < 0.2:
-                    np.linalg.norm(rng.normal(size=64))  # let another thread run
+    def worker():
+        with blas.single_blas_thread():
+            holders.append(blas._LIMIT["holders"])
+            inside.set()
+            go.wait()
 
     with threadpool_limits(limits=2, user_api="blas"):
-        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-        for t in threads:
+        with blas.single_blas_thread():
+            assert parallel.blas_thread_count() == 1
+            t = threading.Thread(target=worker)
             t.start()
-        for t in threads:
-            t.join()
-        assert len(inside) == 400 and set(inside) == {(True, 1)}
+            inside.wait()
+        go.set()
+        t.join()
+        assert holders == [1]  # the main thread's hold only
         assert parallel.blas_thread_count() == 2
     assert blas._LIMIT["holders"] == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_starts_without_the_parents_holds():
+    read, write = os.pipe()
+    blas.hold_process_limit(1)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: report its holds, take and release one
+            try:
+                held = blas._LIMIT["holders"]
+                with blas.single_blas_thread():
+                    pass
+                os.write(write, f"{held} {blas._LIMIT['holders']}".encode())
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    finally:
+        blas.release_process_limit()
+    assert os.read(read, 64).decode() == "0 0"
+    os.close(read)
+    os.close(write)
 
 
 @pytest.mark.skipif(joblib.cpu_count() < 2, reason="BLAS runs one thread anyway")
