@@ -832,22 +832,38 @@ class PackedEstimate:
         bounds = np.searchsorted(comps, np.arange(K + 1))
         counts = np.diff(bounds)
         size = counts.max(initial=0)
-        buf = np.empty((size, X.shape[1]))
-        raw = buf if X.dtype == np.float64 else np.empty((size, X.shape[1]), X.dtype)
+        gather = _GatherBuffers(X, size)
         zbuf = np.empty((size, X.shape[1]))
         sq = np.empty(size)
         with single_blas_thread():
             for k in np.flatnonzero(counts):
                 rows = idx[bounds[k]:bounds[k + 1]]
                 m = rows.size
-                np.take(X, rows, axis=0, out=raw[:m])
-                np.subtract(raw[:m], self.means[k], out=buf[:m])
-                z = np.matmul(buf[:m], self.u[k], out=zbuf[:m])
+                z = np.matmul(gather.centred(rows, self.means[k]), self.u[k],
+                              out=zbuf[:m])
                 q = np.einsum("ij,ij->i", z, z, out=sq[:m])
                 q *= -0.5
                 q += self.offset[k]
                 weighted[rows, k] = q
         return weighted
+
+
+class _GatherBuffers:
+    """Work buffers for gathering up to ``size`` rows of ``X`` at a time, centred in
+    float64 (the rows are copied as they are, then centred into a float64 buffer)."""
+
+    def __init__(self, X, size):
+        self.X = X
+        self.buf = np.empty((size, X.shape[1]))
+        self.raw = (self.buf if X.dtype == np.float64
+                    else np.empty((size, X.shape[1]), dtype=X.dtype))
+
+    def centred(self, rows, center):
+        """``X[rows] - center`` (float64), a view of the buffer valid until the next
+        call."""
+        m = rows.size
+        np.take(self.X, rows, axis=0, out=self.raw[:m])
+        return np.subtract(self.raw[:m], center, out=self.buf[:m])
 
 
 def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype):
@@ -1204,19 +1220,14 @@ def _gathered_moments(X, resp, centers, kept, counts, components, nk, sum_x, sum
     meaningful afterwards.
     """
     d = X.shape[1]
-    size = int(counts[components].max(initial=0))
-    buf = np.empty((size, d), dtype=np.float64)
-    raw = buf if X.dtype == np.float64 else np.empty((size, d), dtype=X.dtype)
+    gather = _GatherBuffers(X, int(counts[components].max(initial=0)))
     prod = np.empty((d, d))
     with single_blas_thread():
         for k in components:
             rows = np.flatnonzero(kept[k])
-            m = rows.size
-            if m == 0:
+            if rows.size == 0:
                 continue
-            np.take(X, rows, axis=0, out=raw[:m])
-            work = buf[:m]
-            np.subtract(raw[:m], centers[k], out=work)
+            work = gather.centred(rows, centers[k])
             r = resp[rows, k]
             nk[k] += r.sum()
             sum_x[k] += r @ work
