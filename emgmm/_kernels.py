@@ -282,6 +282,10 @@ def _gamma(m, dtype):
 # products are batched over components so that every GEMM is wide enough to run near
 # the BLAS peak rate (measured on OpenBLAS 0.3, 2 cores).
 _GEMM_COLUMNS = 1024      # columns of one batched product (components x features)
+# Width of the column blocks of the triangular factor in _full_maha_dense: narrower
+# blocks skip more of the zero triangle but make thinner GEMMs (d = 400 and 900 on one
+# thread: 32 and 64 fastest, 1.6-1.7x over dense products; 128: 1.4-1.7x).
+_TRIANGLE_BLOCK = 64
 _CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
 # The packed formulation (below) is used while its packed model fits in this many bytes
 # and _CHUNK_BYTES of float64 packed products still hold _PACKED_MIN_ROWS rows (the
@@ -424,37 +428,54 @@ def _full_maha_packed(X, g, W, out, y_norm=None):
 def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     """Squared Mahalanobis distances ``||(x - mu_k) U_k||^2`` for ``components``.
 
-    Components are batched: one GEMM of the chunk ``[x - g, 1]`` with
-    ``[[U_k1 ... U_kb], [-m_k1 U_k1 ... -m_kb U_kb]]`` gives ``(x - mu_k) U_k`` for
-    ``b`` components at once (``m_k = mu_k - g``), in the dtype of ``X`` (float32 mode
-    runs float32 GEMMs; the rounding is relative to ``|x - g|`` and ``|m_k|``, linear
-    in them). Then squares and row sums per component, in place.
+    ``U_k`` is upper triangular, so column block ``j`` (columns ``c0:c1``, width
+    ``_TRIANGLE_BLOCK``) of ``(x - mu_k) U_k`` involves only the first ``c1``
+    features: with ``y = [1, x - g]`` it is ``y[:, :1 + c1]`` times
+    ``[-m_k U_k[:, c0:c1]; U_k[:c1, c0:c1]]`` (``m_k = mu_k - g``). One GEMM per column
+    block, batched over components, then squares and row sums, added up over the
+    blocks: ``n K d^2 (1 + h/d)`` flops for blocks of width ``h``, against
+    ``2 n K d^2`` for dense products that ignore the triangle (about 1.6x faster at
+    d = 400-900), and every product is numpy's (scipy's ``trmm`` holds the GIL, so
+    row threads would take turns on it). The GEMMs run in the dtype of ``X``
+    (float32 mode runs float32 GEMMs; the rounding is relative to ``|x - g|`` and
+    ``|m_k|``, linear in them); the partial sums are added in float64.
     """
     n, d = X.shape
     dtype = X.dtype
-    kb = max(1, min(len(components), _GEMM_COLUMNS // d))
-    rows = _chunk_rows(kb * d, dtype.itemsize, n)
+    h = min(d, _TRIANGLE_BLOCK)
+    kb = max(1, min(len(components), _GEMM_COLUMNS // h))
+    rows = _chunk_rows(kb * h, dtype.itemsize, n)
     Ya = np.empty((n, d + 1), dtype=dtype)
-    np.subtract(X, g, out=Ya[:, :d], casting="same_kind")
-    Ya[:, d] = 1.0
-    Z = np.empty((rows, kb * d), dtype=dtype)
+    Ya[:, 0] = 1.0
+    np.subtract(X, g, out=Ya[:, 1:], casting="same_kind")
+    Z = np.empty(rows * kb * h, dtype=dtype)
     part = np.empty((rows, kb), dtype=dtype)
+    acc = np.empty((n, kb))
     for b0 in range(0, len(components), kb):
         batch = components[b0:b0 + kb]
         nb = len(batch)
         u = precisions_cholesky[batch]
-        W = np.empty((d + 1, nb, d))
-        W[:d] = np.swapaxes(u, 0, 1)
-        W[d] = -np.einsum("kj,kjl->kl", means_shifted[batch], u)
-        W = W.reshape(d + 1, nb * d).astype(dtype)
-        for r0 in range(0, n, rows):
-            r1 = min(r0 + rows, n)
-            m = r1 - r0
-            z = Z[:m, :nb * d]
-            np.matmul(Ya[r0:r1], W, out=z)
-            np.multiply(z, z, out=z)
-            np.add.reduce(z.reshape(m, nb, d), axis=2, out=part[:m, :nb])
-            out[r0:r1, batch] = part[:m, :nb]
+        shift = -np.einsum("kj,kjl->kl", means_shifted[batch], u)
+        total = acc[:, :nb]
+        for c0 in range(0, d, h):
+            c1 = min(c0 + h, d)
+            w = c1 - c0
+            W = np.empty((1 + c1, nb, w))
+            W[0] = shift[:, c0:c1]
+            W[1:] = np.swapaxes(u[:, :c1, c0:c1], 0, 1)
+            W = W.reshape(1 + c1, nb * w).astype(dtype, copy=False)
+            for r0 in range(0, n, rows):
+                r1 = min(r0 + rows, n)
+                m = r1 - r0
+                z = Z[:m * nb * w].reshape(m, nb * w)
+                np.matmul(Ya[r0:r1, :1 + c1], W, out=z)
+                np.multiply(z, z, out=z)
+                if c0 == 0:
+                    np.add.reduce(z.reshape(m, nb, w), axis=2, out=total[r0:r1])
+                else:
+                    total[r0:r1] += np.add.reduce(z.reshape(m, nb, w), axis=2,
+                                                  out=part[:m, :nb])
+        out[:, batch] = total
     return out
 
 
