@@ -438,7 +438,8 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     d = 400-900), and every product is numpy's (scipy's ``trmm`` holds the GIL, so
     row threads would take turns on it). The GEMMs run in the dtype of ``X``
     (float32 mode runs float32 GEMMs; the rounding is relative to ``|x - g|`` and
-    ``|m_k|``, linear in them); the partial sums are added in float64.
+    ``|m_k|``, linear in them; each block's row sums are float32 there, and are added
+    up over the blocks in float64).
     """
     n, d = X.shape
     dtype = X.dtype
@@ -520,8 +521,9 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     the mixture mean) with the packed precisions: ``n K d^2`` flops at the GEMM rate.
     Components whose mean lies so far from ``g`` (in their own metric) that this
     expansion would lose more than ~1e-10 in ``log N``, and float32 data, use instead
-    batched products ``[x - g, 1] @ [[U_k], [-(mu_k - g) U_k]]`` over several
-    components at once, whose rounding is linear in ``|x - g|`` and ``|mu_k - g|``.
+    ``(x - mu_k) U_k`` by column blocks of the triangular ``U_k``, batched over several
+    components at once (:func:`_full_maha_dense`), whose rounding is linear in
+    ``|x - g|`` and ``|mu_k - g|``.
     For 'tied', 'diag' and 'spherical' the squared distances are expanded around the
     same shift so that the work is a few matrix products, in float64.
 
