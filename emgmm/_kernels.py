@@ -675,6 +675,13 @@ _REFINE_TOL = 1e-9
 # log_gaussian_prob instead.
 _REFINE_PROBE_ROWS = 512
 _REFINE_MAX_DENSITY = 0.3
+# PackedEstimate.to_refine: while every row's uniform bound (at least each of its
+# pairs' bounds) is at most _UNIFORM_BOUND nats, as in float64, one comparison with the
+# row's best estimate finds the candidates (d=64, K=200, one thread: 4 ms per block of
+# 12500 rows); beyond, every bound is evaluated, in row chunks of _BOUND_CHUNK_BYTES
+# per work array (11-13 ms; 12-20 ms with the 4 MiB chunks and more passes of before).
+_UNIFORM_BOUND = 1.0
+_BOUND_CHUNK_BYTES = 2**20
 
 
 #: Power iterations behind :func:`_abs_spectral_bound` (4 gave within 0.4% of the
@@ -793,26 +800,71 @@ class PackedEstimate:
         return out
 
     def to_refine(self, weighted, y_norm, margin):
-        """``(K, n)`` mask of the pairs to recompute: within ``margin`` nats of the
-        row's best (by the bounds) and with a bound above ``_REFINE_TOL``.
-        Column-major ``weighted`` is read along contiguous memory."""
+        """The pairs to recompute: within ``margin`` nats of the row's best (by the
+        bounds) and with a bound above ``_REFINE_TOL``.
+
+        With ``e_ik`` the bound of pair ``(i, k)``, these are the pairs with
+        ``w_ik + e_ik >= max_l (w_il - e_il) - margin`` and ``e_ik > _REFINE_TOL``.
+        Candidates are found first, then the bounds evaluated on them only.
+        ``E_i = 2 max_k c_k ||m_k||^2 + 2 max_k c_k ||y_i||^2 >= e_ik`` (from
+        ``(a + b)^2 <= 2 a^2 + 2 b^2``); while every ``E_i`` is at most
+        ``_UNIFORM_BOUND`` (float64), the candidates are the pairs within
+        ``margin + 2 E_i`` of their row's largest estimate, which hold every pair
+        sought and the pair attaining the maximum: one comparison. Else (float32:
+        bounds of up to ~1e5 nats on tight components) the condition is evaluated
+        on every pair, in row chunks that stay in cache.
+
+        Returns
+        -------
+        comps, rows : ndarray of int
+            The pairs, sorted by component, then row.
+        """
         n, K = weighted.shape
+        est = weighted.T  # (K, n): contiguous rows for the column-major estimates
+        coef = self.error_coef
+        spread = 2.0 * ((coef * self.m_norm**2).max(initial=0.0)
+                        + coef.max(initial=0.0) * y_norm**2)
+        with np.errstate(invalid="ignore"):
+            if spread.max(initial=0.0) <= _UNIFORM_BOUND:
+                best = est.max(axis=0)
+                # (with room for the rounding of these sums)
+                limit = (best - margin - 2.0 * spread
+                         - 1e-9 * (np.abs(best) + margin + spread))
+                candidates = np.flatnonzero(est >= limit)
+            else:
+                candidates = self._near_best(est, y_norm, margin)
+        comps = candidates // max(n, 1)
+        rows = candidates - comps * n
+        w = est[comps, rows]
+        e = self.m_norm[comps] + y_norm[rows]
+        e *= e
+        e *= coef[comps]
+        floor = np.full(n, -np.inf)
+        np.maximum.at(floor, rows, w - e)
+        floor -= margin
+        with np.errstate(invalid="ignore"):
+            keep = (e > _REFINE_TOL) & (w + e >= floor[rows])
+        return comps[keep], rows[keep]
+
+    def _near_best(self, est, y_norm, margin):
+        """Flat positions in ``est`` (K, n) of the pairs with ``w + e >= max(w - e) -
+        margin`` over their row, every bound evaluated (row chunks of
+        ``_BOUND_CHUNK_BYTES``)."""
+        K, n = est.shape
         mask = np.empty((K, n), dtype=bool)
-        rows = _chunk_rows(K, 8, n)
-        err = np.empty((K, rows))
+        rows = _chunk_rows(K, 8, n, _BOUND_CHUNK_BYTES)
+        e_buf, t_buf = np.empty((K, rows)), np.empty((K, rows))
+        m_norm, coef = self.m_norm[:, None], self.error_coef[:, None]
         for r0 in range(0, n, rows):
             r1 = min(r0 + rows, n)
-            e = err[:, :r1 - r0]
-            np.add(self.m_norm[:, None], y_norm[r0:r1], out=e)
-            e *= e
-            e *= self.error_coef[:, None]
-            w = weighted.T[:, r0:r1]
-            with np.errstate(invalid="ignore"):
-                floor = (w - e).max(axis=0) - margin
-                inexact = e > _REFINE_TOL
-                e += w
-                np.logical_and(e >= floor, inexact, out=mask[:, r0:r1])
-        return mask
+            e, t, w = e_buf[:, :r1 - r0], t_buf[:, :r1 - r0], est[:, r0:r1]
+            np.add(m_norm, y_norm[r0:r1], out=e)
+            np.square(e, out=e)
+            e *= coef
+            floor = np.subtract(w, e, out=t).max(axis=0)
+            floor -= margin
+            np.greater_equal(np.add(w, e, out=t), floor, out=mask[:, r0:r1])
+        return np.flatnonzero(mask)
 
     def weighted_refined(self, X, margin):
         """``log w_k + log N(x | mu_k, Lambda_k)``, exact where it matters.
@@ -840,26 +892,21 @@ class PackedEstimate:
             probe = self.weighted(X[:p], weighted[:p], y_norm[:p])
         if not y_norm[:p].max(initial=0.0) <= self.y_limit:
             return None
-        mask = self.to_refine(probe, y_norm[:p], margin)
-        if np.count_nonzero(mask) - mask.shape[1] > _REFINE_MAX_DENSITY * mask.size:
+        comps, _ = self.to_refine(probe, y_norm[:p], margin)
+        if comps.size - probe.shape[0] > _REFINE_MAX_DENSITY * probe.size:
             return None
         with np.errstate(over="ignore", invalid="ignore"):
             self.weighted(X[p:], weighted[p:], y_norm[p:])
         if not y_norm.max(initial=0.0) <= self.y_limit:
             return None
-        return self.refine(X, weighted, self.to_refine(weighted, y_norm, margin))
+        return self.refine(X, weighted, *self.to_refine(weighted, y_norm, margin))
 
-    def refine(self, X, weighted, mask):
-        """Recompute the masked pairs exactly, ``log w_k + log N`` with
-        ``||(x - mu_k) U_k||^2`` over each component's gathered rows (float64, one
-        numpy product per component: it releases the GIL, scipy's ``trmm`` does not);
-        in place."""
-        K, n = mask.shape
-        # row-major positions in (K, n): sorted by component, then row (a 1-D
-        # flatnonzero is ~6x faster than a 2-D nonzero)
-        idx = np.flatnonzero(mask)
-        comps = idx // max(n, 1)
-        idx -= comps * n
+    def refine(self, X, weighted, comps, rows):
+        """Recompute the pairs ``(rows[j], comps[j])`` (sorted by component) exactly,
+        ``log w_k + log N`` with ``||(x - mu_k) U_k||^2`` over each component's
+        gathered rows (float64, one numpy product per component: it releases the
+        GIL, scipy's ``trmm`` does not); in place."""
+        K = self.means.shape[0]
         bounds = np.searchsorted(comps, np.arange(K + 1))
         counts = np.diff(bounds)
         size = counts.max(initial=0)
@@ -868,14 +915,14 @@ class PackedEstimate:
         sq = np.empty(size)
         with single_blas_thread():
             for k in np.flatnonzero(counts):
-                rows = idx[bounds[k]:bounds[k + 1]]
-                m = rows.size
-                z = np.matmul(gather.centred(rows, self.means[k]), self.u[k],
+                these = rows[bounds[k]:bounds[k + 1]]
+                m = these.size
+                z = np.matmul(gather.centred(these, self.means[k]), self.u[k],
                               out=zbuf[:m])
                 q = np.einsum("ij,ij->i", z, z, out=sq[:m])
                 q *= -0.5
                 q += self.offset[k]
-                weighted[rows, k] = q
+                weighted[these, k] = q
         return weighted
 
 

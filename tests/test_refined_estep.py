@@ -13,6 +13,7 @@ well conditioned; ``scipy.special.logsumexp``. The contract under test:
 * the packed estimate's error never exceeds the bound the kernel uses to decide.
 """
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -163,6 +164,49 @@ def test_packed_estimate_error_within_its_bound(case, dtype):
     # the oracle itself carries float64 rounding: allow its own size on top
     slack = 1e-12 * np.abs(exact)
     assert np.all(np.abs(approx - exact) <= bound + slack)
+
+
+@pytest.mark.parametrize("margin", [kernels.relevance_margin(1e-9), 3.0, 0.0])
+@pytest.mark.parametrize("largest_coef, uniform", [(1e-2, False), (3e-4, True)])
+def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
+                                                 monkeypatch):
+    """``to_refine`` against its definition on the whole ``(n, K)`` array (numpy):
+    the pairs with a bound ``e = c_k (||y|| + ||m_k||)^2`` above ``_REFINE_TOL`` and
+    ``w + e >= max(w - e) - margin`` over the row, sorted by component, then row.
+    Estimates spread over tens of nats, bounds from 1e-14 nats up to tens of nats
+    (every bound evaluated) or below one nat (the candidates of the uniform bound),
+    a zero weight (estimates of ``-inf``); column-major estimates and a slice of
+    their first rows (the probe)."""
+    rng = np.random.default_rng(13)
+    weights, means, U = separated_model(rng, 40, 3, 6.0, 10.0)
+    est = kernels.PackedEstimate.build(weights, means, U)
+    n, K = 1500, 40
+    est = dataclasses.replace(
+        est, error_coef=10.0 ** rng.uniform(-16, np.log10(largest_coef), K),
+        m_norm=rng.uniform(0.0, 10.0, K))
+    every_bound = []
+    near_best = kernels.PackedEstimate._near_best
+    monkeypatch.setattr(kernels.PackedEstimate, "_near_best",
+                        lambda self, *a: every_bound.append(1) or near_best(self, *a))
+    weighted = np.asfortranarray(rng.normal(-50.0, 15.0, (n, K)))
+    weighted[:, 3] = -np.inf
+    y_norm = rng.gamma(2.0, 3.0, n)
+    for rows in (slice(None), slice(0, 300)):
+        w, y = weighted[rows], y_norm[rows]
+        e = est.error_coef * (y[:, None] + est.m_norm) ** 2
+        with np.errstate(invalid="ignore"):
+            floor = (w - e).max(axis=1, keepdims=True) - margin
+        mask = (w + e >= floor) & (e > kernels._REFINE_TOL)
+        # not every pair, several in some rows (with a margin); bounds on both sides
+        # of the tolerance among the pairs within the margin
+        assert mask.any() and not mask.all()
+        assert margin == 0.0 or (mask.sum(axis=1) >= 2).any()
+        assert ((w + e >= floor) & (e <= kernels._REFINE_TOL)).any()
+        expected = np.nonzero(mask.T)
+        got = est.to_refine(w, y, margin)
+        np.testing.assert_array_equal(got[0], expected[0])
+        np.testing.assert_array_equal(got[1], expected[1])
+    assert len(every_bound) == (0 if uniform else 2)
 
 
 @pytest.mark.parametrize("d", [1, 2, 12, 64])
