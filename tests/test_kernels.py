@@ -660,6 +660,41 @@ def test_packed_moments_recompute_tight_far_components_in_any_chunk(monkeypatch)
     assert np.all(np.abs(got_xx - sum_xx) <= tol_xx)
 
 
+def test_packed_moments_kept_for_ill_conditioned_components():
+    """Data nearly flat along a direction (the last feature equals the first to 1e-6:
+    every S_k has a condition number ~1e12, and even centred sums amplify their
+    rounding ~1e12-fold): the components of these rows keep their packed sums (their
+    expanded terms are within twice the centred ones in every feature), while a tight
+    cluster (spread 1e-3) 3 away from them is recomputed centred; all within the
+    rounding bounds of the whole-array oracle."""
+    rng = np.random.default_rng(10)
+    n, d, K = 900, 6, 8
+    tight = 5
+    X = rng.normal(size=(n, d))
+    X[:, -1] = X[:, 0] + 1e-6 * rng.normal(size=n)
+    centers = rng.normal(scale=0.3, size=(K, d))
+    centers[:, -1] = centers[:, 0]
+    resp = random_resp(rng, n, K)
+    rows = slice(0, 50)
+    X[rows] = 3.0 + 1e-3 * rng.normal(size=(50, d))
+    centers[tight] = 3.0
+    resp[:, tight] = 1e-15
+    resp[rows] = 1e-15
+    resp[rows, tight] = 1.0
+    resp = np.asfortranarray(resp / resp.sum(axis=1, keepdims=True))
+    X, resp, centers = ro(X, resp, centers)
+    # the centred sums' own amplification, sum_j S_jj (S^-1)_jj, is far beyond 1e6
+    S = oracle_stats(X, resp, centers, "full")[2]
+    amplification = np.einsum("kjj,kjj->k", S, np.linalg.inv(S))
+    assert np.all(np.delete(amplification, tight) > 1e9)
+    g = kernels._shift(centers, resp.sum(axis=0))
+    acc = kernels._packed_sums(X, resp, g, (resp > 1e-20).T)
+    sums = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
+    assert_array_equal(kernels._add_packed_moments(acc, centers, g, *sums), [tight])
+    stats = kernels.block_statistics(X, resp, centers, "full", 1e-20)
+    assert_stats_match(stats, X, np.where(resp > 1e-20, resp, 0.0), centers, "full")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_m_step(covariance_type, dtype):
