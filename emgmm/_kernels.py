@@ -761,35 +761,51 @@ class PackedEstimate:
         """The estimate's work on the model: ``K d^3`` flops for the precisions.
         ``dtype`` (float64 or float32) is that of the estimate's products; ``None``
         when it cannot hold the packed weights (:func:`_representable`)."""
-        dtype = np.dtype(dtype)
+        return cls.build_all(weights, means, precisions_cholesky, (dtype,))[0]
+
+    @classmethod
+    def build_all(cls, weights, means, precisions_cholesky, dtypes):
+        """:meth:`build` for each of ``dtypes``, sharing the work on the model, the
+        shift ``g`` (rounded to the narrowest of them) and ``y_limit`` (that of the
+        narrowest: float32 compute sends the rows too far for float32 products to
+        the plain path, which refuses them, whichever estimate it tries)."""
+        dtypes = [np.dtype(t) for t in dtypes]
         means = np.asarray(means, dtype=np.float64)
         u = np.asarray(precisions_cholesky, dtype=np.float64)
         K, d = means.shape
-        g = _shift(means, weights).astype(dtype).astype(np.float64)
+        narrowest = min(dtypes, key=lambda t: t.itemsize)
+        g = _shift(means, weights).astype(narrowest).astype(np.float64)
         means_shifted = means - g
         precisions = np.matmul(u, np.swapaxes(u, 1, 2))
         W = _packed_weights(precisions, means_shifted)
-        if not _representable(W, dtype):
-            return None
+        dtypes = [t if _representable(W, t) else None for t in dtypes]
+        if not any(dtypes):
+            return [None] * len(dtypes)
         abs_u = np.abs(u)
         rho = np.matmul(abs_u, abs_u.sum(axis=1)[:, :, None])[:, :, 0].max(axis=1)
         gamma64 = _gamma(2 * d + 2, np.float64)
         spectral = np.fmin(_abs_spectral_bound(np.abs(precisions, out=precisions)),
                            rho * (1.0 + gamma64))
         del precisions
-        gamma = _gamma(d * (d + 1) // 2 + d + 4 + (dtype != np.float64), dtype)
-        error_coef = 0.5 * (gamma * spectral + gamma64 * (spectral + rho))
         with np.errstate(divide="ignore"):
             offset = (np.log(np.asarray(weights, dtype=np.float64))
                       + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
         m_norm = np.linalg.norm(means_shifted, axis=1)
         # The products and every partial sum of the dot product are at most
         # max(rho_k, 1) (||y|| + ||m_k||)^2 in magnitude: rows with ||y|| below
-        # y_limit cannot overflow ``dtype`` (with a factor 4 to spare).
-        y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(), 1.0))
+        # y_limit cannot overflow ``narrowest`` (with a factor 4 to spare).
+        y_limit = float(np.sqrt(np.finfo(narrowest).max / 4.0 / max(rho.max(), 1.0))
                         - m_norm.max())
-        return cls(dtype.str, means, u, g, W.astype(dtype), error_coef, m_norm,
-                   offset, y_limit)
+        built = []
+        for dtype in dtypes:
+            if dtype is None:
+                built.append(None)
+                continue
+            gamma = _gamma(d * (d + 1) // 2 + d + 4 + (dtype != np.float64), dtype)
+            error_coef = 0.5 * (gamma * spectral + gamma64 * (spectral + rho))
+            built.append(cls(dtype.str, means, u, g, W.astype(dtype), error_coef,
+                             m_norm, offset, y_limit))
+        return built
 
     def weighted(self, X, out, y_norm=None):
         """The estimate into ``out``, ``(n, K)`` float64; returns ``out``.
@@ -948,13 +964,20 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
     """Work on the model that every block of a pass shares, or ``None``.
 
     For 'full' with packed products (small ``d``), the :class:`PackedEstimate`
-    (``K d^3`` flops) in ``dtype`` (float64 or float32) that
-    :func:`estimate_log_prob_resp` otherwise builds per call.
+    objects (``K d^3`` flops) that :func:`estimate_log_prob_resp` otherwise builds
+    per call, in the order they are tried: for float32 data the float32 estimate,
+    then the float64 one (on the same data), taken where the float32 bounds are too
+    coarse for the model (on the image patches D, ill-conditioned precisions: 150 of
+    200 pairs per row to recompute) or its range too narrow; for float64 the float64
+    one. ``None`` when there is none.
     """
     K, d = np.shape(means)
     if covariance_type == "full" and _use_packed(d, K):
+        dtypes = (np.float32, np.float64) if dtype == np.float32 else (np.float64,)
         with np.errstate(over="ignore", invalid="ignore"):
-            return PackedEstimate.build(weights, means, precisions_cholesky, dtype)
+            built = PackedEstimate.build_all(weights, means, precisions_cholesky,
+                                             dtypes)
+        return tuple(e for e in built if e is not None) or None
     return None
 
 
@@ -971,11 +994,12 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     margin : float or None, default=None
         ``None``: every entry is exact. A number (see :func:`relevance_margin`): for
-        'full' (float32 too: the estimate in float32, the pairs that matter
-        recomputed in float64), 'diag' and 'spherical', only the pairs within ``margin``
-        nats of their row's best component are computed exactly; the others are
-        estimated to within a (first-order) rounding-error bound and have
-        ``r_ik < exp(-margin)`` (see :meth:`PackedEstimate.weighted_refined`).
+        'full' (float32 too: the estimate in float32, or in float64 where the
+        float32 bounds are too coarse, the pairs that matter recomputed in float64),
+        'diag' and 'spherical', only the pairs within ``margin`` nats of their row's
+        best component are computed exactly; the others are estimated to within a
+        (first-order) rounding-error bound and have ``r_ik < exp(-margin)`` (see
+        :meth:`PackedEstimate.weighted_refined`).
     prepared : object or None, default=None
         :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
         its work between the blocks of a pass.
@@ -994,8 +1018,8 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
         if prepared is None:
             prepared = prepare_log_prob(weights, means, precisions_cholesky,
                                         covariance_type, X.dtype)
-        if prepared is not None:
-            weighted = prepared.weighted_refined(X, margin)
+        for estimate in prepared or ():
+            weighted = estimate.weighted_refined(X, margin)
             if weighted is not None:
                 return weighted
     return _log_prob(X, means, precisions_cholesky, covariance_type, weights, True,

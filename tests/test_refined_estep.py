@@ -268,7 +268,7 @@ def test_float32_refined_estep_matches_oracle_where_it_matters(case):
     exp_norm = logsumexp(weighted, axis=1)
     exp_resp = weighted - exp_norm[:, None]
     log_norm, log_resp = kernels.estimate_log_prob_resp(X32, weights, means, U, "full",
-                                                        margin, est)
+                                                        margin, (est,))
     near = exp_resp > -margin + 1.0
     assert_allclose(refined[near], weighted[near], rtol=1e-12, atol=1e-9)
     assert_allclose(log_norm, exp_norm, rtol=1e-11, atol=1e-9)
@@ -333,6 +333,34 @@ def test_float32_two_components_take_the_refined_path():
     assert_allclose(refined[near], weighted[near], rtol=1e-12, atol=1e-9)
 
 
+@needs_extended
+def test_float32_data_take_the_float64_estimate_where_float32_bounds_are_too_coarse(
+        monkeypatch):
+    """Overlapping components (every pair within the margin): every float32 estimate
+    would need the float64 recomputation, so the probe refuses it; the float64
+    estimate of the same float32 data is taken (its bounds are below the tolerance),
+    not the plain float32 products, and equals the definition on the float32 data
+    where it matters."""
+    rng = np.random.default_rng(7)
+    weights, means, U = separated_model(rng, 30, 12, 0.5, 10.0)
+    X32 = sample(rng, weights, means, U, 3000).astype(np.float32)
+    margin = kernels.relevance_margin(1e-20)
+    prepared = kernels.prepare_log_prob(weights, means, U, "full", np.float32)
+    assert [np.dtype(e.dtype) for e in prepared] == [np.float32, np.float64]
+    assert prepared[0].weighted_refined(X32, margin) is None
+
+    def plain(*args, **kwargs):
+        raise AssertionError("the plain path was taken")
+
+    monkeypatch.setattr(kernels, "_log_prob", plain)
+    weighted = kernels.weighted_log_prob(X32, weights, means, U, "full", margin,
+                                         prepared)
+    exact = oracle_weighted(X32.astype(np.float64), weights, means, U)
+    near = exact - logsumexp(exact, axis=1)[:, None] > -margin + 1.0
+    assert near.sum() > 10 * len(X32)
+    assert_allclose(weighted[near], exact[near], rtol=1e-12, atol=1e-9)
+
+
 @pytest.mark.parametrize("scale", [1e-17, 1e22, 1e30])
 def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
     """The float32 estimate is only used where float32 can hold its weights as
@@ -355,9 +383,10 @@ def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
     assert np.isfinite(f32.lower_bounds_).all()
     assert_allclose(f32.lower_bounds_, rounded.lower_bounds_, rtol=1e-6)
     # precisions of 1e34 (beyond float32's max * eps), 1e-44 or 1e-60 (subnormal or
-    # zero in float32): no float32 estimate; float64 keeps its own
-    assert kernels.prepare_log_prob(weights, means, U, "full", np.float32) is None
-    assert kernels.prepare_log_prob(weights, means, U, "full", np.float64) is not None
+    # zero in float32): no float32 estimate, the float64 one on the float32 data
+    for dtype in (np.float32, np.float64):
+        prepared = kernels.prepare_log_prob(weights, means, U, "full", dtype)
+        assert [np.dtype(e.dtype) for e in prepared] == [np.float64]
 
 
 def test_float32_estimate_left_for_a_block_with_a_row_too_far_for_its_products():
@@ -372,7 +401,7 @@ def test_float32_estimate_left_for_a_block_with_a_row_too_far_for_its_products()
     X32[550] = 1e30  # within float32's range; its square is not
     assert est.weighted_refined(X32, margin) is None
     log_norm, _ = kernels.estimate_log_prob_resp(X32, weights, means, U, "full",
-                                                 margin, est)
+                                                 margin, (est,))
     assert np.isfinite(log_norm[:550]).all() and log_norm[550] < -1e50
 
 
