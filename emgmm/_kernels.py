@@ -680,6 +680,9 @@ _REFINE_MAX_DENSITY = 0.3
 # row's best estimate finds the candidates (d=64, K=200, one thread: 4 ms per block of
 # 12500 rows); beyond, every bound is evaluated, in row chunks of _BOUND_CHUNK_BYTES
 # per work array (11-13 ms; 12-20 ms with the 4 MiB chunks and more passes of before).
+# The candidates are then taken a chunk of components at a time (_BOUND_CHUNK_BYTES
+# per array of their indices and bounds): all at once, the first pass of A (broad components, nearly every pair a candidate)
+# took 96 MB per block for their indices and bounds.
 _UNIFORM_BOUND = 1.0
 _BOUND_CHUNK_BYTES = 2**20
 
@@ -821,14 +824,17 @@ class PackedEstimate:
 
         With ``e_ik`` the bound of pair ``(i, k)``, these are the pairs with
         ``w_ik + e_ik >= max_l (w_il - e_il) - margin`` and ``e_ik > _REFINE_TOL``.
-        Candidates are found first, then the bounds evaluated on them only.
+        Candidates are marked first, then the bounds evaluated on them only.
         ``E_i = 2 max_k c_k ||m_k||^2 + 2 max_k c_k ||y_i||^2 >= e_ik`` (from
         ``(a + b)^2 <= 2 a^2 + 2 b^2``); while every ``E_i`` is at most
         ``_UNIFORM_BOUND`` (float64), the candidates are the pairs within
         ``margin + 2 E_i`` of their row's largest estimate, which hold every pair
         sought and the pair attaining the maximum: one comparison. Else (float32:
         bounds of up to ~1e5 nats on tight components) the condition is evaluated
-        on every pair, in row chunks that stay in cache.
+        on every pair, in row chunks that stay in cache. The candidates (nearly
+        every pair while the components are broad) are then taken a chunk of
+        components at a time (``_BOUND_CHUNK_BYTES`` per array of their indices and
+        bounds), so that these take no more memory than the pairs kept.
 
         Returns
         -------
@@ -840,31 +846,38 @@ class PackedEstimate:
         coef = self.error_coef
         spread = 2.0 * ((coef * self.m_norm**2).max(initial=0.0)
                         + coef.max(initial=0.0) * y_norm**2)
+        floor = np.full(n, -np.inf)
+        found = []
         with np.errstate(invalid="ignore"):
             if spread.max(initial=0.0) <= _UNIFORM_BOUND:
                 best = est.max(axis=0)
                 # (with room for the rounding of these sums)
                 limit = (best - margin - 2.0 * spread
                          - 1e-9 * (np.abs(best) + margin + spread))
-                candidates = np.flatnonzero(est >= limit)
+                candidate = np.greater_equal(est, limit)
             else:
-                candidates = self._near_best(est, y_norm, margin)
-        comps = candidates // max(n, 1)
-        rows = candidates - comps * n
-        w = est[comps, rows]
-        e = self.m_norm[comps] + y_norm[rows]
-        e *= e
-        e *= coef[comps]
-        floor = np.full(n, -np.inf)
-        np.maximum.at(floor, rows, w - e)
-        floor -= margin
-        with np.errstate(invalid="ignore"):
-            keep = (e > _REFINE_TOL) & (w + e >= floor[rows])
+                candidate = self._near_best(est, y_norm, margin)
+            step = max(1, _BOUND_CHUNK_BYTES // (8 * max(n, 1)))
+            for k0 in range(0, K, step):
+                flat = np.flatnonzero(candidate[k0:k0 + step])
+                comps = flat // max(n, 1)
+                rows = flat - comps * n
+                comps += k0
+                w = est[comps, rows]
+                e = self.m_norm[comps] + y_norm[rows]
+                e *= e
+                e *= coef[comps]
+                np.maximum.at(floor, rows, w - e)
+                inexact = e > _REFINE_TOL
+                found.append((comps[inexact], rows[inexact], (w + e)[inexact]))
+            floor -= margin
+            comps, rows, upper = (np.concatenate(parts) for parts in zip(*found))
+            keep = upper >= floor[rows]
         return comps[keep], rows[keep]
 
     def _near_best(self, est, y_norm, margin):
-        """Flat positions in ``est`` (K, n) of the pairs with ``w + e >= max(w - e) -
-        margin`` over their row, every bound evaluated (row chunks of
+        """``(K, n)`` mask of the pairs in ``est`` (K, n) with ``w + e >= max(w - e)
+        - margin`` over their row, every bound evaluated (row chunks of
         ``_BOUND_CHUNK_BYTES``)."""
         K, n = est.shape
         mask = np.empty((K, n), dtype=bool)
@@ -880,7 +893,7 @@ class PackedEstimate:
             floor = np.subtract(w, e, out=t).max(axis=0)
             floor -= margin
             np.greater_equal(np.add(w, e, out=t), floor, out=mask[:, r0:r1])
-        return np.flatnonzero(mask)
+        return mask
 
     def weighted_refined(self, X, margin):
         """``log w_k + log N(x | mu_k, Lambda_k)``, exact where it matters.

@@ -14,6 +14,7 @@ well conditioned; ``scipy.special.logsumexp``. The contract under test:
 """
 
 import dataclasses
+import tracemalloc
 import warnings
 
 import numpy as np
@@ -168,15 +169,19 @@ def test_packed_estimate_error_within_its_bound(case, dtype):
 
 @pytest.mark.parametrize("margin", [kernels.relevance_margin(1e-9), 3.0, 0.0])
 @pytest.mark.parametrize("largest_coef, uniform", [(1e-2, False), (3e-4, True)])
+@pytest.mark.parametrize("chunk_bytes", [None, 8 * 1500 * 3])
 def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
-                                                 monkeypatch):
+                                                 chunk_bytes, monkeypatch):
     """``to_refine`` against its definition on the whole ``(n, K)`` array (numpy):
     the pairs with a bound ``e = c_k (||y|| + ||m_k||)^2`` above ``_REFINE_TOL`` and
     ``w + e >= max(w - e) - margin`` over the row, sorted by component, then row.
     Estimates spread over tens of nats, bounds from 1e-14 nats up to tens of nats
     (every bound evaluated) or below one nat (the candidates of the uniform bound),
     a zero weight (estimates of ``-inf``); column-major estimates and a slice of
-    their first rows (the probe)."""
+    their first rows (the probe); candidates taken all at once or 3 (15 for the
+    probe) components at a time."""
+    if chunk_bytes is not None:
+        monkeypatch.setattr(kernels, "_BOUND_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(13)
     weights, means, U = separated_model(rng, 40, 3, 6.0, 10.0)
     est = kernels.PackedEstimate.build(weights, means, U)
@@ -207,6 +212,35 @@ def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
         np.testing.assert_array_equal(got[0], expected[0])
         np.testing.assert_array_equal(got[1], expected[1])
     assert len(every_bound) == (0 if uniform else 2)
+
+
+@pytest.mark.parametrize("inexact", [0, 5])
+def test_pairs_to_refine_of_broad_components_take_memory_of_the_pairs_kept(inexact):
+    """Broad components (every pair within the margin of its row's best, all of them
+    candidates): beyond the ``(n, K)`` mask, to_refine allocates a few chunks of
+    candidate indices and bounds and a few copies of the pairs kept, not arrays over
+    every pair (8 bytes each, ~7 of them: the first pass of the benchmark's A took
+    96 MB per block that way). Bounds below ``_REFINE_TOL`` but on ``inexact`` of
+    the 200 components, whose pairs are kept."""
+    rng = np.random.default_rng(3)
+    weights, means, U = separated_model(rng, 200, 3, 6.0, 10.0)
+    est = kernels.PackedEstimate.build(weights, means, U)
+    n, K = 10_000, 200
+    coef = np.full(K, 1e-14)
+    coef[rng.choice(K, inexact, replace=False)] = 1e-3
+    est = dataclasses.replace(est, error_coef=coef, m_norm=rng.uniform(0.0, 1.0, K))
+    weighted = np.asfortranarray(rng.normal(-50.0, 1.0, (n, K)))
+    y_norm = rng.uniform(0.0, 1.0, n)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        comps, rows = est.to_refine(weighted, y_norm, kernels.relevance_margin(1e-9))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert comps.size == inexact * n
+    kept = comps.nbytes + rows.nbytes
+    assert peak - before < n * K + 4 * kept + 12 * kernels._BOUND_CHUNK_BYTES
 
 
 @pytest.mark.parametrize("d", [1, 2, 12, 64])
