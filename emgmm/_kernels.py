@@ -681,8 +681,8 @@ _REFINE_MAX_DENSITY = 0.3
 # 12500 rows); beyond, every bound is evaluated, in row chunks of _BOUND_CHUNK_BYTES
 # per work array (11-13 ms; 12-20 ms with the 4 MiB chunks and more passes of before).
 # The candidates are then taken a chunk of components at a time (_BOUND_CHUNK_BYTES
-# per array of their indices and bounds): all at once, the first pass of A (broad components, nearly every pair a candidate)
-# took 96 MB per block for their indices and bounds.
+# per array of their indices and bounds): all at once, the first pass of A (broad
+# components, nearly every pair a candidate) took 96 MB per block for them.
 _UNIFORM_BOUND = 1.0
 _BOUND_CHUNK_BYTES = 2**20
 
