@@ -333,7 +333,8 @@ class Executor:
 
     def _share_large_arguments(self, task_args):
         """Write each large array of the arguments (also inside dataclasses such as
-        the model) once to the temporary folder and pass a read-only memory map of it.
+        the model, and tuples such as its prepared estimates) once to the temporary
+        folder and pass a read-only memory map of it.
 
         joblib sends a memory map as its file name; left to itself it would hash and
         dump large arrays for every task, keeping the files until the pool stops.
@@ -371,6 +372,10 @@ class Executor:
             changed = {name: self._share(v, cache) for name, v in fields.items()}
             if any(changed[name] is not fields[name] for name in fields):
                 shared = dataclasses.replace(value, **changed)
+        elif type(value) is tuple:
+            items = tuple(self._share(v, cache) for v in value)
+            if any(a is not b for a, b in zip(items, value)):
+                shared = items
         cache[key] = (value, shared)  # keeps value alive: ids stay unique
         return shared
 

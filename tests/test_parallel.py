@@ -179,6 +179,35 @@ def test_hdf5_under_process_workers(X, tmp_path, schedule, temp_folder):
     assert emgmm_entries(temp_folder) == []
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_model_and_its_prepared_estimates_reach_workers_as_memory_maps(dtype,
+                                                                      temp_folder):
+    """The model's large arrays and those of its prepared packed estimates (a tuple:
+    float32 and float64 for float32 data) go to process workers as read-only memory
+    maps of one file each, equal to the originals; the files go with the executor."""
+    rng = np.random.default_rng(0)
+    K, d = 200, 64  # float32 W: 1.7 MB, above SHARE_BYTES
+    model = em.Model(np.full(K, 1.0 / K), rng.normal(size=(K, d)), None,
+                     np.tile(np.eye(d), (K, 1, 1)), "full")
+    prepared = model.prepare(dtype)
+    assert len(prepared) == (2 if dtype == np.float32 else 1)
+    executor = parallel.Executor(None, 2)
+    try:
+        (shared,) = executor._share_large_arguments([(model,)])
+        (got,) = shared
+        for array in (got.precisions_cholesky, *(e.W for e in got.prepared),
+                      *(e.u for e in got.prepared)):
+            assert isinstance(array, np.memmap) and not array.flags.writeable
+        for before, after in zip(prepared, got.prepared):
+            assert_array_equal(after.W, before.W)
+            assert_array_equal(after.u, before.u)
+        # one file per array: u, shared by the model and its estimates, once
+        assert len(executor._shared) == 1 + len(prepared)
+    finally:
+        executor.__exit__(None, None, None)
+    assert emgmm_entries(temp_folder) == []
+
+
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 def test_threading_backend(X, schedule, temp_folder):
     ref = fit(X, n_jobs=1, schedule=schedule)
