@@ -768,10 +768,8 @@ class PackedEstimate:
 
     @classmethod
     def build_all(cls, weights, means, precisions_cholesky, dtypes):
-        """:meth:`build` for each of ``dtypes``, sharing the work on the model, the
-        shift ``g`` (rounded to the narrowest of them) and ``y_limit`` (that of the
-        narrowest: float32 compute sends the rows too far for float32 products to
-        the plain path, which refuses them, whichever estimate it tries)."""
+        """:meth:`build` for each of ``dtypes``, sharing the work on the model (and
+        the shift ``g``, rounded to the narrowest of them)."""
         dtypes = [np.dtype(t) for t in dtypes]
         means = np.asarray(means, dtype=np.float64)
         u = np.asarray(precisions_cholesky, dtype=np.float64)
@@ -794,11 +792,6 @@ class PackedEstimate:
             offset = (np.log(np.asarray(weights, dtype=np.float64))
                       + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
         m_norm = np.linalg.norm(means_shifted, axis=1)
-        # The products and every partial sum of the dot product are at most
-        # max(rho_k, 1) (||y|| + ||m_k||)^2 in magnitude: rows with ||y|| below
-        # y_limit cannot overflow ``narrowest`` (with a factor 4 to spare).
-        y_limit = float(np.sqrt(np.finfo(narrowest).max / 4.0 / max(rho.max(), 1.0))
-                        - m_norm.max())
         built = []
         for dtype in dtypes:
             if dtype is None:
@@ -806,6 +799,11 @@ class PackedEstimate:
                 continue
             gamma = _gamma(d * (d + 1) // 2 + d + 4 + (dtype != np.float64), dtype)
             error_coef = 0.5 * (gamma * spectral + gamma64 * (spectral + rho))
+            # The products and every partial sum of the dot product are at most
+            # max(rho_k, 1) (||y|| + ||m_k||)^2 in magnitude: rows with ||y|| below
+            # y_limit cannot overflow ``dtype`` (with a factor 4 to spare).
+            y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(), 1.0))
+                            - m_norm.max())
             built.append(cls(dtype.str, means, u, g, W.astype(dtype), error_coef,
                              m_norm, offset, y_limit))
         return built
@@ -909,8 +907,13 @@ class PackedEstimate:
             ``None`` when a probe of the first rows finds that more than
             ``_REFINE_MAX_DENSITY`` of the pairs would need recomputing (beyond one
             per row: in float32 every row's best pair has a bound above
-            ``_REFINE_TOL``), or when a row lies so far from ``g`` (``y_limit``)
-            that the products could overflow.
+            ``_REFINE_TOL``).
+
+        Raises
+        ------
+        BeyondRange
+            When a row lies so far from ``g`` (``y_limit``) that the products could
+            overflow: the block is for the plain path.
         """
         # column-major: the GEMM writes it directly, and the softmax of
         # estimate_resp reduces over contiguous memory
@@ -920,14 +923,14 @@ class PackedEstimate:
         with np.errstate(over="ignore", invalid="ignore"):  # checked by y_limit
             probe = self.weighted(X[:p], weighted[:p], y_norm[:p])
         if not y_norm[:p].max(initial=0.0) <= self.y_limit:
-            return None
+            raise BeyondRange
         comps, _ = self.to_refine(probe, y_norm[:p], margin)
         if comps.size - probe.shape[0] > _REFINE_MAX_DENSITY * probe.size:
             return None
         with np.errstate(over="ignore", invalid="ignore"):
             self.weighted(X[p:], weighted[p:], y_norm[p:])
         if not y_norm.max(initial=0.0) <= self.y_limit:
-            return None
+            raise BeyondRange
         return self.refine(X, weighted, *self.to_refine(weighted, y_norm, margin))
 
     def refine(self, X, weighted, comps, rows):
@@ -953,6 +956,11 @@ class PackedEstimate:
                 q += self.offset[k]
                 weighted[these, k] = q
         return weighted
+
+
+class BeyondRange(Exception):
+    """A row of the block lies too far from the shift for a :class:`PackedEstimate`'s
+    products (its ``y_limit``)."""
 
 
 class _GatherBuffers:
@@ -981,16 +989,20 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
     per call, in the order they are tried: for float32 data the float32 estimate,
     then the float64 one (on the same data), taken where the float32 bounds are too
     coarse for the model (on the image patches D, ill-conditioned precisions: 150 of
-    200 pairs per row to recompute) or its range too narrow; for float64 the float64
-    one. ``None`` when there is none.
+    200 pairs per row to recompute); for float64 the float64 one. ``None`` when
+    there is none, or for float32 data when float32 cannot hold the packed weights.
+    Where float32's range falls short (those weights, or a row too far for the
+    products: :class:`BeyondRange`), float32 compute takes the plain float32 path as
+    it does for every ``d``, and its check refuses what overflows there.
     """
     K, d = np.shape(means)
     if covariance_type == "full" and _use_packed(d, K):
-        dtypes = (np.float32, np.float64) if dtype == np.float32 else (np.float64,)
+        dtypes = ((np.float32, np.float64) if np.dtype(dtype) == np.float32
+                  else (np.float64,))
         with np.errstate(over="ignore", invalid="ignore"):
             built = PackedEstimate.build_all(weights, means, precisions_cholesky,
                                              dtypes)
-        return tuple(e for e in built if e is not None) or None
+        return tuple(built) if built[0] is not None else None
     return None
 
 
@@ -1031,10 +1043,13 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
         if prepared is None:
             prepared = prepare_log_prob(weights, means, precisions_cholesky,
                                         covariance_type, X.dtype)
-        for estimate in prepared or ():
-            weighted = estimate.weighted_refined(X, margin)
-            if weighted is not None:
-                return weighted
+        try:
+            for estimate in prepared or ():
+                weighted = estimate.weighted_refined(X, margin)
+                if weighted is not None:
+                    return weighted
+        except BeyondRange:
+            pass  # the plain path (in float32, its check refuses an overflow)
     return _log_prob(X, means, precisions_cholesky, covariance_type, weights, True,
                      products, margin)
 
@@ -1396,8 +1411,9 @@ def _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx):
     m_k s_k^T + N_k m_k m_k^T``. A component whose rounding is amplified more than
     ``_PACKED_MAX_CANCELLATION``-fold (:func:`_cancellation`) and whose expanded
     terms exceed ``_PACKED_MAX_EXCESS`` times the centred ones in some feature
-    (``a_j = (S_k)_jj + N_k m_kj^2`` against ``(S_k)_jj``) is not added. Components
-    are taken a chunk of ``_MOMENT_CHUNK_BYTES`` at a time.
+    (``a_j = sum_i r_ik y_ij^2 + N_k m_kj^2``, which is ``(S_k)_jj + 2 N_k m_kj^2``
+    when ``c_k`` is the component's mean, against ``(S_k)_jj``) is not added.
+    Components are taken a chunk of ``_MOMENT_CHUNK_BYTES`` at a time.
 
     Returns
     -------

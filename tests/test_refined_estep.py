@@ -399,7 +399,7 @@ def test_float32_data_take_the_float64_estimate_where_float32_bounds_are_too_coa
 def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
     """The float32 estimate is only used where float32 can hold its weights as
     normal numbers and its products cannot overflow; otherwise the block takes the
-    plain path. The fit of data at that scale equals the float64 fit of the rounded
+    plain float32 path. The fit of data at that scale equals the float64 fit of the rounded
     data, as at scale 1."""
     from emgmm import GaussianMixture
 
@@ -417,25 +417,38 @@ def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
     assert np.isfinite(f32.lower_bounds_).all()
     assert_allclose(f32.lower_bounds_, rounded.lower_bounds_, rtol=1e-6)
     # precisions of 1e34 (beyond float32's max * eps), 1e-44 or 1e-60 (subnormal or
-    # zero in float32): no float32 estimate, the float64 one on the float32 data
-    for dtype in (np.float32, np.float64):
-        prepared = kernels.prepare_log_prob(weights, means, U, "full", dtype)
-        assert [np.dtype(e.dtype) for e in prepared] == [np.float64]
+    # zero in float32): no estimate for float32 data (the plain float32 path, as for
+    # any d), not the float64 one either; float64 keeps its own
+    assert kernels.prepare_log_prob(weights, means, U, "full", np.float32) is None
+    prepared = kernels.prepare_log_prob(weights, means, U, "full", np.float64)
+    assert [np.dtype(e.dtype) for e in prepared] == [np.float64]
 
 
-def test_float32_estimate_left_for_a_block_with_a_row_too_far_for_its_products():
+@pytest.mark.parametrize("dtype", [np.float32, "float32", np.dtype(np.float32)])
+def test_float32_estimate_left_for_a_block_with_a_row_too_far_for_its_products(
+        dtype, monkeypatch):
     """A row so far from the mixture mean that its float32 products could overflow
-    (``y_limit``) sends its block to the plain path, which stays finite."""
+    (``y_limit``) sends its block to the plain path, which stays finite, without
+    trying the float64 estimate: float32 compute treats such rows alike for every
+    number of features (the plain path's check refuses them in a fit)."""
     rng = np.random.default_rng(4)
     weights, means, U = separated_model(rng, 3, 2, 20.0, 10.0)
     X32 = sample(rng, weights, means, U, 600).astype(np.float32)
     margin = kernels.relevance_margin(1e-20)
-    est = kernels.PackedEstimate.build(weights, means, U, np.float32)
-    assert est.weighted_refined(X32, margin) is not None
+    prepared = kernels.prepare_log_prob(weights, means, U, "full", dtype)
+    assert [np.dtype(e.dtype) for e in prepared] == [np.float32, np.float64]
+    assert prepared[0].weighted_refined(X32, margin) is not None
     X32[550] = 1e30  # within float32's range; its square is not
-    assert est.weighted_refined(X32, margin) is None
+    with pytest.raises(kernels.BeyondRange):
+        prepared[0].weighted_refined(X32, margin)
+    assert prepared[1].weighted_refined(X32, margin) is not None
+    tried = []
+    refined = kernels.PackedEstimate.weighted_refined
+    monkeypatch.setattr(kernels.PackedEstimate, "weighted_refined",
+                        lambda self, *a: tried.append(self.dtype) or refined(self, *a))
     log_norm, _ = kernels.estimate_log_prob_resp(X32, weights, means, U, "full",
-                                                 margin, (est,))
+                                                 margin, prepared)
+    assert tried == [prepared[0].dtype]
     assert np.isfinite(log_norm[:550]).all() and log_norm[550] < -1e50
 
 
