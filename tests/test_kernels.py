@@ -660,16 +660,20 @@ def test_packed_moments_recompute_tight_far_components_in_any_chunk(monkeypatch)
     assert np.all(np.abs(got_xx - sum_xx) <= tol_xx)
 
 
-def test_packed_moments_kept_for_ill_conditioned_components():
+@pytest.mark.parametrize("shift", [0.0, 1.5, 3.0])
+def test_packed_moments_kept_for_ill_conditioned_components(shift):
     """Data nearly flat along a direction (the last feature equals the first to 1e-6:
     every S_k has a condition number ~1e12, and even centred sums amplify their
     rounding ~1e12-fold): the components of these rows keep their packed sums (their
     expanded terms are within twice the centred ones in every feature), while a tight
     cluster (spread 1e-3) 3 away from them is recomputed centred; all within the
-    rounding bounds of the whole-array oracle."""
+    rounding bounds of the whole-array oracle. With ``shift``, one component's rows
+    and centre lie that far off the others in one feature only: its expanded terms
+    there are 2.6x (1.5) or 9.7x (3.0) the centred ones (at most 1.24x in the
+    others), and it is recomputed: the rule asks for every feature, at most twice."""
     rng = np.random.default_rng(10)
     n, d, K = 900, 6, 8
-    tight = 5
+    tight, shifted = 5, 2
     X = rng.normal(size=(n, d))
     X[:, -1] = X[:, 0] + 1e-6 * rng.normal(size=n)
     centers = rng.normal(scale=0.3, size=(K, d))
@@ -681,6 +685,13 @@ def test_packed_moments_kept_for_ill_conditioned_components():
     resp[:, tight] = 1e-15
     resp[rows] = 1e-15
     resp[rows, tight] = 1.0
+    if shift:
+        moved = slice(100, 200)
+        X[moved, 3] += shift
+        resp[:, shifted] = 1e-15
+        resp[moved] = 1e-15
+        resp[moved, shifted] = 1.0
+        centers[shifted] = X[moved].mean(axis=0)
     resp = np.asfortranarray(resp / resp.sum(axis=1, keepdims=True))
     X, resp, centers = ro(X, resp, centers)
     # the centred sums' own amplification, sum_j S_jj (S^-1)_jj, is far beyond 1e6
@@ -690,7 +701,8 @@ def test_packed_moments_kept_for_ill_conditioned_components():
     g = kernels._shift(centers, resp.sum(axis=0))
     acc = kernels._packed_sums(X, resp, g, (resp > 1e-20).T)
     sums = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
-    assert_array_equal(kernels._add_packed_moments(acc, centers, g, *sums), [tight])
+    expected = sorted([tight, shifted]) if shift else [tight]
+    assert_array_equal(kernels._add_packed_moments(acc, centers, g, *sums), expected)
     stats = kernels.block_statistics(X, resp, centers, "full", 1e-20)
     assert_stats_match(stats, X, np.where(resp > 1e-20, resp, 0.0), centers, "full")
 

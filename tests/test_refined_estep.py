@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 import pytest
-from numpy.testing import assert_allclose
+from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
@@ -212,6 +212,24 @@ def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
         np.testing.assert_array_equal(got[0], expected[0])
         np.testing.assert_array_equal(got[1], expected[1])
     assert len(every_bound) == (0 if uniform else 2)
+
+
+@pytest.mark.parametrize("gap", [0.5, 1.9, 2.1])
+def test_pairs_to_refine_reach_twice_the_uniform_bound_below_the_best(gap):
+    """The uniform-bound candidates reach ``margin + 2 E_i`` below the row's best:
+    two components whose bounds both equal the row's uniform bound ``E`` (0.16 nats),
+    the second ``margin + gap E`` below the first. By the definition it is kept while
+    ``w_2 + e >= w_1 - e - margin``, i.e. for gap <= 2 (a candidate limit of
+    ``margin + E`` would drop it at 1.9)."""
+    base = kernels.PackedEstimate.build(np.full(2, 0.5), np.zeros((2, 2)),
+                                        np.tile(np.eye(2), (2, 1, 1)))
+    c, y, margin = 1e-2, 2.0, 3.0
+    est = dataclasses.replace(base, error_coef=np.full(2, c), m_norm=np.full(2, y))
+    bound = 4.0 * c * y**2  # e = c (y + ||m||)^2, also E = 2 c ||m||^2 + 2 c y^2
+    w = np.asfortranarray([[0.0, -margin - gap * bound]])
+    comps, rows = est.to_refine(w, np.array([y]), margin)
+    assert_array_equal(rows, 0)
+    assert_array_equal(comps, [0, 1] if gap <= 2.0 else [0])
 
 
 @pytest.mark.parametrize("inexact", [0, 5])
