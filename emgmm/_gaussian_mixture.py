@@ -19,6 +19,7 @@ from ._checkpoint import open_checkpointer
 from ._component_schedule import component_statistics_pass
 from ._em import (
     Model,
+    check_explained,
     explain_worker_loss,
     initial_factors,
     rows_statistics_pass,
@@ -45,6 +46,41 @@ def _as_stored(model, dtype):
     stored = (np.asarray(a).astype(dtype).astype(np.float64) for a in (
         model.weights, model.means, model.covariances, model.precisions_cholesky))
     return Model(*stored, model.covariance_type)
+
+
+def _variances(a, covariance_type):
+    """The diagonals of covariance or precision attributes ``a``."""
+    if covariance_type == "full":
+        return np.diagonal(a, axis1=1, axis2=2)
+    if covariance_type == "tied":
+        return np.diagonal(a)
+    return a
+
+
+def _check_attributes_hold(model, precisions, dtype):
+    """Raise ``ValueError`` when float32 attributes (those of float32 data computed
+    in float32) cannot hold the fitted ``model``: a covariance beyond float32's range
+    (data of scale ~1e20 and more: variances ~1e40), or a variance or precision that
+    rounds to zero (scale ~1e-23 and less, or ~1e30 and more). ``precisions`` are
+    those of the attributes, in ``dtype``."""
+    if np.dtype(dtype) == np.float64:
+        return
+    covariances = model.covariances.astype(dtype)
+    arrays = (model.weights.astype(dtype), model.means.astype(dtype), covariances,
+              model.precisions_cholesky.astype(dtype), precisions)
+    kind = model.covariance_type
+    if (all(np.isfinite(a).all() for a in arrays)
+            and (_variances(covariances, kind) > 0).all()
+            and (_variances(precisions, kind) > 0).all()):
+        return
+    variances = _variances(model.covariances, kind)
+    raise ValueError(
+        f"The fitted model does not fit in {np.dtype(dtype).name} attributes (those of "
+        f"{np.dtype(dtype).name} data computed in {np.dtype(dtype).name}): its "
+        f"variances range from {variances.min():.3g} to {variances.max():.3g}, and "
+        "a covariance or precision would be infinite or zero. Scale the data, or fit "
+        "with compute_dtype='float64', which keeps float64 attributes."
+    )
 
 
 class GaussianMixture(DensityMixin, BaseEstimator):
@@ -614,6 +650,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         finally:
             source.close()
         score, run, labels = best
+        _check_attributes_hold(run.model, precisions, out_dtype)
         if not run.converged and self.max_iter > 0:
             warnings.warn(
                 "Best performing initialization did not converge. Try different init "
@@ -664,9 +701,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             prepared = model.prepare(compute_dtype)
             out = None
             for start, stop, block in source.blocks(block_size, compute_dtype):
-                part = func(*_kernels.estimate_log_prob_resp(
+                log_prob_norm, log_resp = _kernels.estimate_log_prob_resp(
                     block, model.weights, model.means, model.precisions_cholesky,
-                    self.covariance_type, _kernels.SCORE_MARGIN, prepared))
+                    self.covariance_type, _kernels.SCORE_MARGIN, prepared)
+                check_explained(log_prob_norm, start, source, compute_dtype,
+                                model.means)
+                part = func(log_prob_norm, log_resp)
                 if out is None:
                     out = np.empty((source.n_samples,) + part.shape[1:], part.dtype)
                 out[start:stop] = part

@@ -150,6 +150,51 @@ def test_value_whose_square_overflows_float32_is_refused_by_row(schedule, n_jobs
     assert np.isfinite(fitted.covariances_).all()
 
 
+def test_row_overflowing_float32_is_refused_by_predict_and_score():
+    """After a float32 fit, a query row whose squared distance overflows float32 is
+    refused by every scoring method, naming the row (as fit refuses it), not scored
+    as NaN responsibilities and a -inf log-likelihood; in float64 it is scored."""
+    X = (good_data(n=600) + np.repeat(np.eye(3) * 6, 200, axis=0)).astype(np.float32)
+    gm = GaussianMixture(3, random_state=0).fit(X)
+    query = X[:5].copy()
+    query[2, 1] = 1e30
+    for method in (gm.predict, gm.predict_proba, gm.score_samples, gm.score):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the overflow itself
+            with pytest.raises(ValueError, match=r"Row 2 of X: .* overflows float32 .*"
+                                                 r"at column 1"):
+                method(query)
+    gm.set_params(compute_dtype="float64")
+    assert np.isfinite(gm.predict_proba(query)).all()
+    assert np.isfinite(gm.score_samples(query)).all()
+
+
+@pytest.mark.parametrize("covariance_type, scale",
+                         [("full", 1e20), ("diag", 1e20), ("full", 1e30)])
+def test_model_beyond_float32_attributes_is_refused(covariance_type, scale):
+    """float32 data of scale 1e20 (variances 1e40, beyond float32; precisions
+    1e-40, subnormal) or 1e30 (precisions 1e-60, zero in float32): the fitted
+    float32 attributes could not hold the model, so the fit is refused, naming the
+    variances and the way out, and leaves no fitted attributes; with
+    compute_dtype='float64' (float64 attributes) the same data fits. (At 1e-20 the
+    fit is refused earlier, as an ill-defined covariance.)"""
+    X = ((good_data(n=600) + np.repeat(np.eye(3) * 6, 200, axis=0)) * scale)
+    X = X.astype(np.float32)
+    gm = GaussianMixture(3, covariance_type=covariance_type, random_state=0,
+                         reg_covar=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=r"does not fit in float32 attributes .* "
+                                             r"variances range from .*compute_dtype="
+                                             r"'float64'"):
+            gm.fit(X)
+        assert not hasattr(gm, "weights_")
+        fitted = gm.set_params(compute_dtype="float64").fit(X)
+    assert fitted.covariances_.dtype == np.float64
+    assert np.isfinite(fitted.covariances_).all() and (fitted.precisions_ != 0).any()
+    assert np.isfinite(fitted.sample(3)[0]).all()
+
+
 # ------------------------------------------------------------- wrong dtypes
 
 
