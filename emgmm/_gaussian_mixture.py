@@ -170,7 +170,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         used; where the float32 estimate's rounding bounds are too coarse for the
         model (strongly overlapping components: most pairs would need the
         recomputation), a block takes the float64 estimate of the same data
-        instead. The M-step statistics are computed in float64, and sums are
+        instead, and where that too needs too many, the plain path in float64. The
+        M-step statistics are computed in float64, and sums are
         accumulated in float64 in every case.
     resp_threshold : float, default=1e-20
         Pairs (row, component) whose responsibility is at most this are left out of

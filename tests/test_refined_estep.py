@@ -413,6 +413,33 @@ def test_float32_data_take_the_float64_estimate_where_float32_bounds_are_too_coa
     assert_allclose(weighted[near], exact[near], rtol=1e-12, atol=1e-9)
 
 
+def test_float32_blocks_that_every_estimate_refuses_take_the_plain_path_in_float64():
+    """Four unit clusters and a broad component (variance 2e16) at 2e6: the shift g
+    (the mixture mean) lies ~6e5 from the tight components, and both estimates would
+    need too many recomputations. The plain path then runs in float64 on the float32
+    data and equals the definition (its float32 products were off by up to ~0.1 nats
+    per row, 3e-5 relative in the mean)."""
+    rng = np.random.default_rng(0)
+    n, d = 4000, 6
+    X32 = (rng.standard_normal((n, d))
+           + np.repeat(np.eye(d)[:4] * 6, n // 4, axis=0)).astype(np.float32)
+    means = np.vstack([np.eye(d)[:4] * 6, 2e6 * np.eye(d)[1]])
+    cov = np.repeat(np.eye(d)[None], 5, 0)
+    cov[4, 1, 1] = 2e16
+    U = np.linalg.inv(np.linalg.cholesky(cov)).transpose(0, 2, 1).copy()
+    weights = np.r_[np.full(4, 0.7 / 4), 0.3]
+    margin = kernels.relevance_margin(1e-20)
+    prepared = kernels.prepare_log_prob(weights, means, U, "full", np.float32)
+    assert [np.dtype(e.dtype) for e in prepared] == [np.float32, np.float64]
+    assert all(e.weighted_refined(X32, margin) is None for e in prepared)
+    weighted = kernels.weighted_log_prob(X32, weights, means, U, "full", margin,
+                                         prepared)
+    exact = oracle_weighted(X32.astype(np.float64), weights, means, U)
+    near = exact - logsumexp(exact, axis=1)[:, None] > -margin + 1.0
+    assert_allclose(weighted[near], exact[near], rtol=1e-12, atol=1e-9)
+    assert_allclose(logsumexp(weighted, axis=1), logsumexp(exact, axis=1), rtol=1e-12)
+
+
 @pytest.mark.parametrize("scale", [1e-17, 1e22, 1e30])
 def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
     """The float32 estimate is only used where float32 can hold its weights as
