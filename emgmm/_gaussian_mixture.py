@@ -66,8 +66,7 @@ def _check_attributes_hold(model, precisions, dtype):
     if np.dtype(dtype) == np.float64:
         return
     covariances = model.covariances.astype(dtype)
-    arrays = (model.weights.astype(dtype), model.means.astype(dtype), covariances,
-              model.precisions_cholesky.astype(dtype), precisions)
+    arrays = (covariances, model.precisions_cholesky.astype(dtype), precisions)
     kind = model.covariance_type
     if (all(np.isfinite(a).all() for a in arrays)
             and (_variances(covariances, kind) > 0).all()

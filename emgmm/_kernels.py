@@ -764,12 +764,15 @@ class PackedEstimate:
         """The estimate's work on the model: ``K d^3`` flops for the precisions.
         ``dtype`` (float64 or float32) is that of the estimate's products; ``None``
         when it cannot hold the packed weights (:func:`_representable`)."""
-        return cls.build_all(weights, means, precisions_cholesky, (dtype,))[0]
+        built = cls.build_all(weights, means, precisions_cholesky, (dtype,))
+        return None if built is None else built[0]
 
     @classmethod
     def build_all(cls, weights, means, precisions_cholesky, dtypes):
         """:meth:`build` for each of ``dtypes``, sharing the work on the model (and
-        the shift ``g``, rounded to the narrowest of them)."""
+        the shift ``g``, rounded to the narrowest of them); ``None`` when the
+        narrowest cannot hold the packed weights (the wider ones then serve no
+        purpose to its data)."""
         dtypes = [np.dtype(t) for t in dtypes]
         means = np.asarray(means, dtype=np.float64)
         u = np.asarray(precisions_cholesky, dtype=np.float64)
@@ -779,9 +782,8 @@ class PackedEstimate:
         means_shifted = means - g
         precisions = np.matmul(u, np.swapaxes(u, 1, 2))
         W = _packed_weights(precisions, means_shifted)
-        dtypes = [t if _representable(W, t) else None for t in dtypes]
-        if not any(dtypes):
-            return [None] * len(dtypes)
+        if not _representable(W, narrowest):
+            return None
         abs_u = np.abs(u)
         rho = np.matmul(abs_u, abs_u.sum(axis=1)[:, :, None])[:, :, 0].max(axis=1)
         gamma64 = _gamma(2 * d + 2, np.float64)
@@ -794,9 +796,6 @@ class PackedEstimate:
         m_norm = np.linalg.norm(means_shifted, axis=1)
         built = []
         for dtype in dtypes:
-            if dtype is None:
-                built.append(None)
-                continue
             gamma = _gamma(d * (d + 1) // 2 + d + 4 + (dtype != np.float64), dtype)
             error_coef = 0.5 * (gamma * spectral + gamma64 * (spectral + rho))
             # The products and every partial sum of the dot product are at most
@@ -990,8 +989,8 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
     then the float64 one (on the same data), taken where the float32 bounds are too
     coarse for the model (on the image patches D, ill-conditioned precisions: 150 of
     200 pairs per row to recompute), then the plain path in float64; for float64
-    the float64 one. ``None`` when
-    there is none, or for float32 data when float32 cannot hold the packed weights.
+    the float64 one. ``None`` when there is none, or for float32 data when float32
+    cannot hold the packed weights.
     Where float32's range falls short (those weights, or a row too far for the
     products: :class:`BeyondRange`), float32 compute takes the plain float32 path as
     it does for every ``d``, and its check refuses what overflows there.
@@ -1003,7 +1002,7 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
         with np.errstate(over="ignore", invalid="ignore"):
             built = PackedEstimate.build_all(weights, means, precisions_cholesky,
                                              dtypes)
-        return tuple(built) if built[0] is not None else None
+        return None if built is None else tuple(built)
     return None
 
 
