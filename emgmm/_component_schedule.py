@@ -26,13 +26,9 @@ import shutil
 import numpy as np
 
 from ._em import Model, Worst, check_explained, smallest
-from ._kernels import (
-    SufficientStatistics,
-    _logsumexp_rows,
-    block_statistics,
-    exp_flushed,
-    log_gaussian_prob,
-)
+from ._estep import _logsumexp_rows, exp_flushed
+from ._log_density import log_gaussian_prob
+from ._statistics import SufficientStatistics, block_statistics
 from ._memory import buffer_rows, component_slices, range_pieces
 from ._blas import limit_blas
 from ._parallel import joblib_temp_folder, make_temp_folder

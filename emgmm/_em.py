@@ -16,19 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._kernels import (
-    SCORE_MARGIN,
-    _ill_defined_message,
-    block_statistics,
-    centred_products,
-    estimate_log_prob_resp,
-    estimate_resp,
-    factorize,
-    m_step,
-    needs_recentring,
-    prepare_log_prob,
-    relevance_margin,
-)
+from ._cholesky import _ill_defined_message, factorize
+from ._estep import SCORE_MARGIN, estimate_log_prob_resp, estimate_resp
+from ._log_density import centred_products, relevance_margin
+from ._m_step import m_step, needs_recentring
+from ._packed_estimate import prepare_log_prob
+from ._statistics import block_statistics
 from ._memory import (
     RELEASE_MIN_BYTES,
     available_memory,
@@ -48,7 +41,7 @@ class Model:
     """Mixture parameters in scikit-learn's shapes (covariances may be ``None``).
 
     ``prepared`` holds the work on the parameters that every block of a pass shares
-    (:func:`emgmm._kernels.prepare_log_prob`), built once by :meth:`prepare`; the
+    (:func:`emgmm._packed_estimate.prepare_log_prob`), built once by :meth:`prepare`; the
     parent builds it before a pass so that the workers receive it (as memory maps,
     like the parameters) instead of each rebuilding it.
     """
@@ -62,7 +55,7 @@ class Model:
     prepared_for: str = field(default=None, repr=False, compare=False)
 
     def prepare(self, compute_dtype):
-        """:func:`~emgmm._kernels.prepare_log_prob` for ``compute_dtype``, kept (also
+        """:func:`~emgmm._packed_estimate.prepare_log_prob` for ``compute_dtype``, kept (also
         when it is ``None``)."""
         key = np.dtype(compute_dtype).str
         if self.prepared_for != key:

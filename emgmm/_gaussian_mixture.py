@@ -14,8 +14,12 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from . import _kernels
 from ._checkpoint import open_checkpointer
+from ._cholesky import (
+    covariances_from_cholesky,
+    precisions_cholesky_from_precisions,
+    precisions_from_cholesky,
+)
 from ._component_schedule import component_statistics_pass
 from ._em import (
     Model,
@@ -26,6 +30,7 @@ from ._em import (
     run_em,
     score_pass,
 )
+from ._estep import SCORE_MARGIN, estimate_log_prob_resp
 from ._init import initial_responsibilities, parameters_from_responsibilities, subsample_indices
 from ._memory import (
     block_rows,
@@ -179,7 +184,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         more than it saves; gathered rows or a sparse product when few are kept), and
         for 'full' the E step computes exactly only the pairs that may exceed it;
         the others are estimated within a first-order rounding-error bound (see
-        ``emgmm._kernels.PackedEstimate``). A pair left out moves
+        ``emgmm._packed_estimate.PackedEstimate``). A pair left out moves
         ``N_k`` by ``r_ik`` and ``S_k``, in the metric of component ``k``, by at
         most ``r_ik Q_ik`` (``Q_ik`` its squared Mahalanobis distance, about
         ``2 log(1 / r_ik)``): about 1e-18 at the default, below float64 rounding.
@@ -452,10 +457,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         if precisions_init is None:
             u = initial_factors(covariances, self.covariance_type, self.on_degenerate)
         else:
-            u = _kernels.precisions_cholesky_from_precisions(
+            u = precisions_cholesky_from_precisions(
                 np.asarray(precisions_init, dtype=np.float64), self.covariance_type
             )
-            covariances = _kernels.covariances_from_cholesky(u, self.covariance_type)
+            covariances = covariances_from_cholesky(u, self.covariance_type)
         return Model(weights, means, covariances, u, self.covariance_type)
 
     def _current_model(self):
@@ -644,7 +649,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 # U U^T under the BLAS threads of the fit's other products: the
                 # thread count changes a product's rounding, and precisions_ too is
                 # then bitwise the same for any n_jobs
-                precisions = _kernels.precisions_from_cholesky(
+                precisions = precisions_from_cholesky(
                     best[1].model.precisions_cholesky.astype(out_dtype),
                     self.covariance_type)
         finally:
@@ -701,9 +706,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             prepared = model.prepare(compute_dtype)
             out = None
             for start, stop, block in source.blocks(block_size, compute_dtype):
-                log_prob_norm, log_resp = _kernels.estimate_log_prob_resp(
+                log_prob_norm, log_resp = estimate_log_prob_resp(
                     block, model.weights, model.means, model.precisions_cholesky,
-                    self.covariance_type, _kernels.SCORE_MARGIN, prepared)
+                    self.covariance_type, SCORE_MARGIN, prepared)
                 check_explained(log_prob_norm, start, source, compute_dtype,
                                 model.means)
                 part = func(log_prob_norm, log_resp)

@@ -11,7 +11,8 @@ for it, so every ``init_params`` gives exactly scikit-learn's initialisation.
 import numpy as np
 from sklearn.cluster import KMeans, kmeans_plusplus
 
-from ._kernels import block_statistics, m_step
+from ._m_step import m_step
+from ._statistics import block_statistics
 
 
 def subsample_indices(n_samples, max_samples, random_state):

@@ -19,7 +19,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from conftest import COVARIANCE_TYPES, random_spd
 from emgmm import GaussianMixture
-from emgmm import _kernels
+from emgmm import _log_density
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -279,7 +279,7 @@ def test_case_c06_log_density_against_scipy(d, covariance_type):
         [multivariate_normal(m, np.linalg.inv(p)).logpdf(X) for m, p in zip(means, P)], axis=1
     )
     # the kernel, per component
-    got = _kernels.log_gaussian_prob(X, means, U, covariance_type)
+    got = _log_density.log_gaussian_prob(X, means, U, covariance_type)
     assert_allclose(got, expected, rtol=1e-10)
     # the estimator, initialised with these parameters and no EM iteration
     weights = np.full(K, 1.0 / K)

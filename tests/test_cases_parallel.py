@@ -25,7 +25,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 import emgmm._gaussian_mixture as gm_module
 import emgmm._parallel as parallel
 from conftest import make_blobs_data
-from emgmm import GaussianMixture, _kernels
+from emgmm import GaussianMixture, _cholesky, _estep, _log_density, _statistics
 from emgmm._sources import ArraySource, MemmapSource, as_source
 
 STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
@@ -362,7 +362,7 @@ def test_case_c15_kernels_never_write_into_inputs(covariance_type):
     means = rng.normal(size=(K, d))
     cov = {"full": np.stack([np.eye(d) * 1.5] * K), "tied": np.eye(d) * 2.0,
            "diag": np.full((K, d), 1.5), "spherical": np.full(K, 1.5)}[covariance_type]
-    u = _kernels.precisions_cholesky_from_covariances(cov, covariance_type)
+    u = _cholesky.precisions_cholesky_from_covariances(cov, covariance_type)
     weights = np.full(K, 1 / K)
     resp = rng.dirichlet(np.ones(K), size=n)
     inputs = [X, means, u, weights, resp, X.astype(np.float32)]
@@ -370,9 +370,9 @@ def test_case_c15_kernels_never_write_into_inputs(covariance_type):
     for a in inputs:
         a.setflags(write=False)  # a write would raise
     for Xc in (X, inputs[-1]):
-        _kernels.log_gaussian_prob(Xc, means, u, covariance_type, weights)
-        _kernels.estimate_log_prob_resp(Xc, weights, means, u, covariance_type)
-        _kernels.block_statistics(Xc, resp, means, covariance_type, 0.1)
+        _log_density.log_gaussian_prob(Xc, means, u, covariance_type, weights)
+        _estep.estimate_log_prob_resp(Xc, weights, means, u, covariance_type)
+        _statistics.block_statistics(Xc, resp, means, covariance_type, 0.1)
     for a, c in zip(inputs, copies):
         assert_array_equal(a, c)
 

@@ -1,4 +1,5 @@
-"""The pure kernels of ``emgmm._kernels`` against independent oracles.
+"""The pure kernels (``emgmm._cholesky``, ``_log_density``, ``_estep``, ``_statistics``,
+``_m_step``) against independent oracles.
 
 Oracles:
 
@@ -39,9 +40,10 @@ from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
+from emgmm import _cholesky, _estep, _log_density, _m_step, _statistics
+
 from conftest import COVARIANCE_TYPES, random_spd
 
-kernels = pytest.importorskip("emgmm._kernels")
 
 U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff 2**-24
 U64 = float(np.finfo(np.float64).eps) / 2  # 2**-53
@@ -152,7 +154,7 @@ def test_log_det_cholesky(covariance_type, dtype, d):
     rng = np.random.default_rng(10 + d)
     K = 4
     _, _, U, dense = make_model(rng, K, d, covariance_type, dtype)
-    got = np.asarray(kernels.log_det_cholesky(ro(U), covariance_type, d))
+    got = np.asarray(_cholesky.log_det_cholesky(ro(U), covariance_type, d))
     expected = np.array([0.5 * np.linalg.slogdet(P)[1] for P in dense])
     if covariance_type == "tied":
         # one shared precision: a scalar (sklearn's convention), equal for every k
@@ -180,7 +182,7 @@ def test_log_gaussian_prob(covariance_type, dtype, d):
     weights, means, U, dense = make_model(rng, K, d, covariance_type, dtype)
     X = data_for(rng, means, n, dtype)
     X, means_ro, U_ro = ro(X, means, U)
-    got = kernels.log_gaussian_prob(X, means_ro, U_ro, covariance_type)
+    got = _log_density.log_gaussian_prob(X, means_ro, U_ro, covariance_type)
     assert got.shape == (n, K)
     expected = oracle_log_prob(X, means, dense)
     if dtype == np.float64:
@@ -201,18 +203,18 @@ def test_full_dense_products_by_column_blocks(monkeypatch, dtype, d, block):
     block: several blocks with a narrower last one, several component batches, a
     single block; against scipy's logpdf (float32: within the float32 bound)."""
     if block is not None:
-        monkeypatch.setattr(kernels, "_TRIANGLE_BLOCK", block)
+        monkeypatch.setattr(_log_density, "_TRIANGLE_BLOCK", block)
     rng = np.random.default_rng(d)
     K, n = 21, 150  # d=150: 16 + 5 components per batch of 1024 columns
     weights, means, U, dense = make_model(rng, K, d, "full", dtype, cond=30.0)
     X = data_for(rng, means, n, dtype)
-    assert not kernels._use_packed(d, K) or block is not None
+    assert not _log_density._use_packed(d, K) or block is not None
     means64 = means.astype(np.float64)
-    g = kernels._shift(means64, weights.astype(np.float64)).astype(dtype)
-    maha = kernels._full_maha_dense(*ro(X, g, means64 - g,
+    g = _log_density._shift(means64, weights.astype(np.float64)).astype(dtype)
+    maha = _log_density._full_maha_dense(*ro(X, g, means64 - g,
                                         U.astype(np.float64)), np.arange(K),
                                     np.full((n, K), np.nan))
-    logdet = kernels.log_det_cholesky(U.astype(np.float64), "full", d)
+    logdet = _cholesky.log_det_cholesky(U.astype(np.float64), "full", d)
     got = -0.5 * (d * np.log(2 * np.pi) + maha) + logdet
     expected = oracle_log_prob(X, means, dense)
     if dtype == np.float64:
@@ -231,9 +233,9 @@ def test_log_gaussian_prob_far_points_and_single_row(covariance_type):
     _, means, U, dense = make_model(rng, K, d, covariance_type)
     X = np.vstack([means[0] + 1e3, means[1] - 2e3, means[2] + 0.5])
     expected = oracle_log_prob(X, means, dense)
-    got = kernels.log_gaussian_prob(*ro(X, means, U), covariance_type)
+    got = _log_density.log_gaussian_prob(*ro(X, means, U), covariance_type)
     assert_allclose(got, expected, rtol=1e-10)
-    one = kernels.log_gaussian_prob(*ro(X[2:3], means, U), covariance_type)
+    one = _log_density.log_gaussian_prob(*ro(X[2:3], means, U), covariance_type)
     assert one.shape == (1, K)
     assert_allclose(one, expected[2:3], rtol=1e-10)
 
@@ -250,7 +252,7 @@ def test_estimate_log_prob_resp(covariance_type, dtype):
     X = data_for(rng, means, n, dtype)
     # plus rows far away, where exp(log p) underflows: needs a real log-sum-exp
     X = np.vstack([X, (means[:2].astype(np.float64) + 300.0).astype(dtype)])
-    log_norm, log_resp = kernels.estimate_log_prob_resp(*ro(X, weights, means, U), covariance_type)
+    log_norm, log_resp = _estep.estimate_log_prob_resp(*ro(X, weights, means, U), covariance_type)
     assert log_norm.shape == (n + 2,) and log_resp.shape == (n + 2, K)
     weighted = oracle_log_prob(X, means, dense) + np.log(weights.astype(np.float64))
     exp_norm = logsumexp(weighted, axis=1)
@@ -276,15 +278,15 @@ def test_exp_flushed_is_exp_above_the_floor_and_zero_below():
     results included); -inf gives 0, NaN stays NaN; in place."""
     rng = np.random.default_rng(0)
     a = np.concatenate([rng.uniform(-800.0, 5.0, 5000), np.linspace(-760.0, -690.0, 701),
-                        [kernels.EXP_FLOOR, np.nextafter(kernels.EXP_FLOOR, 0.0),
-                         np.nextafter(kernels.EXP_FLOOR, -np.inf), 0.0, -np.inf, np.nan]])
+                        [_estep.EXP_FLOOR, np.nextafter(_estep.EXP_FLOOR, 0.0),
+                         np.nextafter(_estep.EXP_FLOOR, -np.inf), 0.0, -np.inf, np.nan]])
     with np.errstate(under="ignore", invalid="ignore"):
-        expected = np.where(a < kernels.EXP_FLOOR, 0.0, np.exp(a))
-        assert (np.exp(a[a < kernels.EXP_FLOOR]) > 0.0).any()  # some really are flushed
+        expected = np.where(a < _estep.EXP_FLOOR, 0.0, np.exp(a))
+        assert (np.exp(a[a < _estep.EXP_FLOOR]) > 0.0).any()  # some really are flushed
     got = a.copy()
-    assert kernels.exp_flushed(got) is got
+    assert _estep.exp_flushed(got) is got
     assert_array_equal(got, expected)
-    assert np.exp(kernels.EXP_FLOOR) < 1e-300
+    assert np.exp(_estep.EXP_FLOOR) < 1e-300
 
 
 def test_estimate_resp_flushes_only_responsibilities_below_the_floor():
@@ -295,12 +297,12 @@ def test_estimate_resp_flushes_only_responsibilities_below_the_floor():
     U = np.ones((2, 1, 1))
     # log r_i1 - log r_i0 = x - 1/2: from 0 down to beyond the subnormal range
     X = -np.linspace(0.0, 760.0, 1521)[:, None]
-    log_norm, log_resp = kernels.estimate_log_prob_resp(X, weights, means, U, "full")
-    log_norm2, resp = kernels.estimate_resp(X, weights, means, U, "full")
+    log_norm, log_resp = _estep.estimate_log_prob_resp(X, weights, means, U, "full")
+    log_norm2, resp = _estep.estimate_resp(X, weights, means, U, "full")
     assert_allclose(log_norm2, log_norm, rtol=1e-15)
-    assert (log_resp[:, 1] < kernels.EXP_FLOOR).sum() > 100
+    assert (log_resp[:, 1] < _estep.EXP_FLOOR).sum() > 100
     with np.errstate(under="ignore"):
-        expected = np.where(log_resp >= kernels.EXP_FLOOR, np.exp(log_resp), 0.0)
+        expected = np.where(log_resp >= _estep.EXP_FLOOR, np.exp(log_resp), 0.0)
     assert_allclose(resp, expected, rtol=1e-12, atol=0.0)
 
 
@@ -376,7 +378,7 @@ def test_block_statistics(covariance_type, dtype):
     X = rng.normal(size=(n, d)).astype(dtype)
     resp = random_resp(rng, n, K)
     centers = rng.normal(scale=0.5, size=(K, d))
-    stats = kernels.block_statistics(*ro(X, resp, centers), covariance_type)
+    stats = _statistics.block_statistics(*ro(X, resp, centers), covariance_type)
     assert_stats_match(stats, X, resp, centers, covariance_type)
 
 
@@ -390,7 +392,7 @@ def test_block_statistics_float32_accumulates_in_float64(covariance_type):
     resp = np.zeros((n, K))
     resp[:, 0] = 1.0
     centers = np.array([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
-    stats = kernels.block_statistics(*ro(X, resp, centers), covariance_type)
+    stats = _statistics.block_statistics(*ro(X, resp, centers), covariance_type)
     assert_stats_match(stats, X, resp, centers, covariance_type)
 
 
@@ -405,7 +407,7 @@ def test_block_statistics_far_from_origin_float32(covariance_type):
     centers = np.array(
         [np.average(X.astype(np.float64), weights=resp[:, k], axis=0) for k in range(K)]
     )
-    stats = kernels.block_statistics(*ro(X, resp, centers), covariance_type)
+    stats = _statistics.block_statistics(*ro(X, resp, centers), covariance_type)
     _, _, sum_xx, _, _ = oracle_stats(X, resp, centers, covariance_type)
     got = np.asarray(stats.sum_xx)
     if covariance_type in ("full", "tied"):
@@ -434,11 +436,11 @@ def test_statistics_merge_equals_whole(covariance_type):
     resp = random_resp(rng, n, K)
     centers = rng.normal(size=(K, d))
     X, resp, centers = ro(X, resp, centers)
-    whole = kernels.block_statistics(X, resp, centers, covariance_type)
+    whole = _statistics.block_statistics(X, resp, centers, covariance_type)
     bounds = [0, 1, 8, 150, 299, n]
     parts = []
     for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-        s = kernels.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
+        s = _statistics.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
         s.log_likelihood = float(i + 1)
         parts.append(s)
     before = [_as_tuple(p) for p in parts]
@@ -466,7 +468,7 @@ def test_statistics_any_partition(cuts, covariance_type, seed):
     bounds = [0] + sorted(cuts) + [n]
     merged = None
     for a, b in zip(bounds[:-1], bounds[1:]):
-        s = kernels.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
+        s = _statistics.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
         if merged is None:
             merged = s
         else:
@@ -519,10 +521,10 @@ def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
     K, d = 40, 150
     S = np.stack([random_spd(rng, d) for _ in range(K)]) * 50.0
     garbage = np.tril(rng.normal(size=(K, d, d)), -1)
-    stats = kernels.SufficientStatistics(rng.uniform(20, 60, K), rng.normal(size=(K, d)),
+    stats = _statistics.SufficientStatistics(rng.uniform(20, 60, K), rng.normal(size=(K, d)),
                                          np.triu(S) + garbage, 0.0, 1000)
     centers = rng.normal(size=(K, d))
-    (weights, means, cov), peak = traced_peak(kernels.m_step, stats, centers, 1e-6,
+    (weights, means, cov), peak = traced_peak(_m_step.m_step, stats, centers, 1e-6,
                                               "full")
     assert peak < 1.25 * S.nbytes
     nk = stats.nk + 10 * np.finfo(np.float64).eps
@@ -534,7 +536,7 @@ def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
     assert_allclose(means, centers + shift, rtol=1e-15)
     assert_allclose(weights, nk / nk.sum(), rtol=1e-15)
     # overwrite=True: the same model, formed in the statistics' memory
-    (w2, m2, cov2), peak = traced_peak(kernels.m_step, stats, centers, 1e-6, "full",
+    (w2, m2, cov2), peak = traced_peak(_m_step.m_step, stats, centers, 1e-6, "full",
                                        overwrite=True)
     assert peak < 0.25 * S.nbytes
     assert np.shares_memory(cov2, stats.sum_xx)
@@ -547,14 +549,14 @@ def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
 def test_packed_sums_over_row_chunks_equal_whole_array_products(chunk_bytes, monkeypatch):
     """``R^T [y_j y_l, y, 1]`` over the kept pairs against numpy on the whole array."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(kernels, "_PACKED_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_log_density, "_PACKED_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(8)
     n, d, K = 203, 5, 7
     X = rng.normal(size=(n, d))
     g = rng.normal(size=d)
     resp = np.asfortranarray(rng.dirichlet(np.ones(K), size=n))
     kept = (rng.random((n, K)) < 0.7).T
-    acc = kernels._packed_sums(X, resp, g, kept)
+    acc = _statistics._packed_sums(X, resp, g, kept)
     Y = X - g
     iu = np.triu_indices(d)
     R = np.where(kept.T, resp, 0.0)
@@ -577,11 +579,11 @@ def test_full_statistics_add_into_the_sums_of_earlier_blocks(kept_share):
     resp /= resp.sum(axis=1, keepdims=True)
     resp = np.asfortranarray(resp)
     centers = rng.normal(scale=0.3, size=(K, d))
-    parts = [kernels.block_statistics(X[i:i + n], resp[i:i + n], centers, "full", 1e-20)
+    parts = [_statistics.block_statistics(X[i:i + n], resp[i:i + n], centers, "full", 1e-20)
              for i in range(0, 3 * n, n)]
-    total = kernels.block_statistics(X[:n], resp[:n], centers, "full", 1e-20)
+    total = _statistics.block_statistics(X[:n], resp[:n], centers, "full", 1e-20)
     for i in (n, 2 * n):
-        total, peak = traced_peak(kernels.block_statistics, X[i:i + n], resp[i:i + n],
+        total, peak = traced_peak(_statistics.block_statistics, X[i:i + n], resp[i:i + n],
                                   centers, "full", 1e-20, out=total)
     expected = parts[0] + parts[1] + parts[2]
     iu = np.triu_indices(d)
@@ -590,7 +592,7 @@ def test_full_statistics_add_into_the_sums_of_earlier_blocks(kept_share):
     assert_array_equal(total.sum_x, expected.sum_x)
     assert_array_equal(total.sum_xx[:, iu[0], iu[1]], expected.sum_xx[:, iu[0], iu[1]])
     share = np.count_nonzero(resp > 1e-20) / resp.size
-    assert (share < kernels._GATHER_DENSITY) == (kept_share < 0.1)
+    assert (share < _statistics._GATHER_DENSITY) == (kept_share < 0.1)
     if kept_share < 0.1:
         assert peak < 0.25 * total.sum_xx.nbytes
 
@@ -600,17 +602,17 @@ def test_full_statistics_from_packed_sums_take_no_model_sized_temporaries(monkey
     are formed a few components at a time and added into the sums, with no (K, d, d)
     temporaries (it took five: the block's sums, the cross terms, and the Cholesky
     factors and their inverses of the accuracy check)."""
-    monkeypatch.setattr(kernels, "_PACKED_CHUNK_BYTES", 4 * 2**20)
+    monkeypatch.setattr(_log_density, "_PACKED_CHUNK_BYTES", 4 * 2**20)
     rng = np.random.default_rng(8)
     n, d, K = 600, 64, 200
     X = rng.normal(size=(n, d))
     centers = rng.normal(scale=0.3, size=(K, d))
     resp = np.asfortranarray(random_resp(rng, n, K))
     X, resp, centers = ro(X, resp, centers)
-    assert np.count_nonzero(resp > 1e-20) / resp.size > kernels._GATHER_DENSITY
-    total = kernels.SufficientStatistics(np.zeros(K), np.zeros((K, d)),
+    assert np.count_nonzero(resp > 1e-20) / resp.size > _statistics._GATHER_DENSITY
+    total = _statistics.SufficientStatistics(np.zeros(K), np.zeros((K, d)),
                                          np.zeros((K, d, d)), 0.0, 0)
-    total, peak = traced_peak(kernels.block_statistics, X, resp, centers, "full", 1e-20,
+    total, peak = traced_peak(_statistics.block_statistics, X, resp, centers, "full", 1e-20,
                               out=total)
     # the packed sums (about one (K, d, d)), one packed row chunk (<= 4 MiB) and
     # chunk-sized work arrays
@@ -638,14 +640,14 @@ def test_packed_moments_recompute_tight_far_components_in_any_chunk(monkeypatch)
         resp[rows, k] = 1.0
     resp = np.asfortranarray(resp / resp.sum(axis=1, keepdims=True))
     X, resp, centers = ro(X, resp, centers)
-    whole = kernels.block_statistics(X, resp, centers, "full", 1e-20)
-    monkeypatch.setattr(kernels, "_MOMENT_CHUNK_BYTES", 3 * 8 * d * d)
-    g = kernels._shift(centers, resp.sum(axis=0))
+    whole = _statistics.block_statistics(X, resp, centers, "full", 1e-20)
+    monkeypatch.setattr(_statistics, "_MOMENT_CHUNK_BYTES", 3 * 8 * d * d)
+    g = _log_density._shift(centers, resp.sum(axis=0))
     sums = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
-    acc = kernels._packed_sums(X, resp, g, (resp > 1e-20).T)
-    redo = kernels._add_packed_moments(acc, centers, g, *sums)
+    acc = _statistics._packed_sums(X, resp, g, (resp > 1e-20).T)
+    redo = _statistics._add_packed_moments(acc, centers, g, *sums)
     assert_array_equal(redo, far)
-    chunked = kernels.block_statistics(X, resp, centers, "full", 1e-20)
+    chunked = _statistics.block_statistics(X, resp, centers, "full", 1e-20)
     iu = np.triu_indices(d)
     assert_array_equal(chunked.nk, whole.nk)
     assert_array_equal(chunked.sum_x, whole.sum_x)
@@ -698,12 +700,12 @@ def test_packed_moments_kept_for_ill_conditioned_components(shift):
     S = oracle_stats(X, resp, centers, "full")[2]
     amplification = np.einsum("kjj,kjj->k", S, np.linalg.inv(S))
     assert np.all(np.delete(amplification, tight) > 1e9)
-    g = kernels._shift(centers, resp.sum(axis=0))
-    acc = kernels._packed_sums(X, resp, g, (resp > 1e-20).T)
+    g = _log_density._shift(centers, resp.sum(axis=0))
+    acc = _statistics._packed_sums(X, resp, g, (resp > 1e-20).T)
     sums = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
     expected = sorted([tight, shifted]) if shift else [tight]
-    assert_array_equal(kernels._add_packed_moments(acc, centers, g, *sums), expected)
-    stats = kernels.block_statistics(X, resp, centers, "full", 1e-20)
+    assert_array_equal(_statistics._add_packed_moments(acc, centers, g, *sums), expected)
+    stats = _statistics.block_statistics(X, resp, centers, "full", 1e-20)
     assert_stats_match(stats, X, np.where(resp > 1e-20, resp, 0.0), centers, "full")
 
 
@@ -721,8 +723,8 @@ def test_m_step(covariance_type, dtype):
     ) + rng.normal(scale=0.1, size=(K, d))
     reg = 1e-3
     X, resp, centers = ro(X, resp, centers)
-    stats = kernels.block_statistics(X, resp, centers, covariance_type)
-    weights, means, cov = kernels.m_step(stats, centers, reg, covariance_type)
+    stats = _statistics.block_statistics(X, resp, centers, covariance_type)
+    weights, means, cov = _m_step.m_step(stats, centers, reg, covariance_type)
     ew, em, ec = oracle_m_step(X, resp, reg, covariance_type)
     assert cov.shape == ec.shape and means.shape == em.shape and weights.shape == ew.shape
     assert_allclose(weights.sum(), 1.0, rtol=1e-14)
@@ -764,8 +766,8 @@ def test_m_step_empty_component_keeps_its_centre(covariance_type):
     resp /= resp.sum(axis=1, keepdims=True)
     centers = rng.normal(size=(K, d)) + 5.0
     reg = 1e-2
-    stats = kernels.block_statistics(*ro(X, resp, centers), covariance_type)
-    weights, means, cov = kernels.m_step(stats, ro(centers), reg, covariance_type)
+    stats = _statistics.block_statistics(*ro(X, resp, centers), covariance_type)
+    weights, means, cov = _m_step.m_step(stats, ro(centers), reg, covariance_type)
     assert np.all(np.isfinite(weights)) and np.all(np.isfinite(means)) and np.all(np.isfinite(cov))
     assert weights[2] < 1e-12
     assert_allclose(means[2], centers[2], rtol=1e-14)
@@ -807,7 +809,7 @@ def test_precisions_cholesky_from_covariances(covariance_type, dtype):
     rng = np.random.default_rng(21)
     K, d = 3, 6
     cov = dense_covs(rng, K, d, covariance_type).astype(dtype)
-    U = kernels.precisions_cholesky_from_covariances(ro(cov), covariance_type)
+    U = _cholesky.precisions_cholesky_from_covariances(ro(cov), covariance_type)
     assert U.shape == cov.shape and U.dtype == dtype
     Ud = as_dense(U, covariance_type, K, d)
     Cd = as_dense(cov, covariance_type, K, d)
@@ -845,7 +847,7 @@ def test_precisions_cholesky_from_covariances_failure_names_component(covariance
         cov[2] = -1.0
         match = r"(?i)component\W+2\b"
     with pytest.raises(ValueError, match=match) as info:
-        kernels.precisions_cholesky_from_covariances(ro(cov), covariance_type)
+        _cholesky.precisions_cholesky_from_covariances(ro(cov), covariance_type)
     assert "reg_covar" in str(info.value)
 
 
@@ -855,7 +857,7 @@ def test_precisions_cholesky_from_precisions(covariance_type, dtype):
     rng = np.random.default_rng(23)
     K, d = 3, 5
     P = dense_covs(rng, K, d, covariance_type).astype(dtype)
-    U = kernels.precisions_cholesky_from_precisions(ro(P), covariance_type)
+    U = _cholesky.precisions_cholesky_from_precisions(ro(P), covariance_type)
     assert U.shape == P.shape and U.dtype == dtype
     for u, p in zip(as_dense(U, covariance_type, K, d), as_dense(P, covariance_type, K, d)):
         assert_array_equal(np.tril(u, -1), 0.0)
@@ -872,7 +874,7 @@ def test_precisions_cholesky_from_precisions(covariance_type, dtype):
             C = np.linalg.inv(P)
         else:
             C = 1.0 / P
-        U2 = kernels.precisions_cholesky_from_covariances(ro(C), covariance_type)
+        U2 = _cholesky.precisions_cholesky_from_covariances(ro(C), covariance_type)
         assert_allclose(U2, U, rtol=1e-10, atol=1e-12)
 
 
@@ -882,7 +884,7 @@ def test_precisions_cholesky_from_precisions_not_pd(covariance_type):
     if covariance_type == "full":
         P = np.stack([np.eye(3), P])
     with pytest.raises(ValueError):
-        kernels.precisions_cholesky_from_precisions(ro(P), covariance_type)
+        _cholesky.precisions_cholesky_from_precisions(ro(P), covariance_type)
 
 
 # ------------------------------------------- 'diag'/'spherical': E step products reused
@@ -898,8 +900,8 @@ def test_block_statistics_from_e_step_products(covariance_type, dtype):
     weights, means, U, _ = make_model(rng, K, d, covariance_type)
     X = data_for(rng, means, n, dtype)
     resp = random_resp(rng, n, K)
-    products = kernels.centred_products(X, means, weights)
-    stats = kernels.block_statistics(*ro(X, resp, means), covariance_type,
+    products = _log_density.centred_products(X, means, weights)
+    stats = _statistics.block_statistics(*ro(X, resp, means), covariance_type,
                                      products=products)
     assert_stats_match(stats, X, resp, means, covariance_type)
 
@@ -912,7 +914,7 @@ def test_block_statistics_leave_out_pairs_below_threshold(covariance_type, kept_
     'spherical') and when many are (the masked dense products)."""
     rng = np.random.default_rng(13)
     n, K = 3000, 100
-    d = 4 if covariance_type == "full" else kernels.SPARSE_MIN_FEATURES
+    d = 4 if covariance_type == "full" else _statistics.SPARSE_MIN_FEATURES
     threshold = 1e-10
     X = rng.normal(size=(n, d))
     centers = rng.normal(scale=0.5, size=(K, d))
@@ -926,10 +928,10 @@ def test_block_statistics_leave_out_pairs_below_threshold(covariance_type, kept_
     kept = np.where(resp > threshold, resp, 0.0)
     share = np.count_nonzero(kept) / kept.size
     if covariance_type == "full":
-        assert (share < kernels._GATHER_DENSITY) == (kept_share < 0.1)
+        assert (share < _statistics._GATHER_DENSITY) == (kept_share < 0.1)
     else:
-        assert (share < kernels._sparse_share(2 * d + 1)) == (kept_share < 0.1)
-    stats = kernels.block_statistics(*ro(X, np.asfortranarray(resp), centers),
+        assert (share < _statistics._sparse_share(2 * d + 1)) == (kept_share < 0.1)
+    stats = _statistics.block_statistics(*ro(X, np.asfortranarray(resp), centers),
                                      covariance_type, resp_threshold=threshold)
     nk, sum_x, sum_xx, scale_x, scale_xx = oracle_stats(X, kept, centers,
                                                         covariance_type)
@@ -948,12 +950,12 @@ def test_block_statistics_keep_every_pair_below_sparse_min_features(covariance_t
     """With fewer than SPARSE_MIN_FEATURES features 'diag'/'spherical' keep every pair
     (masking them would cost more than the product saves)."""
     rng = np.random.default_rng(14)
-    n, K, d = 2000, 20, kernels.SPARSE_MIN_FEATURES - 1
+    n, K, d = 2000, 20, _statistics.SPARSE_MIN_FEATURES - 1
     X = rng.normal(size=(n, d))
     centers = rng.normal(scale=0.5, size=(K, d))
     resp = rng.random((n, K)) * np.where(rng.random((n, K)) < 0.05, 1.0, 1e-11)
     resp /= resp.sum(axis=1, keepdims=True)
-    stats = kernels.block_statistics(*ro(X, np.asfortranarray(resp), centers),
+    stats = _statistics.block_statistics(*ro(X, np.asfortranarray(resp), centers),
                                      covariance_type, resp_threshold=1e-9)
     assert_stats_match(stats, X, resp, centers, covariance_type)
 
@@ -965,13 +967,13 @@ def test_full_statistics_broad_component_keeps_shift_near_data():
     rng = np.random.default_rng(1)
     d, off = 3, 600.0
     X = np.vstack([rng.normal(size=(1980, d)), off + off * rng.normal(size=(20, d))])
-    U = kernels.precisions_cholesky_from_covariances(
+    U = _cholesky.precisions_cholesky_from_covariances(
         np.array([np.eye(d), off**2 * np.eye(d)]), "full")
-    _, resp = kernels.estimate_resp(X, np.array([0.99, 0.01]),
+    _, resp = _estep.estimate_resp(X, np.array([0.99, 0.01]),
                                     np.array([np.zeros(d), np.full(d, off)]), U, "full")
-    assert np.count_nonzero(resp > 1e-20) / resp.size > kernels._GATHER_DENSITY
+    assert np.count_nonzero(resp > 1e-20) / resp.size > _statistics._GATHER_DENSITY
     centers = np.array([np.full(d, 0.01), np.full(d, off)])
-    stats = kernels.block_statistics(*ro(X, resp, centers), "full", resp_threshold=1e-20)
+    stats = _statistics.block_statistics(*ro(X, resp, centers), "full", resp_threshold=1e-20)
     assert_stats_match(stats, X, np.where(resp > 1e-20, resp, 0.0), centers, "full")
 
 
@@ -996,7 +998,7 @@ def test_tight_component_far_from_shift_is_exact(covariance_type, margin):
         U = np.sqrt(1.0 / var)
     prec_dense = np.stack([np.eye(d) / v for v in var])
     X, means, U, weights = ro(X, means, U, weights)
-    got = kernels.weighted_log_prob(X, weights, means, U, covariance_type, margin)
+    got = _estep.weighted_log_prob(X, weights, means, U, covariance_type, margin)
     expected = oracle_log_prob(X, means, prec_dense) + np.log(weights)
     if margin is None:
         assert_allclose(got, expected, rtol=1e-15, atol=1e-9)
@@ -1005,11 +1007,11 @@ def test_tight_component_far_from_shift_is_exact(covariance_type, margin):
         assert_allclose(got[relevant], expected[relevant], rtol=1e-15, atol=1e-9)
         best = np.broadcast_to(got.max(axis=1, keepdims=True), got.shape)
         assert np.all(got[~relevant] < best[~relevant] - margin + 1.0)
-    log_prob_norm, resp = kernels.estimate_resp(X, weights, means, U, covariance_type,
+    log_prob_norm, resp = _estep.estimate_resp(X, weights, means, U, covariance_type,
                                                 margin)
     assert_allclose(log_prob_norm, logsumexp(expected, axis=1), rtol=0, atol=1e-9)
-    stats = kernels.block_statistics(X, resp, means, covariance_type,
-                                     products=kernels.centred_products(X, means, weights))
+    stats = _statistics.block_statistics(X, resp, means, covariance_type,
+                                     products=_log_density.centred_products(X, means, weights))
     assert_array_equal(stats.sum_xx[0], 0.0)
     assert_array_equal(stats.sum_x[0], 0.0)
 
@@ -1023,11 +1025,11 @@ def test_statistics_pickle_round_trip(covariance_type):
     X = rng.normal(size=(n, d))
     resp = random_resp(rng, n, K)
     centers = rng.normal(size=(K, d))
-    stats = kernels.block_statistics(X, resp, centers, covariance_type)
+    stats = _statistics.block_statistics(X, resp, centers, covariance_type)
     data = pickle.dumps(stats, protocol=5)
     back = pickle.loads(data)
-    for a, b in zip(kernels.m_step(stats, centers, 1e-6, covariance_type),
-                    kernels.m_step(back, centers, 1e-6, covariance_type)):
+    for a, b in zip(_m_step.m_step(stats, centers, 1e-6, covariance_type),
+                    _m_step.m_step(back, centers, 1e-6, covariance_type)):
         assert_array_equal(a, b)
     assert back.n_samples == n and back.log_likelihood == stats.log_likelihood
     if covariance_type == "full":
@@ -1044,12 +1046,12 @@ def test_needs_recentring(covariance_type):
     resp = np.array([[1, 0, 0], [1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 1, 0]], float)
     centers = np.array([[5.01], [0.0], [7.0]])
     for reg, flagged in ((1e-20, True), (1e-6, False)):
-        stats = kernels.block_statistics(X, resp, centers, covariance_type)
-        _, means, cov = kernels.m_step(stats, centers, reg, covariance_type)
-        got = kernels.needs_recentring(stats, means, cov, covariance_type)
+        stats = _statistics.block_statistics(X, resp, centers, covariance_type)
+        _, means, cov = _m_step.m_step(stats, centers, reg, covariance_type)
+        got = _m_step.needs_recentring(stats, means, cov, covariance_type)
         assert got.shape == (3,)
         assert got[0] == (flagged and covariance_type != "tied"), reg
         assert not got[2]  # no weight
-    one_point = kernels.block_statistics(X[3:4], resp[3:4], centers, covariance_type)
-    _, means, cov = kernels.m_step(one_point, centers, 1e-6, covariance_type)
-    assert not kernels.needs_recentring(one_point, means, cov, covariance_type).any()
+    one_point = _statistics.block_statistics(X[3:4], resp[3:4], centers, covariance_type)
+    _, means, cov = _m_step.m_step(one_point, centers, 1e-6, covariance_type)
+    assert not _m_step.needs_recentring(one_point, means, cov, covariance_type).any()

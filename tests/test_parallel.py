@@ -503,10 +503,10 @@ def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
     one under a process-wide limit of one thread."""
     from contextlib import contextmanager
 
-    from emgmm import _kernels as kernels
+    from emgmm import _packed_estimate, _statistics
 
     seen = {"loops": [], "callback": set()}
-    single = kernels.single_blas_thread
+    single = _statistics.single_blas_thread
 
     @contextmanager
     def spying_single_blas_thread():
@@ -514,7 +514,8 @@ def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
             seen["loops"].append(parallel.blas_thread_count())
             yield
 
-    monkeypatch.setattr(kernels, "single_blas_thread", spying_single_blas_thread)
+    for module in (_packed_estimate, _statistics):
+        monkeypatch.setattr(module, "single_blas_thread", spying_single_blas_thread)
     monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
     rng = np.random.default_rng(0)
     centres = rng.normal(scale=30.0, size=(6, 5))

@@ -23,9 +23,10 @@ from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
+from emgmm import _estep, _log_density, _packed_estimate
+
 from conftest import random_spd
 
-kernels = pytest.importorskip("emgmm._kernels")
 
 
 # the oracle needs a wider float than float64 (x86-64 long double: 64-bit mantissa)
@@ -95,14 +96,14 @@ CASES = {
 
 @needs_extended
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("margin", [kernels.relevance_margin(1e-20), 8.0])
+@pytest.mark.parametrize("margin", [_log_density.relevance_margin(1e-20), 8.0])
 def test_refined_estep_matches_oracle_where_it_matters(case, margin):
     rng = np.random.default_rng(7)
     c = CASES[case]
     weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
                                         c["offset"])
     X = sample(rng, weights, means, U, 3000)
-    log_norm, log_resp = kernels.estimate_log_prob_resp(X, weights, means, U, "full",
+    log_norm, log_resp = _estep.estimate_log_prob_resp(X, weights, means, U, "full",
                                                         margin)
     weighted = oracle_weighted(X, weights, means, U)
     exp_norm = logsumexp(weighted, axis=1)
@@ -124,8 +125,8 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     rng = np.random.default_rng(3)
     weights, means, U = separated_model(rng, 30, 12, 6.0, 10.0)
     X = sample(rng, weights, means, U, 2000)
-    margin = kernels.relevance_margin(1e-20)
-    assert kernels.PackedEstimate.build(weights, means, U).weighted_refined(X, margin) is not None
+    margin = _log_density.relevance_margin(1e-20)
+    assert _packed_estimate.PackedEstimate.build(weights, means, U).weighted_refined(X, margin) is not None
     # 30 coinciding components with a thin direction (variance 1e-6): every pair is
     # relevant and the bound of the expansion (lambda_k ~ 1e6) exceeds the tolerance, so
     # the probe sends the block to the plain path
@@ -134,10 +135,10 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     thin = np.stack([upper_factor(np.linalg.inv(cov))] * 30)
     centre = rng.normal(size=(30, 12)) * 1e-9
     Xt = rng.multivariate_normal(np.zeros(12), cov, size=2000)
-    assert kernels.PackedEstimate.build(weights, centre, thin).weighted_refined(Xt, margin) is None
+    assert _packed_estimate.PackedEstimate.build(weights, centre, thin).weighted_refined(Xt, margin) is None
     # and the result is then the plain (all-exact) one
-    got = kernels.estimate_log_prob_resp(Xt, weights, centre, thin, "full", margin)
-    plain = kernels.estimate_log_prob_resp(Xt, weights, centre, thin, "full")
+    got = _estep.estimate_log_prob_resp(Xt, weights, centre, thin, "full", margin)
+    plain = _estep.estimate_log_prob_resp(Xt, weights, centre, thin, "full")
     assert_allclose(got[0], plain[0], rtol=0, atol=0)
     assert_allclose(got[1], plain[1], rtol=0, atol=0)
 
@@ -153,7 +154,7 @@ def test_packed_estimate_error_within_its_bound(case, dtype):
     weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
                                         c["offset"])
     X = sample(rng, weights, means, U, 1500).astype(dtype)
-    est = kernels.PackedEstimate.build(weights, means, U, dtype)
+    est = _packed_estimate.PackedEstimate.build(weights, means, U, dtype)
     assert est.W.dtype == dtype
     y_norm = np.empty(len(X))
     approx = est.weighted(X, np.empty((len(X), len(means))), y_norm)
@@ -167,7 +168,7 @@ def test_packed_estimate_error_within_its_bound(case, dtype):
     assert np.all(np.abs(approx - exact) <= bound + slack)
 
 
-@pytest.mark.parametrize("margin", [kernels.relevance_margin(1e-9), 3.0, 0.0])
+@pytest.mark.parametrize("margin", [_log_density.relevance_margin(1e-9), 3.0, 0.0])
 @pytest.mark.parametrize("largest_coef, uniform", [(1e-2, False), (3e-4, True)])
 @pytest.mark.parametrize("chunk_bytes", [None, 8 * 1500 * 3])
 def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
@@ -181,17 +182,17 @@ def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
     their first rows (the probe); candidates taken all at once or 3 (15 for the
     probe) components at a time."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(kernels, "_BOUND_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_packed_estimate, "_BOUND_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(13)
     weights, means, U = separated_model(rng, 40, 3, 6.0, 10.0)
-    est = kernels.PackedEstimate.build(weights, means, U)
+    est = _packed_estimate.PackedEstimate.build(weights, means, U)
     n, K = 1500, 40
     est = dataclasses.replace(
         est, error_coef=10.0 ** rng.uniform(-16, np.log10(largest_coef), K),
         m_norm=rng.uniform(0.0, 10.0, K))
     every_bound = []
-    near_best = kernels.PackedEstimate._near_best
-    monkeypatch.setattr(kernels.PackedEstimate, "_near_best",
+    near_best = _packed_estimate.PackedEstimate._near_best
+    monkeypatch.setattr(_packed_estimate.PackedEstimate, "_near_best",
                         lambda self, *a: every_bound.append(1) or near_best(self, *a))
     weighted = np.asfortranarray(rng.normal(-50.0, 15.0, (n, K)))
     weighted[:, 3] = -np.inf
@@ -201,12 +202,12 @@ def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
         e = est.error_coef * (y[:, None] + est.m_norm) ** 2
         with np.errstate(invalid="ignore"):
             floor = (w - e).max(axis=1, keepdims=True) - margin
-        mask = (w + e >= floor) & (e > kernels._REFINE_TOL)
+        mask = (w + e >= floor) & (e > _log_density._REFINE_TOL)
         # not every pair, several in some rows (with a margin); bounds on both sides
         # of the tolerance among the pairs within the margin
         assert mask.any() and not mask.all()
         assert margin == 0.0 or (mask.sum(axis=1) >= 2).any()
-        assert ((w + e >= floor) & (e <= kernels._REFINE_TOL)).any()
+        assert ((w + e >= floor) & (e <= _log_density._REFINE_TOL)).any()
         expected = np.nonzero(mask.T)
         got = est.to_refine(w, y, margin)
         np.testing.assert_array_equal(got[0], expected[0])
@@ -221,7 +222,7 @@ def test_pairs_to_refine_reach_twice_the_uniform_bound_below_the_best(gap):
     the second ``margin + gap E`` below the first. By the definition it is kept while
     ``w_2 + e >= w_1 - e - margin``, i.e. for gap <= 2 (a candidate limit of
     ``margin + E`` would drop it at 1.9)."""
-    base = kernels.PackedEstimate.build(np.full(2, 0.5), np.zeros((2, 2)),
+    base = _packed_estimate.PackedEstimate.build(np.full(2, 0.5), np.zeros((2, 2)),
                                         np.tile(np.eye(2), (2, 1, 1)))
     c, y, margin = 1e-2, 2.0, 3.0
     est = dataclasses.replace(base, error_coef=np.full(2, c), m_norm=np.full(2, y))
@@ -242,7 +243,7 @@ def test_pairs_to_refine_of_broad_components_take_memory_of_the_pairs_kept(inexa
     the 200 components, whose pairs are kept."""
     rng = np.random.default_rng(3)
     weights, means, U = separated_model(rng, 200, 3, 6.0, 10.0)
-    est = kernels.PackedEstimate.build(weights, means, U)
+    est = _packed_estimate.PackedEstimate.build(weights, means, U)
     n, K = 10_000, 200
     coef = np.full(K, 1e-14)
     coef[rng.choice(K, inexact, replace=False)] = 1e-3
@@ -252,13 +253,13 @@ def test_pairs_to_refine_of_broad_components_take_memory_of_the_pairs_kept(inexa
     tracemalloc.start()
     try:
         before, _ = tracemalloc.get_traced_memory()
-        comps, rows = est.to_refine(weighted, y_norm, kernels.relevance_margin(1e-9))
+        comps, rows = est.to_refine(weighted, y_norm, _log_density.relevance_margin(1e-9))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert comps.size == inexact * n
     kept = comps.nbytes + rows.nbytes
-    assert peak - before < n * K + 4 * kept + 12 * kernels._BOUND_CHUNK_BYTES
+    assert peak - before < n * K + 4 * kept + 12 * _packed_estimate._BOUND_CHUNK_BYTES
 
 
 @pytest.mark.parametrize("d", [1, 2, 12, 64])
@@ -274,12 +275,12 @@ def test_abs_spectral_bound_is_an_upper_bound_close_to_the_radius(d):
     block[d // 2:, d // 2:] = 2.0
     A = np.concatenate([A, diag[None], block[None]])
     radius = np.linalg.eigvalsh(A).max(axis=1)
-    bound = kernels._abs_spectral_bound(A.copy())
+    bound = _packed_estimate._abs_spectral_bound(A.copy())
     assert np.all(bound >= radius)
     assert np.all(bound <= radius * 1.01)
     assert_allclose(bound[-2:], radius[-2:], rtol=1e-13)
     A[0, 0, 0] = np.inf
-    assert np.isnan(kernels._abs_spectral_bound(A)[0])
+    assert np.isnan(_packed_estimate._abs_spectral_bound(A)[0])
 
 
 def test_packed_estimate_error_coefficient_uses_the_spectral_bound():
@@ -296,7 +297,7 @@ def test_packed_estimate_error_coefficient_uses_the_spectral_bound():
     for dtype, m in ((np.float64, T + 3), (np.float32, T + 4)):
         u = np.finfo(dtype).eps / 2
         g64 = (2 * d + 2) * 2.0**-53
-        est = kernels.PackedEstimate.build(weights, means, U, dtype)
+        est = _packed_estimate.PackedEstimate.build(weights, means, U, dtype)
         expected = 0.5 * (m * u * radius + g64 * (radius + rho))
         assert_allclose(est.error_coef, expected, rtol=0.02)
         assert np.all(radius < rho)
@@ -312,14 +313,14 @@ def test_float32_refined_estep_matches_oracle_where_it_matters(case):
     weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
                                         c["offset"])
     X32 = sample(rng, weights, means, U, 3000).astype(np.float32)
-    margin = kernels.relevance_margin(1e-20)
-    est = kernels.PackedEstimate.build(weights, means, U, np.float32)
+    margin = _log_density.relevance_margin(1e-20)
+    est = _packed_estimate.PackedEstimate.build(weights, means, U, np.float32)
     refined = est.weighted_refined(X32, margin)
     assert refined is not None  # the probe keeps the packed path
     weighted = oracle_weighted(X32.astype(np.float64), weights, means, U)
     exp_norm = logsumexp(weighted, axis=1)
     exp_resp = weighted - exp_norm[:, None]
-    log_norm, log_resp = kernels.estimate_log_prob_resp(X32, weights, means, U, "full",
+    log_norm, log_resp = _estep.estimate_log_prob_resp(X32, weights, means, U, "full",
                                                         margin, (est,))
     near = exp_resp > -margin + 1.0
     assert_allclose(refined[near], weighted[near], rtol=1e-12, atol=1e-9)
@@ -376,8 +377,8 @@ def test_float32_two_components_take_the_refined_path():
     rng = np.random.default_rng(2)
     weights, means, U = separated_model(rng, 2, 3, 20.0, 10.0)
     X32 = sample(rng, weights, means, U, 2000).astype(np.float32)
-    margin = kernels.relevance_margin(1e-20)
-    refined = kernels.PackedEstimate.build(weights, means, U, np.float32) \
+    margin = _log_density.relevance_margin(1e-20)
+    refined = _packed_estimate.PackedEstimate.build(weights, means, U, np.float32) \
         .weighted_refined(X32, margin)
     assert refined is not None
     weighted = oracle_weighted(X32.astype(np.float64), weights, means, U)
@@ -396,16 +397,16 @@ def test_float32_data_take_the_float64_estimate_where_float32_bounds_are_too_coa
     rng = np.random.default_rng(7)
     weights, means, U = separated_model(rng, 30, 12, 0.5, 10.0)
     X32 = sample(rng, weights, means, U, 3000).astype(np.float32)
-    margin = kernels.relevance_margin(1e-20)
-    prepared = kernels.prepare_log_prob(weights, means, U, "full", np.float32)
+    margin = _log_density.relevance_margin(1e-20)
+    prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
     assert [np.dtype(e.dtype) for e in prepared] == [np.float32, np.float64]
     assert prepared[0].weighted_refined(X32, margin) is None
 
     def plain(*args, **kwargs):
         raise AssertionError("the plain path was taken")
 
-    monkeypatch.setattr(kernels, "_log_prob", plain)
-    weighted = kernels.weighted_log_prob(X32, weights, means, U, "full", margin,
+    monkeypatch.setattr(_estep, "_log_prob", plain)
+    weighted = _estep.weighted_log_prob(X32, weights, means, U, "full", margin,
                                          prepared)
     exact = oracle_weighted(X32.astype(np.float64), weights, means, U)
     near = exact - logsumexp(exact, axis=1)[:, None] > -margin + 1.0
@@ -428,11 +429,11 @@ def test_float32_blocks_that_every_estimate_refuses_take_the_plain_path_in_float
     cov[4, 1, 1] = 2e16
     U = np.linalg.inv(np.linalg.cholesky(cov)).transpose(0, 2, 1).copy()
     weights = np.r_[np.full(4, 0.7 / 4), 0.3]
-    margin = kernels.relevance_margin(1e-20)
-    prepared = kernels.prepare_log_prob(weights, means, U, "full", np.float32)
+    margin = _log_density.relevance_margin(1e-20)
+    prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
     assert [np.dtype(e.dtype) for e in prepared] == [np.float32, np.float64]
     assert all(e.weighted_refined(X32, margin) is None for e in prepared)
-    weighted = kernels.weighted_log_prob(X32, weights, means, U, "full", margin,
+    weighted = _estep.weighted_log_prob(X32, weights, means, U, "full", margin,
                                          prepared)
     exact = oracle_weighted(X32.astype(np.float64), weights, means, U)
     near = exact - logsumexp(exact, axis=1)[:, None] > -margin + 1.0
@@ -464,8 +465,8 @@ def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
     # precisions of 1e34 (beyond float32's max * eps), 1e-44 or 1e-60 (subnormal or
     # zero in float32): no estimate for float32 data (the plain float32 path, as for
     # any d), not the float64 one either; float64 keeps its own
-    assert kernels.prepare_log_prob(weights, means, U, "full", np.float32) is None
-    prepared = kernels.prepare_log_prob(weights, means, U, "full", np.float64)
+    assert _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32) is None
+    prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float64)
     assert [np.dtype(e.dtype) for e in prepared] == [np.float64]
 
 
@@ -479,29 +480,29 @@ def test_float32_estimate_left_for_a_block_with_a_row_too_far_for_its_products(
     rng = np.random.default_rng(4)
     weights, means, U = separated_model(rng, 3, 2, 20.0, 10.0)
     X32 = sample(rng, weights, means, U, 600).astype(np.float32)
-    margin = kernels.relevance_margin(1e-20)
-    prepared = kernels.prepare_log_prob(weights, means, U, "full", dtype)
+    margin = _log_density.relevance_margin(1e-20)
+    prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", dtype)
     assert [np.dtype(e.dtype) for e in prepared] == [np.float32, np.float64]
     assert prepared[0].weighted_refined(X32, margin) is not None
     X32[550] = 1e30  # within float32's range; its square is not
-    with pytest.raises(kernels.BeyondRange):
+    with pytest.raises(_packed_estimate.BeyondRange):
         prepared[0].weighted_refined(X32, margin)
     assert prepared[1].weighted_refined(X32, margin) is not None
     tried = []
-    refined = kernels.PackedEstimate.weighted_refined
-    monkeypatch.setattr(kernels.PackedEstimate, "weighted_refined",
+    refined = _packed_estimate.PackedEstimate.weighted_refined
+    monkeypatch.setattr(_packed_estimate.PackedEstimate, "weighted_refined",
                         lambda self, *a: tried.append(self.dtype) or refined(self, *a))
-    log_norm, _ = kernels.estimate_log_prob_resp(X32, weights, means, U, "full",
+    log_norm, _ = _estep.estimate_log_prob_resp(X32, weights, means, U, "full",
                                                  margin, prepared)
     assert tried == [prepared[0].dtype]
     assert np.isfinite(log_norm[:550]).all() and log_norm[550] < -1e50
 
 
 def test_relevance_margin():
-    assert kernels.relevance_margin(0.0) is None
-    assert kernels.relevance_margin(1e-20) == pytest.approx(np.log(1e20) + 2.0)
+    assert _log_density.relevance_margin(0.0) is None
+    assert _log_density.relevance_margin(1e-20) == pytest.approx(np.log(1e20) + 2.0)
     # below the float64 range every non-zero responsibility counts
-    assert kernels.relevance_margin(1e-320) == pytest.approx(745.2 + 2.0)
+    assert _log_density.relevance_margin(1e-320) == pytest.approx(745.2 + 2.0)
 
 
 @pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
@@ -512,8 +513,8 @@ def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,
     """The one-exponential responsibilities equal exp(log_resp) and sum to one; a
     zero weight gives zero responsibilities. Also over many row chunks (16 rows)."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(kernels, "_CHUNK_BYTES", chunk_bytes)
-        monkeypatch.setattr(kernels, "_PACKED_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_log_density, "_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_log_density, "_PACKED_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(2)
     weights, means, U = separated_model(rng, 6, 4, 3.0, 10.0)
     weights[2] = 0.0
@@ -524,9 +525,9 @@ def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,
         U = np.abs(U[:, np.arange(4), np.arange(4)])
     elif covariance_type == "spherical":
         U = np.abs(U[:, 0, 0])
-    log_norm, log_resp = kernels.estimate_log_prob_resp(X, weights, means, U,
+    log_norm, log_resp = _estep.estimate_log_prob_resp(X, weights, means, U,
                                                         covariance_type, margin)
-    log_norm2, resp = kernels.estimate_resp(X, weights, means, U, covariance_type, margin)
+    log_norm2, resp = _estep.estimate_resp(X, weights, means, U, covariance_type, margin)
     assert_allclose(log_norm2, log_norm, rtol=1e-14)
     assert_allclose(resp, np.exp(log_resp), rtol=1e-12, atol=1e-300)
     assert_allclose(resp.sum(axis=1), 1.0, rtol=1e-14)

@@ -1,0 +1,226 @@
+"""Parameterisation of the components: precision Cholesky factors, precisions,
+covariances and log-determinants, in scikit-learn's conventions.
+
+``U_k`` is the upper-triangular factor with ``U_k @ U_k.T == Lambda_k``, the precision
+matrix (scikit-learn's ``precisions_cholesky_``); 'tied' has one ``(d, d)`` factor,
+'diag' ``(K, d)`` and 'spherical' ``(K,)`` square roots of the precisions.
+"""
+
+import numpy as np
+from scipy import linalg
+
+def _ill_defined_message(component, dtype):
+    """Error text for a covariance that is not positive definite (sklearn's wording)."""
+    where = "" if component is None else f" (component {component})"
+    msg = (
+        "Fitting the mixture model failed because some components have "
+        f"ill-defined empirical covariance{where} (for instance caused by singleton "
+        "or collapsed samples). Try to decrease the number of components, "
+        "increase reg_covar, or scale the input data."
+    )
+    if np.dtype(dtype) == np.float32:
+        msg += (
+            " The numerical accuracy can also be improved by passing float64"
+            " data instead of float32."
+        )
+    return msg
+
+
+def factorize(covariances, covariance_type, dtype=np.float64):
+    """Precision Cholesky factors and the components whose covariance is not PD.
+
+    A component also counts as not positive definite when its factor is so large that
+    its precision matrix would overflow ``dtype`` (a covariance within rounding of
+    singular, possible with ``reg_covar=0``).
+
+    Parameters
+    ----------
+    covariances : ndarray
+        sklearn's shapes, float64.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    dtype : numpy dtype, default=float64
+        The dtype the fitted precisions are stored in.
+
+    Returns
+    -------
+    precisions_cholesky : ndarray
+        Rows of bad components are left as NaN.
+    bad : list of int
+        For 'tied', ``[0]`` means the shared covariance failed.
+    """
+    d = covariances.shape[-1] if covariance_type in ("full", "tied", "diag") else 1
+    # |U_ij| below this keeps every entry of U U^T (a sum of d products) finite
+    limit = np.sqrt(np.finfo(dtype).max / d)
+    if covariance_type in ("full", "tied"):
+        stack = covariances if covariance_type == "full" else covariances[np.newaxis]
+        out = np.full_like(stack, np.nan)
+        eye = np.eye(stack.shape[-1])
+        bad = []
+        for k, cov in enumerate(stack):
+            try:
+                chol = linalg.cholesky(cov, lower=True, check_finite=True)
+            except (linalg.LinAlgError, ValueError):
+                bad.append(k)
+                continue
+            u = linalg.solve_triangular(chol, eye, lower=True).T
+            if not np.all(np.abs(u) < limit):
+                bad.append(k)
+                continue
+            out[k] = u
+        return (out if covariance_type == "full" else out[0]), bad
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = 1.0 / np.sqrt(covariances)
+    ok = (covariances > 0.0) & (u < limit)
+    if covariance_type == "diag":
+        ok = ok.all(axis=1)
+    out = np.full_like(covariances, np.nan)
+    out[ok] = u[ok]
+    return out, [int(k) for k in np.flatnonzero(~ok)]
+
+
+def precisions_cholesky_from_covariances(covariances, covariance_type):
+    """Upper Cholesky factors of the precisions, from the covariances.
+
+    For a covariance ``Sigma = L L^T`` (``L`` lower triangular) the precision factor is
+    ``U = L^{-T}``, upper triangular, with ``U U^T = Sigma^{-1}`` (scikit-learn's
+    ``_compute_precision_cholesky``).
+
+    Parameters
+    ----------
+    covariances : ndarray
+        ``(K, d, d)`` for 'full', ``(d, d)`` for 'tied', ``(K, d)`` for 'diag',
+        ``(K,)`` for 'spherical'; float32 or float64.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+
+    Returns
+    -------
+    precisions_cholesky : ndarray
+        Same shape and dtype as ``covariances``.
+
+    Raises
+    ------
+    ValueError
+        If a covariance is not positive definite (see :func:`factorize`); the message
+        names the component.
+    """
+    covariances = np.asarray(covariances)
+    u, bad = factorize(covariances, covariance_type, covariances.dtype)
+    if bad:
+        raise ValueError(_ill_defined_message(
+            None if covariance_type == "tied" else bad[0], covariances.dtype))
+    return u
+
+
+def precisions_cholesky_from_precisions(precisions, covariance_type):
+    """Upper Cholesky factors ``U`` with ``U U^T = precision``.
+
+    The upper factor of ``Lambda`` is ``J chol(J Lambda J) J`` with ``J`` the exchange
+    matrix (scikit-learn issue #26415).
+
+    Parameters
+    ----------
+    precisions : ndarray
+        Shapes as in :func:`precisions_cholesky_from_covariances`.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+
+    Returns
+    -------
+    precisions_cholesky : ndarray
+        Same shape and dtype as ``precisions``.
+
+    Raises
+    ------
+    ValueError
+        If a precision matrix is not positive definite; names the component.
+    """
+    precisions = np.asarray(precisions)
+    if covariance_type in ("full", "tied"):
+        stack = precisions if covariance_type == "full" else precisions[np.newaxis]
+        out = np.empty_like(stack)
+        for k, prec in enumerate(stack):
+            try:
+                lower = linalg.cholesky(prec[::-1, ::-1], lower=True)
+            except linalg.LinAlgError:
+                raise ValueError(
+                    f"'{covariance_type} precision' of component {k} is not "
+                    "positive definite"
+                ) from None
+            out[k] = lower[::-1, ::-1]
+        return out if covariance_type == "full" else out[0]
+    return np.sqrt(precisions)
+
+
+def precisions_from_cholesky(precisions_cholesky, covariance_type):
+    """Precisions ``U U^T`` from their upper Cholesky factors.
+
+    Parameters
+    ----------
+    precisions_cholesky : ndarray
+        Shapes as in :func:`precisions_cholesky_from_covariances`.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+
+    Returns
+    -------
+    precisions : ndarray
+        Same shape and dtype.
+    """
+    u = np.asarray(precisions_cholesky)
+    if covariance_type == "full":
+        return np.matmul(u, np.swapaxes(u, 1, 2))
+    if covariance_type == "tied":
+        return u @ u.T
+    return u**2
+
+
+def covariances_from_cholesky(precisions_cholesky, covariance_type):
+    """Covariances ``(U U^T)^{-1} = U^{-T} U^{-1}`` from the precision factors.
+
+    Parameters
+    ----------
+    precisions_cholesky : ndarray
+        Shapes as in :func:`precisions_cholesky_from_covariances`.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+
+    Returns
+    -------
+    covariances : ndarray
+        Same shape and dtype.
+    """
+    u = np.asarray(precisions_cholesky)
+    if covariance_type in ("full", "tied"):
+        stack = u if covariance_type == "full" else u[np.newaxis]
+        eye = np.eye(stack.shape[-1], dtype=u.dtype)
+        out = np.empty_like(stack)
+        for k, uk in enumerate(stack):
+            u_inv = linalg.solve_triangular(uk, eye, lower=False)
+            out[k] = u_inv.T @ u_inv
+        return out if covariance_type == "full" else out[0]
+    return 1.0 / u**2
+
+
+def log_det_cholesky(precisions_cholesky, covariance_type, n_features):
+    """``log det U_k = 1/2 log det Lambda_k`` for each component.
+
+    Parameters
+    ----------
+    precisions_cholesky : ndarray
+        Shapes as in :func:`precisions_cholesky_from_covariances`.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    n_features : int
+
+    Returns
+    -------
+    log_det : ndarray of shape (K,) for 'full', 'diag', 'spherical', or a float64
+        scalar for 'tied'.
+    """
+    u = np.asarray(precisions_cholesky, dtype=np.float64)
+    if covariance_type == "full":
+        return np.log(np.diagonal(u, axis1=1, axis2=2)).sum(axis=1)
+    if covariance_type == "tied":
+        return np.log(np.diag(u)).sum()
+    if covariance_type == "diag":
+        return np.log(u).sum(axis=1)
+    return n_features * np.log(u)
+
+
+# --------------------------------------------------------------------------------------

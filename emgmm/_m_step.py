@@ -1,0 +1,116 @@
+"""The M step from summed sufficient statistics (Bishop 2006, eq. 9.24-9.26), and the
+test for the cancellation it can suffer.
+"""
+
+import numpy as np
+
+
+# A covariance left by subtracting the squared shift of the mean from second moments
+# around the previous centre loses about log10(shift^2 / variance) digits; beyond
+# this ratio (1e-10 relative left) the statistics are accumulated again around the
+# new means (see needs_recentring).
+_RECENTRE_RATIO = 1e6
+
+
+def needs_recentring(stats, means, covariances, covariance_type):
+    """Components whose M step cancelled too much: ``(K,)`` bool.
+
+    :func:`m_step` forms ``Sigma_k = S_k / N_k - delta_k delta_k^T`` with the shift
+    ``delta_k = s_k / N_k`` of the mean from the centre the statistics were summed
+    around. Its rounding is about ``u (Sigma_jj + delta_j^2)`` per feature, plus
+    ``2 |delta_j| e_j`` from the rounding ``e_j ~ u |mu_j|`` of the shift itself (its
+    sum runs over uncentred rows). A component where ``delta_kj^2 + 2 |delta_kj|
+    |mu_kj|`` exceeds ``_RECENTRE_RATIO`` times its variance (``Sigma_kjj`` with
+    ``reg_covar``, the value the model uses; or that is not positive) may have lost
+    more than 6 of its digits: a tight component whose mean moved far (Chan, Golub and
+    LeVeque 1983 on updating variances). Components without weight are never flagged.
+
+    Parameters
+    ----------
+    stats : SufficientStatistics
+    means, covariances : ndarray
+        :func:`m_step`'s result for ``stats`` (scikit-learn's shapes).
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+
+    Returns
+    -------
+    ndarray of shape (K,), bool
+    """
+    nk = stats.nk
+    shift = np.abs(stats.sum_x / (nk + 10 * np.finfo(np.float64).eps)[:, None])
+    moved = shift * (shift + 2.0 * np.abs(means))
+    if covariance_type == "full":
+        var = np.diagonal(covariances, axis1=1, axis2=2)
+    elif covariance_type == "tied":
+        var = np.diagonal(covariances)[None, :]
+    elif covariance_type == "diag":
+        var = covariances
+    else:
+        var = covariances[:, None]
+    lost = (moved > _RECENTRE_RATIO * np.maximum(var, 0.0)) & (moved > 0.0)
+    return lost.any(axis=1) & (nk > 0.0)
+
+
+def m_step(stats, centers, reg_covar, covariance_type, overwrite=False):
+    """Maximisation step from summed sufficient statistics (Bishop eq. 9.24-9.26).
+
+    ``N_k`` gets ``10 * eps`` added as in scikit-learn, ``w_k = N_k / sum N``,
+    ``mu_k = c_k + s_k / N_k`` and ``Sigma_k = S_k / N_k - (s_k / N_k)(s_k / N_k)^T +
+    reg_covar I``. 'tied' pools ``sum_k (S_k - s_k s_k^T / N_k) / sum_k N_k``;
+    'spherical' averages the diagonal over features.
+
+    Parameters
+    ----------
+    stats : SufficientStatistics
+        Summed over all rows.
+    centers : ndarray of shape (K, d)
+        The centres the statistics were accumulated around.
+    reg_covar : float
+        Added to the diagonal of every covariance.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    overwrite : bool, default=False
+        For 'full', form the covariances in the memory of ``stats.sum_xx`` (which
+        is then the returned array): one ``(K, d, d)`` array less at the M step, for
+        callers that are done with the statistics' second moments.
+
+    Returns
+    -------
+    weights : ndarray of shape (K,), float64
+    means : ndarray of shape (K, d), float64
+    covariances : ndarray, float64
+        sklearn's ``covariances_`` shapes.
+    """
+    eps = np.finfo(np.float64).eps
+    nk = stats.nk + 10 * eps
+    weights = nk / nk.sum()
+    shift = stats.sum_x / nk[:, None]
+    means = np.asarray(centers, dtype=np.float64) + shift
+    d = means.shape[1]
+    if covariance_type == "full":
+        # from the upper triangle of the statistics, with cache-sized temporaries
+        # (the model may be gigabytes: K d^2 float64 per array)
+        cov = np.divide(stats.sum_xx, nk[:, None, None],
+                        out=stats.sum_xx if overwrite else None)
+        lower = np.tril(np.ones((d, d), dtype=bool), -1)
+        step = max(1, 2**16 // (d * d))
+        for k0 in range(0, len(cov), step):
+            c, delta = cov[k0:k0 + step], shift[k0:k0 + step]
+            c -= delta[:, :, None] * delta[:, None, :]
+            np.copyto(c, np.swapaxes(c, 1, 2), where=lower)
+        cov[:, np.arange(d), np.arange(d)] += reg_covar
+    elif covariance_type == "tied":
+        cov = stats.sum_xx - (shift.T * nk) @ shift
+        cov /= nk.sum()
+        cov = 0.5 * (cov + cov.T)
+        cov[np.arange(d), np.arange(d)] += reg_covar
+    else:
+        # A variance around the new mean is >= 0: clip the rounding below it.
+        # scikit-learn computes E[x^2] - mu^2 with the regularised N_k, which
+        # exceeds the centred variance by mu^2 * 10 eps / N_k; add that term too so
+        # both agree when N_k is about one sample (one-hot initialisations).
+        cov = np.maximum(stats.sum_xx / nk[:, None] - shift**2, 0.0)
+        mean_sk = (stats.sum_x + stats.nk[:, None] * np.asarray(centers, np.float64)) / nk[:, None]
+        cov += mean_sk**2 * ((nk - stats.nk) / nk)[:, None] + reg_covar
+        if covariance_type == "spherical":
+            cov = cov.mean(axis=1)
+    return weights, means, cov

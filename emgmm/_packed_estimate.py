@@ -1,0 +1,344 @@
+"""The refined E step of 'full': a packed estimate of every pair's log-density with a
+rigorous rounding bound, and the exact recomputation of the pairs that matter.
+
+Pure functions of one block of rows and the model parameters they are given: none
+keeps state, reads files or starts workers (the orchestration lives in
+:mod:`emgmm._em`). Notation as in :mod:`emgmm._log_density`.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._blas import single_blas_thread
+from ._cholesky import log_det_cholesky
+from ._gather import GatherBuffers
+from ._log_density import (
+    _LOG_2PI,
+    _REFINE_TOL,
+    _chunk_rows,
+    _full_maha_packed,
+    _gamma,
+    _packed_weights,
+    _representable,
+    _shift,
+    _use_packed,
+)
+
+# The refined E step probes this many rows first; if more than _REFINE_MAX_DENSITY of
+# their pairs, beyond one per row, would need the exact recomputation (broad
+# components, ill-conditioned precisions), the block takes the plain path of
+# log_gaussian_prob instead.
+_REFINE_PROBE_ROWS = 512
+_REFINE_MAX_DENSITY = 0.3
+# PackedEstimate.to_refine: while every row's uniform bound (at least each of its
+# pairs' bounds) is at most _UNIFORM_BOUND nats, as in float64, one comparison with the
+# row's best estimate finds the candidates (d=64, K=200, one thread: 4 ms per block of
+# 12500 rows); beyond, every bound is evaluated, in row chunks of _BOUND_CHUNK_BYTES
+# per work array (11-13 ms; 12-20 ms with the 4 MiB chunks and more passes of before).
+# The candidates are then taken a chunk of components at a time (_BOUND_CHUNK_BYTES
+# per array of their indices and bounds): all at once, the first pass of A (broad
+# components, nearly every pair a candidate) took 96 MB per block for them.
+_UNIFORM_BOUND = 1.0
+_BOUND_CHUNK_BYTES = 2**20
+
+
+#: Power iterations behind :func:`_abs_spectral_bound` (4 gave within 0.4% of the
+#: spectral radius on fitted 64-feature precisions, the worst of 200).
+_SPECTRAL_ITERATIONS = 6
+
+
+def _abs_spectral_bound(A):
+    """Upper bounds of the spectral radii of nonnegative ``A`` (K, d, d), each with a
+    positive diagonal (``|Lambda_k|``).
+
+    Collatz-Wielandt: ``rho(A) <= max_j (A v)_j / v_j`` for every positive ``v``
+    (Horn and Johnson, *Matrix Analysis*, 2nd ed., 2013, Cor. 8.1.29); ``v`` from a
+    few power iterations started at ones stays positive (the diagonal is), and the
+    bound then comes within a few percent of the radius (0.4% at most on 200 fitted
+    64-feature precisions). Raised by ``gamma_{d+2}`` for its own float64 rounding.
+    NaN where ``A`` overflows, or where ``v`` underflows (diagonal entries some 50
+    decades apart): the caller then keeps its cruder bound (``np.fmin``).
+    """
+    K, d, _ = A.shape
+    v = np.ones((K, d, 1))
+    for _ in range(_SPECTRAL_ITERATIONS):
+        Av = np.matmul(A, v)
+        with np.errstate(invalid="ignore"):
+            v = Av / Av.max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bound = (np.matmul(A, v) / v)[:, :, 0].max(axis=1)
+    return bound * (1.0 + _gamma(d + 2, np.float64))
+
+
+@dataclass
+class PackedEstimate:
+    """Packed estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` and its error bounds.
+
+    The estimate is :func:`_full_maha_packed` around the mixture mean ``g``, in
+    float64, or in float32 for float32 compute (``dtype``: float32 products and GEMM,
+    about twice the rate; ``g`` is then rounded to float32 first so that ``x - g`` and
+    ``mu_k - g`` use the same shift). Its
+    rounding error is, to first order, at most ``e_k(x) = (gamma_m lambda_k +
+    gamma64 (lambda_k + rho_k)) (||y|| + ||m_k||)^2`` with ``y = x - g``,
+    ``m_k = mu_k - g``, ``gamma_m = m u / (1 - m u)`` for the unit roundoff ``u`` of
+    ``dtype`` and ``m = T + 3`` (``T = d (d+1)/2 + d + 1`` products in the dot
+    product, Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, eq. 3.5,
+    plus the roundings of ``y`` and of the products; one more for float32, whose
+    weights are rounded from float64), and ``gamma64 = gamma_{2d+2}`` in float64.
+    The sum of the magnitudes of the dot product's terms is at most
+    ``(|y| + |m_k|)^T |Lambda_k| (|y| + |m_k|) <= lambda_k (||y|| + ||m_k||)^2``
+    with ``lambda_k`` an upper bound of the spectral radius of ``|Lambda_k|``
+    (elementwise absolute values; :func:`_abs_spectral_bound`). The float64 work on
+    the model adds ``gamma_d rho_k`` for ``Lambda_k = U_k U_k^T`` (its rounding is at
+    most ``gamma_d |U_k| |U_k|^T``, whose spectral radius is at most
+    ``rho_k = max_j (|U_k| |U_k|^T 1)_j``) and ``gamma_{2d+2} lambda_k`` for
+    ``Lambda_k m_k``, ``m_k^T Lambda_k m_k`` and the rounding of ``m_k`` itself.
+    Half of ``e_k`` bounds the error in ``log N``: ``error_coef[k] (||y|| +
+    ||m_k||)^2``; the float64 rounding of ``log w_k + log N`` from it is within the
+    bound's spare (``gamma64 rho_k`` counts ``Lambda_k`` twice). Products that fall
+    below float32's normal range (``||y|| < ~1e-19``) round absolutely, beyond the
+    bound, by at most ~1e-13 in ``log N`` (see :func:`_representable`). The pairs
+    recomputed by :meth:`refine` are computed in float64 whatever ``dtype`` is.
+
+    A dataclass of arrays, so that a pass can build it once and share it with its
+    workers (:meth:`build`).
+    """
+
+    dtype: str
+    means: np.ndarray
+    u: np.ndarray
+    g: np.ndarray
+    W: np.ndarray
+    error_coef: np.ndarray
+    m_norm: np.ndarray
+    offset: np.ndarray
+    y_limit: float
+
+    @classmethod
+    def build(cls, weights, means, precisions_cholesky, dtype=np.float64):
+        """The estimate's work on the model: ``K d^3`` flops for the precisions.
+        ``dtype`` (float64 or float32) is that of the estimate's products; ``None``
+        when it cannot hold the packed weights (:func:`_representable`)."""
+        built = cls.build_all(weights, means, precisions_cholesky, (dtype,))
+        return None if built is None else built[0]
+
+    @classmethod
+    def build_all(cls, weights, means, precisions_cholesky, dtypes):
+        """:meth:`build` for each of ``dtypes``, sharing the work on the model (and
+        the shift ``g``, rounded to the narrowest of them); ``None`` when the
+        narrowest cannot hold the packed weights (the wider ones then serve no
+        purpose to its data)."""
+        dtypes = [np.dtype(t) for t in dtypes]
+        means = np.asarray(means, dtype=np.float64)
+        u = np.asarray(precisions_cholesky, dtype=np.float64)
+        K, d = means.shape
+        narrowest = min(dtypes, key=lambda t: t.itemsize)
+        g = _shift(means, weights).astype(narrowest).astype(np.float64)
+        means_shifted = means - g
+        precisions = np.matmul(u, np.swapaxes(u, 1, 2))
+        W = _packed_weights(precisions, means_shifted)
+        if not _representable(W, narrowest):
+            return None
+        abs_u = np.abs(u)
+        rho = np.matmul(abs_u, abs_u.sum(axis=1)[:, :, None])[:, :, 0].max(axis=1)
+        gamma64 = _gamma(2 * d + 2, np.float64)
+        spectral = np.fmin(_abs_spectral_bound(np.abs(precisions, out=precisions)),
+                           rho * (1.0 + gamma64))
+        del precisions
+        with np.errstate(divide="ignore"):
+            offset = (np.log(np.asarray(weights, dtype=np.float64))
+                      + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
+        m_norm = np.linalg.norm(means_shifted, axis=1)
+        built = []
+        for dtype in dtypes:
+            gamma = _gamma(d * (d + 1) // 2 + d + 4 + (dtype != np.float64), dtype)
+            error_coef = 0.5 * (gamma * spectral + gamma64 * (spectral + rho))
+            # The products and every partial sum of the dot product are at most
+            # max(rho_k, 1) (||y|| + ||m_k||)^2 in magnitude: rows with ||y|| below
+            # y_limit cannot overflow ``dtype`` (with a factor 4 to spare).
+            y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(), 1.0))
+                            - m_norm.max())
+            built.append(cls(dtype.str, means, u, g, W.astype(dtype), error_coef,
+                             m_norm, offset, y_limit))
+        return built
+
+    def weighted(self, X, out, y_norm=None):
+        """The estimate into ``out``, ``(n, K)`` float64; returns ``out``.
+        ``y_norm``, if given, receives ``||x - g||`` per row (for the bounds)."""
+        _full_maha_packed(X, self.g, self.W, out, y_norm)
+        out *= -0.5
+        out += self.offset
+        return out
+
+    def to_refine(self, weighted, y_norm, margin):
+        """The pairs to recompute: within ``margin`` nats of the row's best (by the
+        bounds) and with a bound above ``_REFINE_TOL``.
+
+        With ``e_ik`` the bound of pair ``(i, k)``, these are the pairs with
+        ``w_ik + e_ik >= max_l (w_il - e_il) - margin`` and ``e_ik > _REFINE_TOL``.
+        Candidates are marked first, then the bounds evaluated on them only.
+        ``E_i = 2 max_k c_k ||m_k||^2 + 2 max_k c_k ||y_i||^2 >= e_ik`` (from
+        ``(a + b)^2 <= 2 a^2 + 2 b^2``); while every ``E_i`` is at most
+        ``_UNIFORM_BOUND`` (float64), the candidates are the pairs within
+        ``margin + 2 E_i`` of their row's largest estimate, which hold every pair
+        sought and the pair attaining the maximum: one comparison. Else (float32:
+        bounds of up to ~1e5 nats on tight components) the condition is evaluated
+        on every pair, in row chunks that stay in cache. The candidates (nearly
+        every pair while the components are broad) are then taken a chunk of
+        components at a time (``_BOUND_CHUNK_BYTES`` per array of their indices and
+        bounds), so that these take no more memory than the pairs kept.
+
+        Returns
+        -------
+        comps, rows : ndarray of int
+            The pairs, sorted by component, then row.
+        """
+        n, K = weighted.shape
+        est = weighted.T  # (K, n): contiguous rows for the column-major estimates
+        coef = self.error_coef
+        spread = 2.0 * ((coef * self.m_norm**2).max(initial=0.0)
+                        + coef.max(initial=0.0) * y_norm**2)
+        floor = np.full(n, -np.inf)
+        found = []
+        with np.errstate(invalid="ignore"):
+            if spread.max(initial=0.0) <= _UNIFORM_BOUND:
+                best = est.max(axis=0)
+                # (with room for the rounding of these sums)
+                limit = (best - margin - 2.0 * spread
+                         - 1e-9 * (np.abs(best) + margin + spread))
+                candidate = np.greater_equal(est, limit)
+            else:
+                candidate = self._near_best(est, y_norm, margin)
+            step = max(1, _BOUND_CHUNK_BYTES // (8 * max(n, 1)))
+            for k0 in range(0, K, step):
+                flat = np.flatnonzero(candidate[k0:k0 + step])
+                comps = flat // max(n, 1)
+                rows = flat - comps * n
+                comps += k0
+                w = est[comps, rows]
+                e = self.m_norm[comps] + y_norm[rows]
+                e *= e
+                e *= coef[comps]
+                np.maximum.at(floor, rows, w - e)
+                inexact = e > _REFINE_TOL
+                found.append((comps[inexact], rows[inexact], (w + e)[inexact]))
+            floor -= margin
+            comps, rows, upper = (np.concatenate(parts) for parts in zip(*found))
+            keep = upper >= floor[rows]
+        return comps[keep], rows[keep]
+
+    def _near_best(self, est, y_norm, margin):
+        """``(K, n)`` mask of the pairs in ``est`` (K, n) with ``w + e >= max(w - e)
+        - margin`` over their row, every bound evaluated (row chunks of
+        ``_BOUND_CHUNK_BYTES``)."""
+        K, n = est.shape
+        mask = np.empty((K, n), dtype=bool)
+        rows = _chunk_rows(K, 8, n, _BOUND_CHUNK_BYTES)
+        e_buf, t_buf = np.empty((K, rows)), np.empty((K, rows))
+        m_norm, coef = self.m_norm[:, None], self.error_coef[:, None]
+        for r0 in range(0, n, rows):
+            r1 = min(r0 + rows, n)
+            e, t, w = e_buf[:, :r1 - r0], t_buf[:, :r1 - r0], est[:, r0:r1]
+            np.add(m_norm, y_norm[r0:r1], out=e)
+            np.square(e, out=e)
+            e *= coef
+            floor = np.subtract(w, e, out=t).max(axis=0)
+            floor -= margin
+            np.greater_equal(np.add(w, e, out=t), floor, out=mask[:, r0:r1])
+        return mask
+
+    def weighted_refined(self, X, margin):
+        """``log w_k + log N(x | mu_k, Lambda_k)``, exact where it matters.
+
+        Every pair is estimated (``n K d^2`` flops at the GEMM rate); the pairs that
+        may lie within ``margin`` nats of their row's best and whose error bound
+        exceeds ``_REFINE_TOL`` are recomputed exactly; the others either have
+        ``r_ik < exp(-margin)`` or are accurate to ``_REFINE_TOL``.
+
+        Returns
+        -------
+        weighted : ndarray of shape (n, K), float64, or None
+            ``None`` when a probe of the first rows finds that more than
+            ``_REFINE_MAX_DENSITY`` of the pairs would need recomputing (beyond one
+            per row: in float32 every row's best pair has a bound above
+            ``_REFINE_TOL``).
+
+        Raises
+        ------
+        BeyondRange
+            When a row lies so far from ``g`` (``y_limit``) that the products could
+            overflow: the block is for the plain path.
+        """
+        # column-major: the GEMM writes it directly, and the softmax of
+        # estimate_resp reduces over contiguous memory
+        weighted = np.empty((X.shape[0], self.means.shape[0]), order="F")
+        y_norm = np.empty(X.shape[0])
+        p = _REFINE_PROBE_ROWS
+        with np.errstate(over="ignore", invalid="ignore"):  # checked by y_limit
+            probe = self.weighted(X[:p], weighted[:p], y_norm[:p])
+        if not y_norm[:p].max(initial=0.0) <= self.y_limit:
+            raise BeyondRange
+        comps, _ = self.to_refine(probe, y_norm[:p], margin)
+        if comps.size - probe.shape[0] > _REFINE_MAX_DENSITY * probe.size:
+            return None
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.weighted(X[p:], weighted[p:], y_norm[p:])
+        if not y_norm.max(initial=0.0) <= self.y_limit:
+            raise BeyondRange
+        return self.refine(X, weighted, *self.to_refine(weighted, y_norm, margin))
+
+    def refine(self, X, weighted, comps, rows):
+        """Recompute the pairs ``(rows[j], comps[j])`` (sorted by component) exactly,
+        ``log w_k + log N`` with ``||(x - mu_k) U_k||^2`` over each component's
+        gathered rows (float64, one numpy product per component: it releases the
+        GIL, scipy's ``trmm`` does not); in place."""
+        K = self.means.shape[0]
+        bounds = np.searchsorted(comps, np.arange(K + 1))
+        counts = np.diff(bounds)
+        size = counts.max(initial=0)
+        gather = GatherBuffers(X, size)
+        zbuf = np.empty((size, X.shape[1]))
+        sq = np.empty(size)
+        with single_blas_thread():
+            for k in np.flatnonzero(counts):
+                these = rows[bounds[k]:bounds[k + 1]]
+                m = these.size
+                z = np.matmul(gather.centred(these, self.means[k]), self.u[k],
+                              out=zbuf[:m])
+                q = np.einsum("ij,ij->i", z, z, out=sq[:m])
+                q *= -0.5
+                q += self.offset[k]
+                weighted[these, k] = q
+        return weighted
+
+
+class BeyondRange(Exception):
+    """A row of the block lies too far from the shift for a :class:`PackedEstimate`'s
+    products (its ``y_limit``)."""
+
+
+def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype):
+    """Work on the model that every block of a pass shares, or ``None``.
+
+    For 'full' with packed products (small ``d``), the :class:`PackedEstimate`
+    objects (``K d^3`` flops) that :func:`estimate_log_prob_resp` otherwise builds
+    per call, in the order they are tried: for float32 data the float32 estimate,
+    then the float64 one (on the same data), taken where the float32 bounds are too
+    coarse for the model (on the image patches D, ill-conditioned precisions: 150 of
+    200 pairs per row to recompute), then the plain path in float64; for float64
+    the float64 one. ``None`` when there is none, or for float32 data when float32
+    cannot hold the packed weights.
+    Where float32's range falls short (those weights, or a row too far for the
+    products: :class:`BeyondRange`), float32 compute takes the plain float32 path as
+    it does for every ``d``, and its check refuses what overflows there.
+    """
+    K, d = np.shape(means)
+    if covariance_type == "full" and _use_packed(d, K):
+        dtypes = ((np.float32, np.float64) if np.dtype(dtype) == np.float32
+                  else (np.float64,))
+        with np.errstate(over="ignore", invalid="ignore"):
+            built = PackedEstimate.build_all(weights, means, precisions_cholesky,
+                                             dtypes)
+        return None if built is None else tuple(built)
+    return None
