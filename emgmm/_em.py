@@ -55,8 +55,8 @@ class Model:
     prepared_for: str = field(default=None, repr=False, compare=False)
 
     def prepare(self, compute_dtype):
-        """:func:`~emgmm._packed_estimate.prepare_log_prob` for ``compute_dtype``, kept (also
-        when it is ``None``)."""
+        """:func:`~emgmm._packed_estimate.prepare_log_prob` for ``compute_dtype``,
+        kept (also when it is ``None``)."""
         key = np.dtype(compute_dtype).str
         if self.prepared_for != key:
             self.prepared = prepare_log_prob(self.weights, self.means,

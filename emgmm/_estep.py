@@ -34,7 +34,7 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
         'diag' and 'spherical', only the pairs within ``margin`` nats of their row's
         best component are computed exactly; the others are estimated to within a
         (first-order) rounding-error bound and have ``r_ik < exp(-margin)`` (see
-        :meth:`PackedEstimate.weighted_refined`).
+        :meth:`~emgmm._packed_estimate.RefinedEstimate.weighted_refined`).
     prepared : object or None, default=None
         :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
         its work between the blocks of a pass.

@@ -167,16 +167,18 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     init_max_samples : int, default=100_000
         Rows in the initialisation subsample.
     compute_dtype : {'float32', 'float64'} or None, default=None
-        Dtype of the heavy products of the E step (for 'full': the packed estimate of
-        every pair, or the plain path's products). ``None`` follows the data
-        (float32 data computes in float32). The pairs that may reach
-        ``resp_threshold`` are recomputed in float64 when the packed estimate is
-        used; where the float32 estimate's rounding bounds are too coarse for the
-        model (strongly overlapping components: most pairs would need the
-        recomputation), a block takes the float64 estimate of the same data
-        instead, and where that too needs too many, the plain path in float64. The
-        M-step statistics are computed in float64, and sums are
-        accumulated in float64 in every case.
+        Dtype of the heavy products of the E step (for 'full': the estimate of
+        every pair, packed for small ``d``, triangular beyond, or the plain path's
+        products). ``None`` follows the data (float32 data computes in float32).
+        The pairs that may reach ``resp_threshold`` are recomputed in float64 when
+        an estimate is used; where the float32 estimate's rounding bounds are too
+        coarse for the model (strongly overlapping components: most pairs would
+        need the recomputation), a block takes the float64 estimate of the same data
+        instead (small ``d``), and where that too needs too many, the plain path in
+        float64. The component-sharded schedule (models too large to copy to each
+        worker) runs the plain path's products in this dtype. The M-step statistics
+        are computed in float64, and sums are accumulated in float64 in every
+        case.
     resp_threshold : float, default=1e-20
         Pairs (row, component) whose responsibility is at most this are left out of
         that component's statistics ``N_k``, ``s_k`` and ``S_k`` ('full'; 'diag' and
@@ -184,7 +186,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         more than it saves; gathered rows or a sparse product when few are kept), and
         for 'full' the E step computes exactly only the pairs that may exceed it;
         the others are estimated within a first-order rounding-error bound (see
-        ``emgmm._packed_estimate.PackedEstimate``). A pair left out moves
+        ``emgmm._packed_estimate.RefinedEstimate``). A pair left out moves
         ``N_k`` by ``r_ik`` and ``S_k``, in the metric of component ``k``, by at
         most ``r_ik Q_ik`` (``Q_ik`` its squared Mahalanobis distance, about
         ``2 log(1 / r_ik)``): about 1e-18 at the default, below float64 rounding.

@@ -138,10 +138,11 @@ def _packed_weights(precisions, means_shifted):
 
 
 def _representable(W, dtype):
-    """Whether the float64 packed weights ``W`` keep the error bound of
-    :class:`PackedEstimate` in ``dtype``: finite, and every nonzero entry a normal
-    number of ``dtype`` (below that, rounding is absolute, not relative) and at most
-    ``max * eps`` (so that a product underflowing to zero, off by at most
+    """Whether float64 values ``W`` (the packed weights, or a triangular estimate's
+    factors and the bounds of its shifts) keep the error bound of their estimate
+    (:mod:`emgmm._packed_estimate`) in ``dtype``: finite, and every nonzero entry a
+    normal number of ``dtype`` (below that, rounding is absolute, not relative) and
+    at most ``max * eps`` (so that a product underflowing to zero, off by at most
     ``tiny * u``, moves a term by less than 1e-13). A model beyond float32's range
     then has no float32 estimate; the plain path meets, and names, the data that put
     it there."""

@@ -16,7 +16,9 @@ from ._gather import GatherBuffers
 from ._log_density import (
     _LOG_2PI,
     _REFINE_TOL,
+    _TRIANGLE_BLOCK,
     _chunk_rows,
+    _full_maha_dense,
     _full_maha_packed,
     _gamma,
     _packed_weights,
@@ -31,7 +33,7 @@ from ._log_density import (
 # log_gaussian_prob instead.
 _REFINE_PROBE_ROWS = 512
 _REFINE_MAX_DENSITY = 0.3
-# PackedEstimate.to_refine: while every row's uniform bound (at least each of its
+# RefinedEstimate.to_refine: while every row's uniform bound (at least each of its
 # pairs' bounds) is at most _UNIFORM_BOUND nats, as in float64, one comparison with the
 # row's best estimate finds the candidates (d=64, K=200, one thread: 4 ms per block of
 # 12500 rows); beyond, every bound is evaluated, in row chunks of _BOUND_CHUNK_BYTES
@@ -41,6 +43,9 @@ _REFINE_MAX_DENSITY = 0.3
 # components, nearly every pair a candidate) took 96 MB per block for them.
 _UNIFORM_BOUND = 1.0
 _BOUND_CHUNK_BYTES = 2**20
+# RefinedEstimate._bounds: every component, as a (K, 1) column
+_EACH_COMPONENT = (slice(None), None)
+_U64 = np.finfo(np.float64).eps / 2
 
 
 #: Power iterations behind :func:`_abs_spectral_bound` (4 gave within 0.4% of the
@@ -72,104 +77,46 @@ def _abs_spectral_bound(A):
 
 
 @dataclass
-class PackedEstimate:
-    """Packed estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` and its error bounds.
+class RefinedEstimate:
+    """An estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` for every pair, with a
+    rigorous bound of each pair's rounding error, and its refinement: the pairs that
+    may matter and whose bound exceeds ``_REFINE_TOL`` are recomputed exactly.
 
-    The estimate is :func:`_full_maha_packed` around the mixture mean ``g``, in
-    float64, or in float32 for float32 compute (``dtype``: float32 products and GEMM,
-    about twice the rate; ``g`` is then rounded to float32 first so that ``x - g`` and
-    ``mu_k - g`` use the same shift). Its
-    rounding error is, to first order, at most ``e_k(x) = (gamma_m lambda_k +
-    gamma64 (lambda_k + rho_k)) (||y|| + ||m_k||)^2`` with ``y = x - g``,
-    ``m_k = mu_k - g``, ``gamma_m = m u / (1 - m u)`` for the unit roundoff ``u`` of
-    ``dtype`` and ``m = T + 3`` (``T = d (d+1)/2 + d + 1`` products in the dot
-    product, Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, eq. 3.5,
-    plus the roundings of ``y`` and of the products; one more for float32, whose
-    weights are rounded from float64), and ``gamma64 = gamma_{2d+2}`` in float64.
-    The sum of the magnitudes of the dot product's terms is at most
-    ``(|y| + |m_k|)^T |Lambda_k| (|y| + |m_k|) <= lambda_k (||y|| + ||m_k||)^2``
-    with ``lambda_k`` an upper bound of the spectral radius of ``|Lambda_k|``
-    (elementwise absolute values; :func:`_abs_spectral_bound`). The float64 work on
-    the model adds ``gamma_d rho_k`` for ``Lambda_k = U_k U_k^T`` (its rounding is at
-    most ``gamma_d |U_k| |U_k|^T``, whose spectral radius is at most
-    ``rho_k = max_j (|U_k| |U_k|^T 1)_j``) and ``gamma_{2d+2} lambda_k`` for
-    ``Lambda_k m_k``, ``m_k^T Lambda_k m_k`` and the rounding of ``m_k`` itself.
-    Half of ``e_k`` bounds the error in ``log N``: ``error_coef[k] (||y|| +
-    ||m_k||)^2``; the float64 rounding of ``log w_k + log N`` from it is within the
-    bound's spare (``gamma64 rho_k`` counts ``Lambda_k`` twice). Products that fall
-    below float32's normal range (``||y|| < ~1e-19``) round absolutely, beyond the
-    bound, by at most ~1e-13 in ``log N`` (see :func:`_representable`). The pairs
-    recomputed by :meth:`refine` are computed in float64 whatever ``dtype`` is.
-
-    A dataclass of arrays, so that a pass can build it once and share it with its
-    workers (:meth:`build`).
+    Subclasses give the estimate (:meth:`weighted`, around the shift ``g``) and may
+    give their own bound (:meth:`_bounds`; here ``error_coef[k] (||y|| +
+    ||m_k||)^2`` with ``y = x - g`` and ``m_k = mu_k - g``). A dataclass of arrays,
+    so that a pass can build it once and share it with its workers.
     """
 
     dtype: str
     means: np.ndarray
     u: np.ndarray
     g: np.ndarray
-    W: np.ndarray
     error_coef: np.ndarray
     m_norm: np.ndarray
     offset: np.ndarray
     y_limit: float
 
-    @classmethod
-    def build(cls, weights, means, precisions_cholesky, dtype=np.float64):
-        """The estimate's work on the model: ``K d^3`` flops for the precisions.
-        ``dtype`` (float64 or float32) is that of the estimate's products; ``None``
-        when it cannot hold the packed weights (:func:`_representable`)."""
-        built = cls.build_all(weights, means, precisions_cholesky, (dtype,))
-        return None if built is None else built[0]
-
-    @classmethod
-    def build_all(cls, weights, means, precisions_cholesky, dtypes):
-        """:meth:`build` for each of ``dtypes``, sharing the work on the model (and
-        the shift ``g``, rounded to the narrowest of them); ``None`` when the
-        narrowest cannot hold the packed weights (the wider ones then serve no
-        purpose to its data)."""
-        dtypes = [np.dtype(t) for t in dtypes]
-        means = np.asarray(means, dtype=np.float64)
-        u = np.asarray(precisions_cholesky, dtype=np.float64)
-        K, d = means.shape
-        narrowest = min(dtypes, key=lambda t: t.itemsize)
-        g = _shift(means, weights).astype(narrowest).astype(np.float64)
-        means_shifted = means - g
-        precisions = np.matmul(u, np.swapaxes(u, 1, 2))
-        W = _packed_weights(precisions, means_shifted)
-        if not _representable(W, narrowest):
-            return None
-        abs_u = np.abs(u)
-        rho = np.matmul(abs_u, abs_u.sum(axis=1)[:, :, None])[:, :, 0].max(axis=1)
-        gamma64 = _gamma(2 * d + 2, np.float64)
-        spectral = np.fmin(_abs_spectral_bound(np.abs(precisions, out=precisions)),
-                           rho * (1.0 + gamma64))
-        del precisions
-        with np.errstate(divide="ignore"):
-            offset = (np.log(np.asarray(weights, dtype=np.float64))
-                      + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
-        m_norm = np.linalg.norm(means_shifted, axis=1)
-        built = []
-        for dtype in dtypes:
-            gamma = _gamma(d * (d + 1) // 2 + d + 4 + (dtype != np.float64), dtype)
-            error_coef = 0.5 * (gamma * spectral + gamma64 * (spectral + rho))
-            # The products and every partial sum of the dot product are at most
-            # max(rho_k, 1) (||y|| + ||m_k||)^2 in magnitude: rows with ||y|| below
-            # y_limit cannot overflow ``dtype`` (with a factor 4 to spare).
-            y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(), 1.0))
-                            - m_norm.max())
-            built.append(cls(dtype.str, means, u, g, W.astype(dtype), error_coef,
-                             m_norm, offset, y_limit))
-        return built
-
     def weighted(self, X, out, y_norm=None):
         """The estimate into ``out``, ``(n, K)`` float64; returns ``out``.
         ``y_norm``, if given, receives ``||x - g||`` per row (for the bounds)."""
-        _full_maha_packed(X, self.g, self.W, out, y_norm)
-        out *= -0.5
-        out += self.offset
-        return out
+        raise NotImplementedError
+
+    def _bounds(self, w, k, y, out=None):
+        """Error bounds of the pairs of estimates ``w``, components ``k`` (an index
+        array, or ``_EACH_COMPONENT`` for a ``(K, 1)`` column) and row norms ``y``
+        (``||x - g||``, broadcast against ``k``); into ``out`` if given."""
+        e = np.add(self.m_norm[k], y, out=out)
+        np.square(e, out=e)
+        e *= self.error_coef[k]
+        return e
+
+    def _uniform_bounds(self, y_norm):
+        """Per row, a bound at least each of its pairs' bounds, or ``None`` when
+        the estimate has none cheaper than the pairs' own."""
+        coef = self.error_coef
+        return 2.0 * ((coef * self.m_norm**2).max(initial=0.0)
+                      + coef.max(initial=0.0) * y_norm**2)
 
     def to_refine(self, weighted, y_norm, margin):
         """The pairs to recompute: within ``margin`` nats of the row's best (by the
@@ -178,8 +125,9 @@ class PackedEstimate:
         With ``e_ik`` the bound of pair ``(i, k)``, these are the pairs with
         ``w_ik + e_ik >= max_l (w_il - e_il) - margin`` and ``e_ik > _REFINE_TOL``.
         Candidates are marked first, then the bounds evaluated on them only.
-        ``E_i = 2 max_k c_k ||m_k||^2 + 2 max_k c_k ||y_i||^2 >= e_ik`` (from
-        ``(a + b)^2 <= 2 a^2 + 2 b^2``); while every ``E_i`` is at most
+        With a uniform bound ``E_i >= e_ik`` of each row (:meth:`_uniform_bounds`;
+        for the default bound ``E_i = 2 max_k c_k ||m_k||^2 + 2 max_k c_k
+        ||y_i||^2``, from ``(a + b)^2 <= 2 a^2 + 2 b^2``) at most
         ``_UNIFORM_BOUND`` (float64), the candidates are the pairs within
         ``margin + 2 E_i`` of their row's largest estimate, which hold every pair
         sought and the pair attaining the maximum: one comparison. Else (float32:
@@ -196,13 +144,11 @@ class PackedEstimate:
         """
         n, K = weighted.shape
         est = weighted.T  # (K, n): contiguous rows for the column-major estimates
-        coef = self.error_coef
-        spread = 2.0 * ((coef * self.m_norm**2).max(initial=0.0)
-                        + coef.max(initial=0.0) * y_norm**2)
+        spread = self._uniform_bounds(y_norm)
         floor = np.full(n, -np.inf)
         found = []
         with np.errstate(invalid="ignore"):
-            if spread.max(initial=0.0) <= _UNIFORM_BOUND:
+            if spread is not None and spread.max(initial=0.0) <= _UNIFORM_BOUND:
                 best = est.max(axis=0)
                 # (with room for the rounding of these sums)
                 limit = (best - margin - 2.0 * spread
@@ -217,9 +163,7 @@ class PackedEstimate:
                 rows = flat - comps * n
                 comps += k0
                 w = est[comps, rows]
-                e = self.m_norm[comps] + y_norm[rows]
-                e *= e
-                e *= coef[comps]
+                e = self._bounds(w, comps, y_norm[rows])
                 np.maximum.at(floor, rows, w - e)
                 inexact = e > _REFINE_TOL
                 found.append((comps[inexact], rows[inexact], (w + e)[inexact]))
@@ -236,13 +180,11 @@ class PackedEstimate:
         mask = np.empty((K, n), dtype=bool)
         rows = _chunk_rows(K, 8, n, _BOUND_CHUNK_BYTES)
         e_buf, t_buf = np.empty((K, rows)), np.empty((K, rows))
-        m_norm, coef = self.m_norm[:, None], self.error_coef[:, None]
         for r0 in range(0, n, rows):
             r1 = min(r0 + rows, n)
-            e, t, w = e_buf[:, :r1 - r0], t_buf[:, :r1 - r0], est[:, r0:r1]
-            np.add(m_norm, y_norm[r0:r1], out=e)
-            np.square(e, out=e)
-            e *= coef
+            t, w = t_buf[:, :r1 - r0], est[:, r0:r1]
+            e = self._bounds(w, _EACH_COMPONENT, y_norm[r0:r1],
+                             out=e_buf[:, :r1 - r0])
             floor = np.subtract(w, e, out=t).max(axis=0)
             floor -= margin
             np.greater_equal(np.add(w, e, out=t), floor, out=mask[:, r0:r1])
@@ -313,32 +255,240 @@ class PackedEstimate:
         return weighted
 
 
+@dataclass
+class PackedEstimate(RefinedEstimate):
+    """Packed estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` and its error bounds.
+
+    The estimate is :func:`_full_maha_packed` around the mixture mean ``g``, in
+    float64, or in float32 for float32 compute (``dtype``: float32 products and GEMM,
+    about twice the rate; ``g`` is then rounded to float32 first so that ``x - g`` and
+    ``mu_k - g`` use the same shift). Its
+    rounding error is, to first order, at most ``e_k(x) = (gamma_m lambda_k +
+    gamma64 (lambda_k + rho_k)) (||y|| + ||m_k||)^2`` with ``y = x - g``,
+    ``m_k = mu_k - g``, ``gamma_m = m u / (1 - m u)`` for the unit roundoff ``u`` of
+    ``dtype`` and ``m = T + 3`` (``T = d (d+1)/2 + d + 1`` products in the dot
+    product, Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, eq. 3.5,
+    plus the roundings of ``y`` and of the products; one more for float32, whose
+    weights are rounded from float64), and ``gamma64 = gamma_{2d+2}`` in float64.
+    The sum of the magnitudes of the dot product's terms is at most
+    ``(|y| + |m_k|)^T |Lambda_k| (|y| + |m_k|) <= lambda_k (||y|| + ||m_k||)^2``
+    with ``lambda_k`` an upper bound of the spectral radius of ``|Lambda_k|``
+    (elementwise absolute values; :func:`_abs_spectral_bound`). The float64 work on
+    the model adds ``gamma_d rho_k`` for ``Lambda_k = U_k U_k^T`` (its rounding is at
+    most ``gamma_d |U_k| |U_k|^T``, whose spectral radius is at most
+    ``rho_k = max_j (|U_k| |U_k|^T 1)_j``) and ``gamma_{2d+2} lambda_k`` for
+    ``Lambda_k m_k``, ``m_k^T Lambda_k m_k`` and the rounding of ``m_k`` itself.
+    Half of ``e_k`` bounds the error in ``log N``: ``error_coef[k] (||y|| +
+    ||m_k||)^2``; the float64 rounding of ``log w_k + log N`` from it is within the
+    bound's spare (``gamma64 rho_k`` counts ``Lambda_k`` twice). Products that fall
+    below float32's normal range (``||y|| < ~1e-19``) round absolutely, beyond the
+    bound, by at most ~1e-13 in ``log N`` (see :func:`_representable`). The pairs
+    recomputed by :meth:`refine` are computed in float64 whatever ``dtype`` is.
+
+    A dataclass of arrays, so that a pass can build it once and share it with its
+    workers (:meth:`build`).
+    """
+
+    W: np.ndarray
+
+    @classmethod
+    def build(cls, weights, means, precisions_cholesky, dtype=np.float64):
+        """The estimate's work on the model: ``K d^3`` flops for the precisions.
+        ``dtype`` (float64 or float32) is that of the estimate's products; ``None``
+        when it cannot hold the packed weights (:func:`_representable`)."""
+        built = cls.build_all(weights, means, precisions_cholesky, (dtype,))
+        return None if built is None else built[0]
+
+    @classmethod
+    def build_all(cls, weights, means, precisions_cholesky, dtypes):
+        """:meth:`build` for each of ``dtypes``, sharing the work on the model (and
+        the shift ``g``, rounded to the narrowest of them); ``None`` when the
+        narrowest cannot hold the packed weights (the wider ones then serve no
+        purpose to its data)."""
+        dtypes = [np.dtype(t) for t in dtypes]
+        means = np.asarray(means, dtype=np.float64)
+        u = np.asarray(precisions_cholesky, dtype=np.float64)
+        K, d = means.shape
+        narrowest = min(dtypes, key=lambda t: t.itemsize)
+        g = _shift(means, weights).astype(narrowest).astype(np.float64)
+        means_shifted = means - g
+        precisions = np.matmul(u, np.swapaxes(u, 1, 2))
+        W = _packed_weights(precisions, means_shifted)
+        if not _representable(W, narrowest):
+            return None
+        abs_u = np.abs(u)
+        rho = np.matmul(abs_u, abs_u.sum(axis=1)[:, :, None])[:, :, 0].max(axis=1)
+        gamma64 = _gamma(2 * d + 2, np.float64)
+        spectral = np.fmin(_abs_spectral_bound(np.abs(precisions, out=precisions)),
+                           rho * (1.0 + gamma64))
+        del precisions
+        with np.errstate(divide="ignore"):
+            offset = (np.log(np.asarray(weights, dtype=np.float64))
+                      + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
+        m_norm = np.linalg.norm(means_shifted, axis=1)
+        built = []
+        for dtype in dtypes:
+            gamma = _gamma(d * (d + 1) // 2 + d + 4 + (dtype != np.float64), dtype)
+            error_coef = 0.5 * (gamma * spectral + gamma64 * (spectral + rho))
+            # The products and every partial sum of the dot product are at most
+            # max(rho_k, 1) (||y|| + ||m_k||)^2 in magnitude: rows with ||y|| below
+            # y_limit cannot overflow ``dtype`` (with a factor 4 to spare).
+            y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(), 1.0))
+                            - m_norm.max())
+            built.append(cls(dtype=dtype.str, means=means, u=u, g=g,
+                             error_coef=error_coef, m_norm=m_norm, offset=offset,
+                             y_limit=y_limit, W=W.astype(dtype)))
+        return built
+
+    def weighted(self, X, out, y_norm=None):
+        """The estimate into ``out``, ``(n, K)`` float64; returns ``out``.
+        ``y_norm``, if given, receives ``||x - g||`` per row (for the bounds)."""
+        _full_maha_packed(X, self.g, self.W, out, y_norm)
+        out *= -0.5
+        out += self.offset
+        return out
+
+
+@dataclass
+class TriangularEstimate(RefinedEstimate):
+    """Float32 estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` for large ``d``
+    (no packed products): the column-block triangular products of
+    :func:`_full_maha_dense` around the mixture mean ``g`` (rounded to float32), in
+    float32, with a per-pair bound of their rounding.
+
+    With ``y = x - g``, ``m_k = mu_k - g`` and ``z = (y - m_k) U_k`` computed as
+    ``y U_k - m_k U_k``, each ``z_j`` is off by at most ``gamma (|y| + |m_k|)^T
+    |U_k[:, j]|`` (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002,
+    eq. 3.5: ``gamma = gamma_{d+4}`` in float32 for the dot product of length at
+    most ``d`` and the roundings of ``y``, ``U_k``, ``m_k U_k`` and the difference,
+    plus ``gamma_{d+2}`` in float64 for ``m_k U_k``), so ``||dz|| <= delta =
+    gamma sqrt(rho_k) (||y|| + ||m_k||)`` with ``rho_k = max_j (|U_k| |U_k|^T 1)_j``
+    at least the squared spectral norm of ``|U_k|``. The squares and their sums
+    over a column block (width ``h``) add at most ``gamma_{h+1} ||z^||^2``
+    (float32; the blocks are added in float64, ``gamma_{d}`` there), so the
+    estimate ``M^`` of ``||z||^2`` is within ``e = gamma_s M' + delta (2 sqrt(M') +
+    delta)`` with ``M' = M^ / (1 - gamma_s)`` bounding ``||z^||^2``. Half of ``e``
+    bounds the error in ``log N``, with ``4 u64 (|w| + M')`` added for the float64
+    work on the estimate ``w`` of ``log w_k + log N``. Unlike the packed
+    estimate's, the bound grows with ``sqrt(M)``, not with ``M``: a far pair's
+    bound stays far below its distance. It is some 500x the errors seen (d = 100).
+
+    The products cost ``n K d^2 (1 + h/d)`` flops at the SGEMM rate; the pairs
+    recomputed by :meth:`refine` (float64) cost ``2 d^2`` each.
+    """
+
+    means_shifted: np.ndarray
+    gamma_sum: float
+
+    @classmethod
+    def build(cls, weights, means, precisions_cholesky, dtype=np.float32):
+        """The estimate's work on the model: ``K d^2`` flops (one component at a
+        time: no ``(K, d, d)`` temporary). ``None`` when ``dtype`` cannot hold the
+        factors or the shifted means' products (:func:`_representable`)."""
+        dtype = np.dtype(dtype)
+        means = np.asarray(means, dtype=np.float64)
+        u = np.asarray(precisions_cholesky, dtype=np.float64)
+        K, d = means.shape
+        g = _shift(means, weights).astype(dtype).astype(np.float64)
+        means_shifted = means - g
+        rho = np.empty(K)
+        for k in range(K):
+            a = np.abs(u[k])
+            if not (_representable(a, dtype)
+                    and _representable(means_shifted[k] @ a, dtype)):
+                return None
+            rho[k] = (a @ a.sum(axis=0)).max(initial=0.0)
+        with np.errstate(divide="ignore"):
+            offset = (np.log(np.asarray(weights, dtype=np.float64))
+                      + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
+        m_norm = np.linalg.norm(means_shifted, axis=1)
+        gamma = _gamma(d + 4, dtype) + _gamma(d + 2, np.float64)
+        # the products, partial sums and squares are at most max(rho_k, 1)
+        # (||y|| + ||m_k||)^2 in magnitude (a factor 4 to spare)
+        y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(initial=0.0),
+                                                                1.0))
+                        - m_norm.max(initial=0.0))
+        gamma_sum = (_gamma(min(d, _TRIANGLE_BLOCK) + 1, dtype)
+                     + _gamma(d, np.float64))
+        return cls(dtype=dtype.str, means=means, u=u, g=g,
+                   error_coef=gamma * np.sqrt(rho), m_norm=m_norm, offset=offset,
+                   y_limit=y_limit, means_shifted=means_shifted, gamma_sum=gamma_sum)
+
+    def weighted(self, X, out, y_norm=None):
+        """The estimate into ``out``, ``(n, K)`` float64; returns ``out``.
+        ``y_norm``, if given, receives ``||x - g||`` per row (float64)."""
+        K = self.means.shape[0]
+        _full_maha_dense(X, self.g.astype(X.dtype), self.means_shifted, self.u,
+                         np.arange(K), out)
+        if y_norm is not None:
+            n, d = X.shape
+            rows = _chunk_rows(d, 8, n)
+            for r0 in range(0, n, rows):
+                y = np.subtract(X[r0:r0 + rows], self.g)
+                np.sqrt(np.einsum("ij,ij->i", y, y), out=y_norm[r0:r0 + rows])
+        out *= -0.5
+        out += self.offset
+        return out
+
+    def _bounds(self, w, k, y, out=None):
+        """See the class docstring; ``w`` gives ``M^ = 2 (offset_k - w)`` (0 for a
+        component without weight, whose ``w`` is exactly ``-inf``)."""
+        delta = self.error_coef[k] * (self.m_norm[k] + y)
+        m = (2.0 / (1.0 - self.gamma_sum)) * (self.offset[k] - w)
+        np.fmax(m, 0.0, out=m)
+        e = delta * (2.0 * np.sqrt(m) + delta)
+        e += self.gamma_sum * m
+        e += 4.0 * _U64 * (np.abs(w) + m)
+        e *= 0.5
+        if out is None:
+            return e
+        out[...] = e
+        return out
+
+    def _uniform_bounds(self, y_norm):
+        """``None``: the pairs' own bounds are the cheapest."""
+        return None
+
+
 class BeyondRange(Exception):
-    """A row of the block lies too far from the shift for a :class:`PackedEstimate`'s
+    """A row of the block lies too far from the shift for a :class:`RefinedEstimate`'s
     products (its ``y_limit``)."""
 
 
 def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype):
     """Work on the model that every block of a pass shares, or ``None``.
 
-    For 'full' with packed products (small ``d``), the :class:`PackedEstimate`
-    objects (``K d^3`` flops) that :func:`estimate_log_prob_resp` otherwise builds
-    per call, in the order they are tried: for float32 data the float32 estimate,
-    then the float64 one (on the same data), taken where the float32 bounds are too
-    coarse for the model (on the image patches D, ill-conditioned precisions: 150 of
-    200 pairs per row to recompute), then the plain path in float64; for float64
-    the float64 one. ``None`` when there is none, or for float32 data when float32
-    cannot hold the packed weights.
-    Where float32's range falls short (those weights, or a row too far for the
-    products: :class:`BeyondRange`), float32 compute takes the plain float32 path as
-    it does for every ``d``, and its check refuses what overflows there.
+    For 'full', the estimates (:class:`RefinedEstimate`) that
+    :func:`~emgmm._estep.weighted_log_prob` tries in this order, each refined where it
+    matters, before its plain path:
+
+    * small ``d`` (packed products, ``K d^3`` flops here): for float32 data the
+      float32 :class:`PackedEstimate`, then the float64 one (on the same data),
+      taken where the float32 bounds are too coarse for the model (on the image
+      patches D, ill-conditioned precisions: 150 of 200 pairs per row to
+      recompute); for float64 data the float64 one. ``None`` for float32 data when
+      float32 cannot hold the packed weights.
+    * larger ``d``, float32 data: the float32 :class:`TriangularEstimate` (``K d^2``
+      flops here), unless float32 cannot hold the factors. Float64 data have none:
+      their plain path is exact.
+
+    Where every estimate refuses a block (too many pairs to recompute), float32
+    data take the plain path in float64. Where float32's range falls short (the
+    refusals above, or a row too far for the products: :class:`BeyondRange`),
+    float32 compute takes the plain float32 path, and its check refuses what
+    overflows there.
     """
     K, d = np.shape(means)
-    if covariance_type == "full" and _use_packed(d, K):
-        dtypes = ((np.float32, np.float64) if np.dtype(dtype) == np.float32
-                  else (np.float64,))
-        with np.errstate(over="ignore", invalid="ignore"):
-            built = PackedEstimate.build_all(weights, means, precisions_cholesky,
-                                             dtypes)
-        return None if built is None else tuple(built)
+    if covariance_type != "full":
+        return None
+    float32 = np.dtype(dtype) == np.float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        if _use_packed(d, K):
+            built = PackedEstimate.build_all(
+                weights, means, precisions_cholesky,
+                (np.float32, np.float64) if float32 else (np.float64,))
+            return None if built is None else tuple(built)
+        if float32:
+            built = TriangularEstimate.build(weights, means, precisions_cholesky)
+            return None if built is None else (built,)
     return None

@@ -13,7 +13,13 @@ from scipy import sparse
 
 from ._blas import single_blas_thread
 from ._gather import GatherBuffers
-from ._log_density import _packed_chunks, _packed_index, _shift, _use_packed, centred_products
+from ._log_density import (
+    _packed_chunks,
+    _packed_index,
+    _shift,
+    _use_packed,
+    centred_products,
+)
 
 
 def _pack_upper(S):

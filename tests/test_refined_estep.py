@@ -28,7 +28,6 @@ from emgmm import _estep, _log_density, _packed_estimate
 from conftest import random_spd
 
 
-
 # the oracle needs a wider float than float64 (x86-64 long double: 64-bit mantissa)
 needs_extended = pytest.mark.skipif(
     np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps,
@@ -126,7 +125,8 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     weights, means, U = separated_model(rng, 30, 12, 6.0, 10.0)
     X = sample(rng, weights, means, U, 2000)
     margin = _log_density.relevance_margin(1e-20)
-    assert _packed_estimate.PackedEstimate.build(weights, means, U).weighted_refined(X, margin) is not None
+    estimate = _packed_estimate.PackedEstimate.build(weights, means, U)
+    assert estimate.weighted_refined(X, margin) is not None
     # 30 coinciding components with a thin direction (variance 1e-6): every pair is
     # relevant and the bound of the expansion (lambda_k ~ 1e6) exceeds the tolerance, so
     # the probe sends the block to the plain path
@@ -135,7 +135,8 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     thin = np.stack([upper_factor(np.linalg.inv(cov))] * 30)
     centre = rng.normal(size=(30, 12)) * 1e-9
     Xt = rng.multivariate_normal(np.zeros(12), cov, size=2000)
-    assert _packed_estimate.PackedEstimate.build(weights, centre, thin).weighted_refined(Xt, margin) is None
+    estimate = _packed_estimate.PackedEstimate.build(weights, centre, thin)
+    assert estimate.weighted_refined(Xt, margin) is None
     # and the result is then the plain (all-exact) one
     got = _estep.estimate_log_prob_resp(Xt, weights, centre, thin, "full", margin)
     plain = _estep.estimate_log_prob_resp(Xt, weights, centre, thin, "full")
@@ -345,17 +346,19 @@ def test_refined_statistics_equal_exact_ones():
     assert_allclose(fast.covariances_, exact.covariances_, rtol=1e-9, atol=1e-12)
 
 
-def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data():
+@pytest.mark.parametrize("K, d", [(20, 8), (6, 100)])
+def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data(K, d):
     """compute_dtype='float32' changes only the data's rounding: its fit equals the
     float64 fit of the float32-rounded data, and its held-out score is within 1e-5
-    relative of the float64 fit's."""
+    relative of the float64 fit's. d = 8 takes the packed estimate, d = 100 the
+    triangular one."""
     from emgmm import GaussianMixture
 
     rng = np.random.default_rng(5)
-    weights, means, U = separated_model(rng, 20, 8, 5.0, 30.0)
+    weights, means, U = separated_model(rng, K, d, 5.0, 30.0)
     X = sample(rng, weights, means, U, 4000)
     X_test = sample(rng, weights, means, U, 2000)
-    kw = dict(n_components=20, covariance_type="full", max_iter=5, tol=0.0,
+    kw = dict(n_components=K, covariance_type="full", max_iter=5, tol=0.0,
               weights_init=weights, means_init=means,
               precisions_init=np.matmul(U, np.swapaxes(U, 1, 2)))
     with warnings.catch_warnings():
@@ -439,6 +442,112 @@ def test_float32_blocks_that_every_estimate_refuses_take_the_plain_path_in_float
     near = exact - logsumexp(exact, axis=1)[:, None] > -margin + 1.0
     assert_allclose(weighted[near], exact[near], rtol=1e-12, atol=1e-9)
     assert_allclose(logsumexp(weighted, axis=1), logsumexp(exact, axis=1), rtol=1e-12)
+
+
+# d = 100: no packed products; float32 data get the TriangularEstimate (two column
+# blocks of the triangle, widths 64 and 36)
+WIDE_CASES = {
+    "separated": dict(K=8, d=100, spread=6.0, cond=10.0, offset=0.0),
+    "ill_conditioned": dict(K=8, d=100, spread=6.0, cond=1e5, offset=0.0),
+    "far_from_origin": dict(K=8, d=100, spread=6.0, cond=100.0, offset=1e4),
+}
+
+
+def broad_and_tight_model(d):
+    """Three tight components (sd 1e-2) near 1e4 e_1 and a broad one (sd 1e3, half
+    the weight) at the origin: the shift g (the mixture mean) lies ~5e3 from the
+    tight ones, where the plain float32 products lost up to 0.04 nats per row."""
+    means = np.zeros((4, d))
+    means[1:, 0] = 1e4
+    means[2, 1], means[3, 2] = 0.1, -0.1
+    scales = np.array([1e3, 1e-2, 1e-2, 1e-2])
+    U = np.stack([np.eye(d) / s for s in scales])
+    return np.array([0.5, 0.2, 0.15, 0.15]), means, U
+
+
+def wide_model(case, rng):
+    if case == "broad_and_tight":
+        return broad_and_tight_model(100)
+    c = WIDE_CASES[case]
+    return separated_model(rng, c["K"], c["d"], c["spread"], c["cond"], c["offset"])
+
+
+@needs_extended
+@pytest.mark.parametrize("case", sorted(WIDE_CASES) + ["broad_and_tight"])
+def test_triangular_estimate_error_within_its_bound(case):
+    """|estimate - exact| <= the bound ``to_refine`` relies on, for every pair of
+    float32 data with d = 100 (the oracle: the definition on the float32 data)."""
+    rng = np.random.default_rng(12)
+    weights, means, U = wide_model(case, rng)
+    X32 = sample(rng, weights, means, U, 400).astype(np.float32)
+    prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
+    assert len(prepared) == 1
+    est = prepared[0]
+    assert isinstance(est, _packed_estimate.TriangularEstimate)
+    y_norm = np.empty(len(X32))
+    approx = est.weighted(X32, np.empty((len(X32), len(means)), order="F"), y_norm)
+    X = X32.astype(np.float64)
+    exact = oracle_weighted(X, weights, means, U)
+    assert_allclose(y_norm, np.linalg.norm(X - est.g, axis=1), rtol=1e-14)
+    bound = est._bounds(approx.T, _packed_estimate._EACH_COMPONENT, y_norm).T
+    slack = 1e-12 * np.abs(exact)  # the oracle's own float64 rounding
+    assert np.all(np.abs(approx - exact) <= bound + slack)
+    # and not vacuous where the estimate is good: each row's best pair within 0.1
+    # nats (0.04 at most here; its actual error 2e-5)
+    if case == "separated":
+        assert bound[np.arange(len(X)), exact.argmax(axis=1)].max() < 0.1
+
+
+@needs_extended
+@pytest.mark.parametrize("case", sorted(WIDE_CASES) + ["broad_and_tight"])
+def test_float32_wide_refined_estep_matches_oracle_where_it_matters(case):
+    """float32 data with d = 100: every pair that can reach the threshold equals
+    the definition on the float32 data to float64 accuracy (the plain float32
+    products were off by up to 0.04 nats per row on "broad_and_tight")."""
+    rng = np.random.default_rng(13)
+    weights, means, U = wide_model(case, rng)
+    X32 = sample(rng, weights, means, U, 1500).astype(np.float32)
+    margin = _log_density.relevance_margin(1e-20)
+    log_norm, log_resp = _estep.estimate_log_prob_resp(X32, weights, means, U, "full",
+                                                        margin)
+    weighted = oracle_weighted(X32.astype(np.float64), weights, means, U)
+    exp_norm = logsumexp(weighted, axis=1)
+    exp_resp = weighted - exp_norm[:, None]
+    assert_allclose(log_norm, exp_norm, rtol=1e-12, atol=1e-9)
+    near = exp_resp > -margin + 1.0
+    assert_allclose(log_resp[near], exp_resp[near], rtol=1e-9, atol=1e-8)
+    assert_allclose(np.exp(log_resp), np.exp(exp_resp), rtol=0, atol=1e-12)
+
+
+def test_wide_estimates_only_for_float32_data():
+    """Float64 data with d = 100 have no estimate (their plain path is exact); a
+    model whose factors float32 cannot hold has none either."""
+    rng = np.random.default_rng(14)
+    weights, means, U = wide_model("separated", rng)
+    assert _packed_estimate.prepare_log_prob(weights, means, U, "full",
+                                             np.float64) is None
+    assert _packed_estimate.prepare_log_prob(weights, means, U * 1e40, "full",
+                                             np.float32) is None
+    assert _packed_estimate.prepare_log_prob(weights, means, U, "diag",
+                                             np.float32) is None
+
+
+def test_float32_wide_blocks_the_triangular_estimate_refuses_take_the_float64_path():
+    """Coinciding broad components (every pair relevant): the probe refuses the
+    triangular estimate and the block takes the plain path in float64, equal to
+    float64 compute on the same values."""
+    rng = np.random.default_rng(15)
+    d, K = 100, 6
+    U = np.stack([np.eye(d)] * K)
+    means = rng.normal(size=(K, d)) * 1e-3
+    weights = np.full(K, 1.0 / K)
+    X32 = rng.normal(size=(800, d)).astype(np.float32)
+    margin = _log_density.relevance_margin(1e-20)
+    prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
+    assert prepared[0].weighted_refined(X32, margin) is None
+    got = _estep.weighted_log_prob(X32, weights, means, U, "full", margin, prepared)
+    in64 = _estep.weighted_log_prob(X32.astype(np.float64), weights, means, U, "full")
+    assert_array_equal(got, in64)
 
 
 @pytest.mark.parametrize("scale", [1e-17, 1e22, 1e30])
