@@ -7,7 +7,10 @@ holds ``range rows x K`` float64 values whatever ``n``. For every range:
 
 1. *log-probabilities*: each (slice, rows) task writes ``log N(x_i | mu_k,
    Lambda_k) + log w_k`` of its components into the buffer, a memory-mapped file in
-   ``emgmm-<pid>-<id>`` under joblib's temporary folder;
+   ``emgmm-<pid>-<id>`` under joblib's temporary folder. With a ``resp_threshold``
+   they are computed as the row schedule computes them (for 'full', an estimate with
+   the pairs that matter recomputed exactly), the pairs that matter being those near
+   the best component of the slice: a superset of those near the row's best;
 2. *normalisation*: each rows task subtracts ``log p(x_i)`` (log-sum-exp over the
    row) in place and returns the block log-likelihoods and its worst-explained rows;
 3. *statistics*: each (slice, rows) task reads its columns of the normalised
@@ -26,8 +29,8 @@ import shutil
 import numpy as np
 
 from ._em import Model, Worst, check_explained, smallest
-from ._estep import _logsumexp_rows, exp_flushed
-from ._log_density import log_gaussian_prob
+from ._estep import _logsumexp_rows, exp_flushed, weighted_log_prob
+from ._log_density import relevance_margin
 from ._statistics import SufficientStatistics, block_statistics
 from ._memory import buffer_rows, component_slices, range_pieces
 from ._blas import limit_blas
@@ -74,20 +77,20 @@ def _slice_model(model, k0, k1):
 
 
 def log_prob_task(source, r0, start, stop, block_size, model, k0, buffer, compute_dtype,
-                  *, blas_threads):
-    """Write ``log N + log w`` of components ``k0:k1`` for rows ``start:stop``."""
+                  margin, *, blas_threads):
+    """Write ``log N + log w`` of components ``k0:k1`` for rows ``start:stop``
+    (:func:`~emgmm._estep.weighted_log_prob` with ``margin`` and the slice's
+    prepared estimates)."""
     with limit_blas(blas_threads):
         buf = buffer.open(writable=True)
         k1 = k0 + model.means.shape[0]
-        with np.errstate(divide="ignore"):
-            log_weights = np.log(model.weights)
+        prepared = None if margin is None else model.prepare(compute_dtype)
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1, compute_dtype)
-            weighted = log_gaussian_prob(X, model.means, model.precisions_cholesky,
-                                         model.covariance_type, model.weights)
-            weighted += log_weights
-            buf[b0 - r0:b1 - r0, k0:k1] = weighted
+            buf[b0 - r0:b1 - r0, k0:k1] = weighted_log_prob(
+                X, model.weights, model.means, model.precisions_cholesky,
+                model.covariance_type, margin, prepared)
         buf.flush()
         del buf
 
@@ -197,6 +200,10 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     ct = model.covariance_type
     slices = component_slices(K, d, ct)
     models = [_slice_model(model, k0, k1) for k0, k1 in slices]
+    margin = relevance_margin(resp_threshold)
+    if margin is not None:  # built once here, shared with the workers
+        for m in models:
+            m.prepare(compute_dtype)
     if centers is None:
         centers = model.means
     range_rows = buffer_rows(n_samples, K, block_size)
@@ -212,7 +219,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
             pieces = [(r0 + a, r0 + b) for a, b in
                       range_pieces(r1 - r0, block_size, K, d, ct, len(slices))]
             for _ in executor.map(log_prob_task, [
-                    (r0, a, b, block_size, m, k0, buffer, compute_dtype)
+                    (r0, a, b, block_size, m, k0, buffer, compute_dtype, margin)
                     for (k0, _k1), m in zip(slices, models) for a, b in pieces]):
                 pass
             for sums, v, r in executor.map(normalize_task, [

@@ -175,10 +175,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         coarse for the model (strongly overlapping components: most pairs would
         need the recomputation), a block takes the float64 estimate of the same data
         instead (small ``d``), and where that too needs too many, the plain path in
-        float64. The component-sharded schedule (models too large to copy to each
-        worker) runs the plain path's products in this dtype. The M-step statistics
-        are computed in float64, and sums are accumulated in float64 in every
-        case.
+        float64. The M-step statistics are computed in float64, and sums are
+        accumulated in float64 in every case.
     resp_threshold : float, default=1e-20
         Pairs (row, component) whose responsibility is at most this are left out of
         that component's statistics ``N_k``, ``s_k`` and ``S_k`` ('full'; 'diag' and

@@ -346,12 +346,13 @@ def test_refined_statistics_equal_exact_ones():
     assert_allclose(fast.covariances_, exact.covariances_, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("schedule", ["rows", "components"])
 @pytest.mark.parametrize("K, d", [(20, 8), (6, 100)])
-def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data(K, d):
+def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data(K, d, schedule):
     """compute_dtype='float32' changes only the data's rounding: its fit equals the
     float64 fit of the float32-rounded data, and its held-out score is within 1e-5
     relative of the float64 fit's. d = 8 takes the packed estimate, d = 100 the
-    triangular one."""
+    triangular one; the component schedule refines around each slice's best."""
     from emgmm import GaussianMixture
 
     rng = np.random.default_rng(5)
@@ -363,7 +364,8 @@ def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data(K, d):
               precisions_init=np.matmul(U, np.swapaxes(U, 1, 2)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
-        f32 = GaussianMixture(**kw, compute_dtype="float32").fit(X)
+        f32 = GaussianMixture(**kw, compute_dtype="float32",
+                              schedule=schedule).fit(X)
         rounded = GaussianMixture(**kw).fit(X.astype(np.float32).astype(np.float64))
         f64 = GaussianMixture(**kw).fit(X)
     assert_allclose(f32.lower_bounds_, rounded.lower_bounds_, rtol=1e-11)
