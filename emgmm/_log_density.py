@@ -299,7 +299,9 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     components at once (:func:`_full_maha_dense`), whose rounding is linear in
     ``|x - g|`` and ``|mu_k - g|``.
     For 'tied', 'diag' and 'spherical' the squared distances are expanded around the
-    same shift so that the work is a few matrix products, in float64.
+    same shift so that the work is a few matrix products, in float64; a component
+    whose expansion may lose more than ``_REFINE_TOL`` (far from the shift relative
+    to its spread, by a rounding bound per component) is recomputed directly.
 
     Parameters
     ----------
@@ -364,20 +366,7 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
     # Few products around one shift, in float64: the expansion cancels, so it must
     # not run in float32.
     if covariance_type == "tied":
-        g = _shift(means, np.full(K, 1.0 / K) if weights is None else weights)
-        M = np.asarray(means, dtype=np.float64) - g
-        u = np.asarray(precisions_cholesky, dtype=np.float64)
-        Yu = np.subtract(X, g, dtype=np.float64) @ u
-        Mu = M @ u
-        maha = (
-            np.einsum("ij,ij->i", Yu, Yu)[:, None]
-            - 2.0 * (Yu @ Mu.T)
-            + np.einsum("ij,ij->i", Mu, Mu)[None, :]
-        )
-        np.maximum(maha, 0.0, out=maha)
-        maha *= -0.5
-        maha += offset
-        return maha
+        return _tied_log_prob(X, means, precisions_cholesky, weights, offset, margin)
     # 'diag' and 'spherical': one product of [y^2, y, 1] with the coefficients of
     # log w_k - 1/2 log|2 pi Sigma_k| - 1/2 (y - m_k)^T Lambda_k (y - m_k)
     if products is None:
@@ -406,16 +395,76 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
         constant = np.where(np.isfinite(A[-1]), np.abs(A[-1]), 0.0)
         bound = gamma * (0.5 * prec.max(axis=1) * (y_max + np.linalg.norm(M, axis=1)) ** 2
                          + constant)
-        inexact = np.flatnonzero(~(bound <= _REFINE_TOL))
-        if inexact.size and margin is not None:
-            floor = (out.T - bound[:, None]).max(axis=0) - margin
-        for k in inexact:
-            rows = (slice(None) if margin is None
-                    else np.flatnonzero(out[:, k] + bound[k] >= floor))
+
+        def exact(k, rows):
             diff = np.subtract(X[rows], means[k], dtype=np.float64)
             diff *= diff
-            out[rows, k] = offset[k] - 0.5 * (diff @ prec[k])
+            return offset[k] - 0.5 * (diff @ prec[k])
+
+        _recompute_inexact(out, bound, margin, exact)
     return out
+
+
+def _tied_log_prob(X, means, precisions_cholesky, weights, offset, margin):
+    """'tied': ``offset_k - 1/2 ||(x - mu_k) U||^2`` expanded around the shift ``g``,
+    ``||y U||^2 - 2 (y U) . (m_k U) + ||m_k U||^2`` with ``y = x - g`` and ``m_k = mu_k
+    - g`` (two products for every pair), and recomputed directly where that may lose
+    digits (components far from ``g`` relative to their spread).
+
+    The products ``a = y U`` and ``b = m_k U`` are off by at most ``gamma_{d+1}
+    sqrt(rho) (||y|| + ||m_k||)`` in norm (``rho = max_j (|U| |U|^T 1)_j``, at least
+    the squared spectral norm of ``|U|``), and the expansion adds at most
+    ``gamma_{d+3} (||a|| + ||b||)^2`` (Higham 2002, eq. 3.5), so the squared
+    distance is within ``3.01 gamma_{d+3} rho (||y|| + ||m_k||)^2``; half of it
+    (with ``gamma |offset_k|`` for the final sum, and ``max_i ||y_i||`` over the
+    block) is each component's bound in ``log N``.
+    """
+    n, d = X.shape
+    K = means.shape[0]
+    offset = np.broadcast_to(offset, (K,))  # a scalar without the log-weights
+    g = _shift(means, np.full(K, 1.0 / K) if weights is None else weights)
+    M = np.asarray(means, dtype=np.float64) - g
+    u = np.asarray(precisions_cholesky, dtype=np.float64)
+    Y = np.subtract(X, g, dtype=np.float64)
+    y_max = np.sqrt(np.einsum("ij,ij->i", Y, Y).max(initial=0.0))
+    Yu = Y @ u
+    del Y
+    Mu = M @ u
+    out = (np.einsum("ij,ij->i", Yu, Yu)[:, None]
+           - 2.0 * (Yu @ Mu.T)
+           + np.einsum("ij,ij->i", Mu, Mu)[None, :])
+    del Yu
+    np.maximum(out, 0.0, out=out)
+    out *= -0.5
+    out += offset
+    if n:
+        gamma = _gamma(d + 3, np.float64)
+        abs_u = np.abs(u)
+        rho = (abs_u @ abs_u.sum(axis=0)).max(initial=0.0)
+        constant = np.where(np.isfinite(offset), np.abs(offset), 0.0)
+        bound = gamma * (1.51 * rho * (y_max + np.linalg.norm(M, axis=1)) ** 2
+                         + constant)
+
+        def exact(k, rows):
+            z = np.subtract(X[rows], means[k], dtype=np.float64) @ u
+            return offset[k] - 0.5 * np.einsum("ij,ij->i", z, z)
+
+        _recompute_inexact(out, bound, margin, exact)
+    return out
+
+
+def _recompute_inexact(out, bound, margin, exact):
+    """Recompute in place the pairs of every component whose bound (nats, one per
+    component) may exceed ``_REFINE_TOL``: all its rows, or with a ``margin`` the
+    rows where it may lie within the margin of the row's best (by the bounds).
+    ``exact(k, rows)`` gives their values."""
+    inexact = np.flatnonzero(~(bound <= _REFINE_TOL))
+    if inexact.size and margin is not None:
+        floor = (out.T - bound[:, None]).max(axis=0) - margin
+    for k in inexact:
+        rows = (slice(None) if margin is None
+                else np.flatnonzero(out[:, k] + bound[k] >= floor))
+        out[rows, k] = exact(k, rows)
 
 
 def relevance_margin(resp_threshold):

@@ -240,6 +240,31 @@ def test_log_gaussian_prob_far_points_and_single_row(covariance_type):
     assert_allclose(one, expected[2:3], rtol=1e-10)
 
 
+@pytest.mark.parametrize("margin", [None, 48.0])
+@pytest.mark.parametrize("separation", [1e4, 1e6])
+@pytest.mark.parametrize("covariance_type", ["tied", "diag", "spherical"])
+def test_log_gaussian_prob_of_clusters_far_apart(covariance_type, separation, margin):
+    """Two unit clusters at +-separation: the expansions around the mixture mean
+    cancel (for 'tied' they lost 4e-8 and 5e-4 nats per row at 1e4 and 1e6), and the
+    components they flag are recomputed, every pair or (with a margin) the pairs near
+    each row's best, to the oracle's accuracy. ('full' in float64 takes triangular
+    products around the mixture mean for such components: rounding relative to
+    ``||x - g||``, 1e-9 nats here, as README states.)"""
+    rng = np.random.default_rng(8)
+    K, d = 2, 3
+    _, _, U, dense = make_model(rng, K, d, covariance_type)
+    means = np.array([np.full(d, separation), np.full(d, -separation)])
+    X = np.vstack([means[0] + rng.normal(size=(40, d)),
+                   means[1] + rng.normal(size=(40, d))])
+    expected = oracle_log_prob(X, means, dense) + np.log(0.5)
+    got = _estep.weighted_log_prob(*ro(X, np.full(K, 0.5), means, U), covariance_type,
+                                   margin)
+    near = np.arange(len(X)) // 40
+    rows = np.arange(len(X))
+    assert_allclose(got[rows, near], expected[rows, near], rtol=0, atol=1e-9)
+    assert_allclose(got, expected, rtol=1e-9)
+
+
 # ------------------------------------------------------------------ estimate_log_prob_resp
 
 
