@@ -230,6 +230,8 @@ class MemmapSource(Source):
         order = "F" if (mm.flags.f_contiguous and not mm.flags.c_contiguous) else "C"
         if not (mm.flags.c_contiguous or mm.flags.f_contiguous) or mm.filename is None:
             return None
+        if mm.mode == "c":
+            return None  # copy-on-write: its changes are in this process only
         base = mm
         while isinstance(base.base, np.memmap):
             base = base.base
@@ -255,7 +257,8 @@ class MemmapSource(Source):
         if os.path.getsize(path) < expected:
             raise ValueError(f"{path} is truncated: expected {expected} bytes.")
         order = "F" if (mm.flags.f_contiguous and not mm.flags.c_contiguous) else "C"
-        return cls(path, mm.dtype, mm.shape, mm.offset, order, path)
+        # absolute: workers (and later reads) may run in another working directory
+        return cls(os.path.abspath(path), mm.dtype, mm.shape, mm.offset, order, path)
 
     def _open(self):
         if self._map is None:
@@ -297,12 +300,13 @@ class HDF5Source(Source):
     def __init__(self, filename, dataset):
         import h5py
 
-        self.filename = os.fspath(filename)
+        self.description = f"{os.fspath(filename)}:{dataset}"
+        # absolute: workers (and later reads) may run in another working directory
+        self.filename = os.path.abspath(filename)
         self.dataset = dataset
-        self.description = f"{self.filename}:{dataset}"
         self._file = None
         if not os.path.exists(self.filename):
-            raise FileNotFoundError(f"No such HDF5 file: {self.filename}")
+            raise FileNotFoundError(f"No such HDF5 file: {os.fspath(filename)}")
         ds = self._dataset()
         if not isinstance(ds, h5py.Dataset):
             self.close()
@@ -346,11 +350,12 @@ class HDF5Source(Source):
 
 
 class OpenDatasetSource(Source):
-    """An ``h5py.Dataset`` whose file is open for writing or lives in memory.
+    """An ``h5py.Dataset`` whose file is open for writing, lives in memory or in a
+    Python file object.
 
     Read through the user's own handle, in this process only: another process that
     reopened the file by name could see stale contents (unflushed writes) or no file
-    at all (driver 'core'). The handle is never closed or written.
+    at all (drivers 'core' and 'fileobj'). The handle is never closed or written.
     """
 
     shareable = False
@@ -435,10 +440,10 @@ def as_source(X):
             raise FileNotFoundError(f"No such file: {path}")
         return MemmapSource.from_npy(path)
     if is_hdf5_dataset(X):
-        if X.file.mode != "r" or X.file.driver == "core":
+        if X.file.mode != "r" or X.file.driver in ("core", "fileobj"):
             return OpenDatasetSource(X)
         # the user's handle is not used: reopened read-only by name in each process
-        return HDF5Source(X.file.filename, X.name)
+        return HDF5Source(_open_file_path(X.file), X.name)
     if isinstance(X, np.memmap):
         src = MemmapSource.from_memmap(X)
         if src is not None:
@@ -446,6 +451,16 @@ def as_source(X):
             _check_shape(src.shape, src.description)
             return src
     raise TypeError(f"as_source cannot wrap {type(X).__name__}")
+
+
+def _open_file_path(h5file):
+    """The absolute path of the file behind an open ``h5py.File``: that of its
+    descriptor (``/proc/self/fd``), which holds even when the working directory
+    changed since it was opened by a relative name; else its name made absolute."""
+    try:
+        return os.readlink(f"/proc/self/fd/{int(h5file.id.get_vfd_handle())}")
+    except (OSError, TypeError, ValueError, NotImplementedError):
+        return os.path.abspath(h5file.filename)
 
 
 def is_hdf5_dataset(X):

@@ -404,6 +404,55 @@ def test_in_memory_hdf5_dataset(data):
     assert not os.path.exists("in-memory.h5")
 
 
+def test_hdf5_dataset_of_a_python_file_object(data):
+    """h5py's 'fileobj' driver: no file name to reopen; read through the handle."""
+    import io
+
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as f:
+        f.create_dataset("X", data=data)
+    with h5py.File(buffer, "r") as f:
+        got = _quiet(GaussianMixture(3, random_state=0), f["X"])
+    want = _quiet(GaussianMixture(3, random_state=0), data)
+    assert_array_equal(got.means_, want.means_)
+
+
+def test_copy_on_write_memmap_is_fitted_with_its_changes(tmp_path, data):
+    """A memmap of mode 'c' holds changes the file does not: fitted as an array."""
+    path = tmp_path / "X.npy"
+    np.save(path, data)
+    mm = np.load(path, mmap_mode="c")
+    mm *= 100.0
+    got = _quiet(GaussianMixture(3, random_state=0), mm)
+    want = _quiet(GaussianMixture(3, random_state=0), data * 100.0)
+    assert_allclose(got.means_, want.means_, rtol=1e-12)
+    assert_array_equal(np.load(path), data)  # the file itself unchanged
+
+
+@pytest.mark.parametrize("n_jobs", [None, 2])
+def test_relative_paths_resolved_when_given(tmp_path, monkeypatch, data, n_jobs):
+    """A relative .npy path, 'file.h5:/X' string or h5py file opened by a relative
+    name means the file in the working directory of that moment: a later chdir (or
+    process workers started elsewhere and reused) must not read another file of the
+    same name."""
+    for sub, offset in (("a", 0.0), ("b", 1000.0)):
+        (tmp_path / sub).mkdir()
+        np.save(tmp_path / sub / "X.npy", data + offset)
+        with h5py.File(tmp_path / sub / "d.h5", "w") as f:
+            f.create_dataset("X", data=data + offset)
+    want = {sub: _quiet(GaussianMixture(3, random_state=0), data + offset).means_
+            for sub, offset in (("a", 0.0), ("b", 1000.0))}
+    kw = dict(n_components=3, random_state=0, n_jobs=n_jobs)
+    monkeypatch.chdir(tmp_path / "a")
+    for spec in ("X.npy", "d.h5:/X"):
+        assert_allclose(_quiet(GaussianMixture(**kw), spec).means_, want["a"])
+    with h5py.File("d.h5", "r") as f:
+        monkeypatch.chdir(tmp_path / "b")
+        for spec in ("X.npy", "d.h5:/X"):  # workers that started in a/ are reused
+            assert_allclose(_quiet(GaussianMixture(**kw), spec).means_, want["b"])
+        assert_allclose(_quiet(GaussianMixture(**kw), f["X"]).means_, want["a"])
+
+
 def test_hdf5_dataset_path_without_leading_slash(tmp_path, data):
     path = tmp_path / "rel.h5"
     with h5py.File(path, "w") as f:
