@@ -7,10 +7,11 @@ holds ``range rows x K`` float64 values whatever ``n``. For every range:
 
 1. *log-probabilities*: each (slice, rows) task writes ``log N(x_i | mu_k,
    Lambda_k) + log w_k`` of its components into the buffer, a memory-mapped file in
-   ``emgmm-<pid>-<id>`` under joblib's temporary folder. With a ``resp_threshold``
-   they are computed as the row schedule computes them (for 'full', an estimate with
-   the pairs that matter recomputed exactly), the pairs that matter being those near
-   the best component of the slice: a superset of those near the row's best;
+   ``emgmm-<pid>-<space>-<id>`` under joblib's temporary folder. With a
+   ``resp_threshold`` they are computed as the row schedule computes them (for
+   'full', an estimate with the pairs that matter recomputed exactly), the pairs
+   that matter being those near the best component of the slice: a superset of
+   those near the row's best;
 2. *normalisation*: each rows task subtracts ``log p(x_i)`` (log-sum-exp over the
    row) in place and returns the block log-likelihoods and its worst-explained rows;
 3. *statistics*: each (slice, rows) task reads its columns of the normalised

@@ -10,9 +10,12 @@ it when it is itself a worker (e.g. emgmm inside ``GridSearchCV(n_jobs=2)``).
 """
 
 import dataclasses
+import functools
+import hashlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 import uuid
 
@@ -29,7 +32,7 @@ TEMP_PREFIX = "emgmm-"
 
 #: Task arguments larger than this (joblib's ``max_nbytes``) travel as files.
 SHARE_BYTES = 2**20
-_STRAY = re.compile(rf"^{TEMP_PREFIX}(\d+)-[0-9a-f]+$")
+_STRAY = re.compile(rf"^{TEMP_PREFIX}(\d+)-([0-9a-f]{{8}})-[0-9a-f]+$")
 
 
 def joblib_temp_folder():
@@ -45,6 +48,19 @@ def joblib_temp_folder():
     return os.environ.get("JOBLIB_TEMP_FOLDER") or tempfile.gettempdir()
 
 
+@functools.lru_cache(maxsize=1)
+def _process_space():
+    """8 hex digits naming this host and PID namespace: a process id means a
+    process only within them (containers sharing a temporary folder, or hosts
+    sharing one over the network, see other processes' ids)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    key = f"{socket.gethostname()}|{namespace}".encode()
+    return hashlib.sha256(key).hexdigest()[:8]
+
+
 def _pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -56,15 +72,18 @@ def _pid_alive(pid):
 
 
 def remove_stray_folders(parent):
-    """Remove ``emgmm-<pid>-*`` folders left by processes that no longer exist
-    (a fit killed with SIGKILL cannot clean up after itself)."""
+    """Remove ``emgmm-<pid>-<space>-*`` folders left by processes of this host and
+    PID namespace (:func:`_process_space`) that no longer exist (a fit killed with
+    SIGKILL cannot clean up after itself). Folders of other hosts or namespaces are
+    left alone: their process ids mean nothing here."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
     for name in names:
         match = _STRAY.match(name)
-        if match and not _pid_alive(int(match.group(1))):
+        if (match and match.group(2) == _process_space()
+                and not _pid_alive(int(match.group(1)))):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
@@ -76,10 +95,12 @@ _HOW_TO_MOVE = (
 
 
 def make_temp_folder(parent, nbytes, what):
-    """Create ``parent/emgmm-<pid>-<id>`` after checking ``parent`` has ``nbytes`` free.
+    """Create ``parent/emgmm-<pid>-<space>-<id>`` after checking ``parent`` has
+    ``nbytes`` free.
 
-    The name carries the creating process id, so :func:`remove_stray_folders` can
-    recognise folders left by a process that was killed.
+    The name carries the creating process id and its host and PID namespace
+    (:func:`_process_space`), so :func:`remove_stray_folders` can recognise folders
+    left by a process that was killed.
 
     Parameters
     ----------
@@ -111,13 +132,14 @@ def make_temp_folder(parent, nbytes, what):
             f"Temporary folder {parent} has {free / 2**20:,.0f} MiB free; {what} "
             f"needs {nbytes / 2**20:,.0f} MiB. {_HOW_TO_MOVE}"
         )
-    folder = os.path.join(parent, f"{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    folder = os.path.join(
+        parent, f"{TEMP_PREFIX}{os.getpid()}-{_process_space()}-{uuid.uuid4().hex[:12]}")
     os.makedirs(folder)
     return folder
 
 
 def dump_array(array, parent, description="X"):
-    """Write ``array`` once to ``parent/emgmm-<pid>-<id>/X.npy``.
+    """Write ``array`` once to ``parent/emgmm-<pid>-<space>-<id>/X.npy``.
 
     Returns
     -------

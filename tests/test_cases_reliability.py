@@ -400,6 +400,27 @@ def _reap(pids):
             pass
 
 
+def test_case_c20_stray_folders_removed_only_in_their_own_host_and_namespace(tmp_path):
+    """A dead process's folder is removed only when it was made on this host and in
+    this PID namespace: in a container sharing the folder, the same pid number is
+    another process (whose live folder an earlier version deleted)."""
+    from emgmm import _parallel
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ours = _parallel._process_space()
+    other = "0" * 8 if ours != "0" * 8 else "1" * 8
+    names = {
+        f"{TEMP_PREFIX}{dead.pid}-{ours}-abc123": False,  # removed
+        f"{TEMP_PREFIX}{dead.pid}-{other}-abc123": True,  # another namespace: kept
+        f"{TEMP_PREFIX}{os.getpid()}-{ours}-abc123": True,  # alive: kept
+    }
+    for name in names:
+        (tmp_path / name).mkdir()
+    _parallel.remove_stray_folders(str(tmp_path))
+    assert {p.name for p in tmp_path.iterdir()} == {n for n, kept in names.items() if kept}
+
+
 def test_case_c20_killed_fit_leaves_identifiable_folder(tmp_path):
     temp = tmp_path / "joblib-temp"
     temp.mkdir()
@@ -416,7 +437,7 @@ def test_case_c20_killed_fit_leaves_identifiable_folder(tmp_path):
         proc.wait(timeout=300)
         assert proc.returncode == -signal.SIGKILL, log.read_text()
         stray = [p.name for p in temp.iterdir() if p.name.startswith(TEMP_PREFIX)]
-        # identifiable by name: emgmm-<pid of the dead fit>-<id>
+        # identifiable by name: emgmm-<pid of the dead fit>-<space>-<id>
         assert len(stray) == 1
         assert stray[0].startswith(f"{TEMP_PREFIX}{proc.pid}-")
         # the next run works and removes the folder of the dead fit
