@@ -170,6 +170,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         Dtype of the heavy products of the E step (for 'full': the estimate of
         every pair, packed for small ``d``, triangular beyond, or the plain path's
         products). ``None`` follows the data (float32 data computes in float32).
+        Blocks are read in this dtype: ``'float32'`` on float64 data fits the data
+        rounded to float32 (tight clusters far from the origin then lose what that
+        rounding loses; pass it for the speed, not for float64 data that need
+        their digits).
         The pairs that may reach ``resp_threshold`` are recomputed in float64 when
         an estimate is used; where the float32 estimate's rounding bounds are too
         coarse for the model (strongly overlapping components: most pairs would
