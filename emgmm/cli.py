@@ -87,10 +87,14 @@ def _data_shape(spec, n_features=None):
     return shape
 
 
-def _check_output_dir(path):
+def _check_output(path, what="output"):
+    """Refuse, before any work, an output path that cannot be written: its directory
+    missing, or the path itself a directory."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise CommandError(f"output directory does not exist: {directory}")
+        raise CommandError(f"{what} directory does not exist: {directory}")
+    if os.path.isdir(path):
+        raise CommandError(f"{what} path is a directory: {path}")
 
 
 def _cmd_fit(args):
@@ -100,7 +104,9 @@ def _cmd_fit(args):
     for name in _INIT_ARRAYS:
         if name in params:
             params[name] = np.load(params[name], allow_pickle=False)
-    _check_output_dir(args.output)
+    _check_output(args.output)
+    if getattr(args, "checkpoint", None) is not None:
+        _check_output(args.checkpoint, "checkpoint")
     if args.warm_start is not None:
         estimator = load_model(args.warm_start)
         estimator.set_params(warm_start=True, **params)
@@ -142,6 +148,7 @@ def _default_block_rows(n_features, n_components):
 def _cmd_predict(args):
     model = load_model(args.model)
     n_samples, n_features = _data_shape(args.data, model.n_features_in_)
+    _check_output(args.output)
     if args.block_size is not None and args.block_size < 1:
         raise CommandError(f"--block-size must be at least 1, got {args.block_size}")
     rows = args.block_size or _default_block_rows(n_features, model.n_components)
@@ -170,11 +177,18 @@ def _cmd_sample(args):
     model = load_model(args.model)
     if args.n_samples < 1:
         raise CommandError(f"-n must be at least 1, got {args.n_samples}")
+    _check_output(args.output)
+    if args.labels is not None:
+        _check_output(args.labels, "labels")
     model.random_state = args.random_state
     samples, labels = model.sample(args.n_samples)
     _save_npy(args.output, samples)
     if args.labels is not None:
-        _save_npy(args.labels, labels)
+        try:
+            _save_npy(args.labels, labels)
+        except BaseException:
+            os.unlink(args.output)  # no partial result: both files or neither
+            raise
     return 0
 
 

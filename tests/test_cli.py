@@ -271,6 +271,37 @@ def test_fit_to_missing_directory_fails_before_fitting(tmp_path, data, capsys):
     assert "output directory does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("case", ["output_is_a_directory", "missing_checkpoint_dir"])
+def test_fit_output_paths_checked_before_fitting(tmp_path, data, capsys, monkeypatch,
+                                                 case):
+    from emgmm import GaussianMixture
+
+    monkeypatch.setattr(GaussianMixture, "fit", lambda *a, **k: pytest.fail("fitted"))
+    argv = ["fit", data[1], "-q"]
+    if case == "output_is_a_directory":
+        argv += ["-o", str(tmp_path)]
+        expected = "output path is a directory"
+    else:
+        argv += ["-o", str(tmp_path / "m.h5"), "--checkpoint",
+                 str(tmp_path / "no" / "c.npz")]
+        expected = "checkpoint directory does not exist"
+    assert cli.main(argv) == 1
+    assert expected in capsys.readouterr().err
+
+
+def test_sample_writes_both_outputs_or_neither(tmp_path, model_path, capsys):
+    listing = sorted(os.listdir(tmp_path))
+    assert cli.main(["sample", model_path, "-n", "5", "-o", str(tmp_path / "s.npy"),
+                     "--labels", str(tmp_path / "no" / "l.npy")]) == 1
+    assert "labels directory does not exist" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == listing
+
+
+def test_predict_to_a_directory_is_refused(tmp_path, data, model_path, capsys):
+    assert cli.main(["predict", model_path, data[1], "-o", str(tmp_path)]) == 1
+    assert "output path is a directory" in capsys.readouterr().err
+
+
 def test_usage_error_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main([])
