@@ -9,6 +9,7 @@ reported as one line on stderr with exit status 1 (the traceback only with
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -116,7 +117,10 @@ def _cmd_fit(args):
         _data_shape(args.data)
     reporter = ProgressReporter(estimator.max_iter, estimator.n_init, quiet=args.quiet)
     estimator.set_params(callback=reporter)
-    estimator.fit(args.data)
+    # stdout carries the result only (--json): the estimator's verbose lines go to
+    # stderr with the progress reports
+    with contextlib.redirect_stdout(sys.stderr):
+        estimator.fit(args.data)
     estimator.set_params(callback=None)
     save_model(estimator, args.output)
     summary = dict(reporter.summary(estimator), data=args.data, model=args.output)
@@ -157,7 +161,7 @@ def _cmd_predict(args):
         method = model.predict_proba
     else:
         shape, dtype, method = (n_samples,), np.int64, model.predict
-    with atomic_output(args.output) as tmp_path:
+    with atomic_output(args.output) as tmp_path, _each_warning_once():
         out = open_memmap(tmp_path, mode="w+", dtype=dtype, shape=shape)
         with as_source(args.data) as source:
             for start, stop, block in source.blocks(rows):
@@ -165,6 +169,26 @@ def _cmd_predict(args):
         out.flush()
         del out
     return 0
+
+
+@contextlib.contextmanager
+def _each_warning_once():
+    """Show each warning (category and text) once, not once per block (e.g.
+    scikit-learn's about feature names, for a model fitted on a DataFrame). The
+    filters' own "once" and "default" cannot do it: every change of the filters
+    (any ``catch_warnings`` in the code called) clears their registries."""
+    seen = set()
+    show = warnings.showwarning
+
+    def show_once(message, category, *args, **kwargs):
+        key = (category, str(message))
+        if key not in seen:
+            seen.add(key)
+            show(message, category, *args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show_once
+        yield
 
 
 def _save_npy(path, array):

@@ -302,6 +302,34 @@ def test_predict_to_a_directory_is_refused(tmp_path, data, model_path, capsys):
     assert "output path is a directory" in capsys.readouterr().err
 
 
+def test_fit_json_stdout_holds_only_the_json_with_verbose(tmp_path, data, capsys):
+    assert cli.main(["fit", data[1], "-k", "2", "-o", str(tmp_path / "m.h5"), "--json",
+                     "--verbose", "2", "--max-iter", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["model"] == str(tmp_path / "m.h5")
+    assert "Initialization" in err or "Iteration" in err  # the verbose lines
+
+
+def test_predict_shows_each_warning_once(tmp_path, data, model_path, capsys,
+                                         monkeypatch):
+    """A warning raised by every block (scikit-learn's about feature names, for a
+    model fitted on a DataFrame) is shown once, not once per block."""
+    import warnings
+
+    from emgmm import GaussianMixture
+
+    predict = GaussianMixture.predict
+
+    def warning_predict(self, X):
+        warnings.warn("X does not have valid feature names", UserWarning)
+        return predict(self, X)
+
+    monkeypatch.setattr(GaussianMixture, "predict", warning_predict)
+    assert cli.main(["predict", model_path, data[1], "-o", str(tmp_path / "l.npy"),
+                     "--block-size", "50"]) == 0
+    assert capsys.readouterr().err.count("valid feature names") == 1
+
+
 def test_usage_error_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main([])
