@@ -242,6 +242,25 @@ def _expected_chol_shape(covariance_type, n_components, n_features):
     }[covariance_type]
 
 
+def _invalid_parameters(weights, means, precisions_cholesky, covariance_type):
+    """What makes these parameters no mixture (``None`` if nothing): weights not
+    finite, negative or not summing to one; means not finite; factors not finite or
+    without a positive diagonal."""
+    if not (np.isfinite(weights).all() and (weights >= 0).all()
+            and abs(float(np.sum(weights, dtype=np.float64)) - 1.0) <= 1e-5):
+        return "weights must be finite, nonnegative and sum to 1"
+    if not np.isfinite(means).all():
+        return "means must be finite"
+    u = np.asarray(precisions_cholesky)
+    if covariance_type in ("full", "tied"):
+        diagonal = np.diagonal(u, axis1=-2, axis2=-1)
+    else:
+        diagonal = u
+    if not (np.isfinite(u).all() and (diagonal > 0).all()):
+        return "precisions_cholesky must be finite with a positive diagonal"
+    return None
+
+
 def load_model(path):
     """Load a fitted :class:`emgmm.GaussianMixture` from an HDF5 model file.
 
@@ -291,6 +310,9 @@ def load_model(path):
         or prec_chol.shape != _expected_chol_shape(cov_type, k, d)
     ):
         raise ModelFileError(f"{os.fspath(path)} has inconsistent model arrays")
+    problem = _invalid_parameters(weights, means, prec_chol, cov_type)
+    if problem is not None:
+        raise ModelFileError(f"{os.fspath(path)} holds no valid mixture: {problem}")
     params = dict(header["params"], **arrays)
     for name in header["params_dropped"]:
         params.pop(name, None)

@@ -163,6 +163,31 @@ def test_damaged_model_file(tmp_path, blobs):
         load_model(tmp_path / "n.h5")
 
 
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("damage", ["negative_weight", "nan_mean", "zero_factor"])
+def test_model_file_with_invalid_parameters_is_refused(tmp_path, blobs,
+                                                       covariance_type, damage):
+    """Never a NaN model from a file: parameters that are no mixture are named."""
+    save_model(_fit(blobs, covariance_type), tmp_path / "m.h5")
+    with h5py.File(tmp_path / "m.h5", "r+") as f:
+        if damage == "negative_weight":
+            w = f["weights"][()]
+            w[0], w[1] = -w[0], w[1] + 2 * w[0]  # still sums to one
+            f["weights"][...] = w
+        elif damage == "nan_mean":
+            m = f["means"][()]
+            m[1, 0] = np.nan
+            f["means"][...] = m
+        else:
+            u = f["precisions_cholesky"][()]
+            u.reshape(-1)[0] = 0.0  # the first diagonal entry in every layout
+            f["precisions_cholesky"][...] = u
+    expected = {"negative_weight": "weights", "nan_mean": "means",
+                "zero_factor": "precisions_cholesky"}[damage]
+    with pytest.raises(ModelFileError, match=f"no valid mixture: {expected}"):
+        load_model(tmp_path / "m.h5")
+
+
 def test_pickle_and_joblib_still_work(tmp_path, blobs):
     model = _fit(blobs, "full")
     again = pickle.loads(pickle.dumps(model))
