@@ -431,13 +431,26 @@ def as_source(X):
         spec = split_hdf5_spec(X)
         if spec is not None:
             return HDF5Source(*spec)
+        text = os.fspath(X)
+        hdf5_file = text[:-1] if text.endswith(HDF5_SEPARATOR) else text
+        if Path(hdf5_file).suffix.lower() in _HDF5_SUFFIXES:
+            raise ValueError(f"{hdf5_file} is an HDF5 file: name the dataset too, as "
+                             f"'{hdf5_file}:/dataset'.")
+        if not text:
+            raise ValueError("X is an empty path: name a .npy file or "
+                             "'file.h5:/dataset'.")
         path = Path(X)
-        if path.suffix.lower() in _HDF5_SUFFIXES:
-            raise ValueError(
-                f"{path} is an HDF5 file: name the dataset too, as '{path}:/dataset'."
-            )
         if not path.exists():
             raise FileNotFoundError(f"No such file: {path}")
+        if path.is_dir():
+            raise ValueError(f"{path} is a directory: name a .npy file in it, or "
+                             "'file.h5:/dataset'.")
+        if path.suffix.lower() != ".npy":
+            raise ValueError(
+                f"{path} is not a .npy file: emgmm reads .npy files, HDF5 datasets "
+                "('file.h5:/dataset') and arrays; load other formats first (e.g. "
+                "np.loadtxt for text, then np.save for data larger than memory)."
+            )
         return MemmapSource.from_npy(path)
     if is_hdf5_dataset(X):
         if X.file.mode != "r" or X.file.driver in ("core", "fileobj"):
