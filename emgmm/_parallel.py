@@ -89,12 +89,14 @@ def remove_stray_folders(parent):
 
 _HOW_TO_MOVE = (
     "Point joblib elsewhere with the JOBLIB_TEMP_FOLDER environment variable or "
-    "joblib.parallel_config(temp_folder=...), or use n_jobs=1 or a file-backed "
-    "source (.npy or HDF5)."
+    "joblib.parallel_config(temp_folder=...), or use n_jobs=1."
 )
+# only where the folder would hold a copy of an in-memory X
+_OR_FILE_BACKED = (" Or pass X as a file-backed source (.npy or HDF5): the workers "
+                   "then read it in place.")
 
 
-def make_temp_folder(parent, nbytes, what):
+def make_temp_folder(parent, nbytes, what, advice=_HOW_TO_MOVE):
     """Create ``parent/emgmm-<pid>-<space>-<id>`` after checking ``parent`` has
     ``nbytes`` free.
 
@@ -109,6 +111,8 @@ def make_temp_folder(parent, nbytes, what):
         Bytes that will be written into the folder.
     what : str
         What the bytes are for (named in the error message).
+    advice : str, optional
+        How to avoid the folder (ends the error message).
 
     Returns
     -------
@@ -125,12 +129,12 @@ def make_temp_folder(parent, nbytes, what):
     try:
         free = shutil.disk_usage(parent).free
     except OSError as exc:
-        raise OSError(f"Temporary folder {parent} is not usable ({exc}). {_HOW_TO_MOVE}") \
+        raise OSError(f"Temporary folder {parent} is not usable ({exc}). {advice}") \
             from None
     if free < nbytes + 2**20:
         raise OSError(
             f"Temporary folder {parent} has {free / 2**20:,.0f} MiB free; {what} "
-            f"needs {nbytes / 2**20:,.0f} MiB. {_HOW_TO_MOVE}"
+            f"needs {nbytes / 2**20:,.0f} MiB. {advice}"
         )
     folder = os.path.join(
         parent, f"{TEMP_PREFIX}{os.getpid()}-{_process_space()}-{uuid.uuid4().hex[:12]}")
@@ -155,14 +159,15 @@ def dump_array(array, parent, description="X"):
     OSError
         If ``parent`` lacks the space (names the folder and how to change it).
     """
-    folder = make_temp_folder(parent, array.nbytes, "sharing X with the workers")
+    folder = make_temp_folder(parent, array.nbytes, "sharing X with the workers",
+                              _HOW_TO_MOVE + _OR_FILE_BACKED)
     path = os.path.join(folder, "X.npy")
     try:
         np.save(path, np.ascontiguousarray(array), allow_pickle=False)
     except OSError as exc:
         shutil.rmtree(folder, ignore_errors=True)
         raise OSError(f"Writing X to temporary folder {parent} failed ({exc}). "
-                      f"{_HOW_TO_MOVE}") from None
+                      f"{_HOW_TO_MOVE}{_OR_FILE_BACKED}") from None
     source = MemmapSource.from_npy(path)
     source.description = description
     source.known_finite = True

@@ -329,6 +329,7 @@ def test_case_c19_temp_folder_too_small(tiny_tmpfs, monkeypatch):
     message = str(info.value)
     assert str(tiny_tmpfs) in message
     assert "JOBLIB_TEMP_FOLDER" in message and "temp_folder" in message
+    assert "file-backed source" in message  # X is in memory: one more way out
     assert os.listdir(tiny_tmpfs) == []
     for name, value in before.items():
         np.testing.assert_array_equal(getattr(gm, name), value)
@@ -341,6 +342,17 @@ def test_case_c19_temp_folder_missing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="JOBLIB_TEMP_FOLDER") as info:
         GaussianMixture(2, n_jobs=2, random_state=0).fit(X)
     assert str(missing) in str(info.value)
+
+
+def test_case_c19_no_file_backed_advice_for_file_backed_data(tmp_path, monkeypatch):
+    """The component schedule's buffer needs the folder whatever the source: the
+    message does not suggest a file-backed source to data that already is one."""
+    np.save(tmp_path / "X.npy", np.random.default_rng(0).normal(size=(500, 3)))
+    monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(tmp_path / "does-not-exist"))
+    with pytest.raises(OSError, match="JOBLIB_TEMP_FOLDER") as info:
+        GaussianMixture(2, n_jobs=2, schedule="components", random_state=0).fit(
+            str(tmp_path / "X.npy"))
+    assert "file-backed" not in str(info.value)
 
 
 # ---------------------------------------------------------------------------- C20
