@@ -9,8 +9,18 @@ matrix (scikit-learn's ``precisions_cholesky_``); 'tied' has one ``(d, d)`` fact
 import numpy as np
 from scipy import linalg
 
-def _ill_defined_message(component, dtype):
-    """Error text for a covariance that is not positive definite (sklearn's wording)."""
+
+def _ill_defined_message(component, dtype, covariances=None):
+    """Error text for a covariance that is not positive definite (sklearn's wording),
+    or, when ``covariances`` shows it is not finite, for variances that overflow."""
+    if covariances is not None:
+        covariance = covariances if component is None else covariances[component]
+        if not np.isfinite(covariance).all():
+            where = "" if component is None else f" of component {component}"
+            limit = np.sqrt(np.finfo(dtype).max)
+            return (f"The covariance{where} is not finite: the data's variances "
+                    f"overflow {np.dtype(dtype)} (values beyond ~{limit:.0e} from "
+                    "the mean). Scale the input data.")
     where = "" if component is None else f" (component {component})"
     msg = (
         "Fitting the mixture model failed because some components have "
@@ -107,7 +117,8 @@ def precisions_cholesky_from_covariances(covariances, covariance_type):
     u, bad = factorize(covariances, covariance_type, covariances.dtype)
     if bad:
         raise ValueError(_ill_defined_message(
-            None if covariance_type == "tied" else bad[0], covariances.dtype))
+            None if covariance_type == "tied" else bad[0], covariances.dtype,
+            covariances))
     return u
 
 

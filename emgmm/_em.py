@@ -232,7 +232,7 @@ def initial_factors(covariances, covariance_type, on_degenerate, dtype=np.float6
     healthy = np.setdiff1d(np.arange(len(covariances)), bad)
     if on_degenerate == "raise" or covariance_type == "tied" or healthy.size == 0:
         raise ValueError(_ill_defined_message(
-            None if covariance_type == "tied" else bad[0], dtype))
+            None if covariance_type == "tied" else bad[0], dtype, covariances))
     covariances[bad] = covariances[healthy].mean(axis=0)
     warnings.warn(
         f"Initialisation: components {bad} had a covariance that is not positive "
@@ -409,7 +409,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
         if on_degenerate == "raise" or (ct == "tied" and bad):
             if bad:
                 raise ValueError(_ill_defined_message(
-                    None if ct == "tied" else bad[0], compute_dtype))
+                    None if ct == "tied" else bad[0], compute_dtype, covariances))
         elif bad or starved:
             degenerate = sorted(set(bad) | set(starved))
             reseeded = reseed(weights, means, covariances, degenerate, worst, ct,
@@ -426,7 +426,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
                 )
                 u, bad = factorize(covariances, ct, compute_dtype)
             if bad:
-                raise ValueError(_ill_defined_message(bad[0], compute_dtype))
+                raise ValueError(_ill_defined_message(bad[0], compute_dtype,
+                                                      covariances))
         # the statistics (K d^2 values for 'full') are not needed in the next pass
         del stats, worst
         change = lower_bound - prev

@@ -364,3 +364,17 @@ def test_missing_files(tmp_path, fitted):
     with h5py.File(path, "w") as f:
         f.create_dataset("d", data=good_data())
     check_refused(fitted, "fit", f"{path}:/missing", KeyError, "missing", [path])
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_float64_data_whose_variances_overflow_get_the_overflow_message(covariance_type):
+    """Data of scale 1e200: the variances (1e400) overflow float64. The message says
+    so, not scikit-learn's "ill-defined covariance ... collapsed samples"."""
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(size=(300, 3)), rng.normal(size=(300, 3)) + 5])
+    gm = GaussianMixture(2, covariance_type=covariance_type, random_state=0)
+    with pytest.raises(ValueError, match="not finite: the data's variances overflow "
+                                         "float64") as info:
+        gm.fit(X * 1e200)
+    assert "Scale the input data" in str(info.value)
+    assert not hasattr(gm, "means_")
