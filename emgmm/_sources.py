@@ -351,11 +351,12 @@ class HDF5Source(Source):
 
 class OpenDatasetSource(Source):
     """An ``h5py.Dataset`` whose file is open for writing, lives in memory or in a
-    Python file object.
+    Python file object, or spans several files (drivers 'family', 'split').
 
     Read through the user's own handle, in this process only: another process that
     reopened the file by name could see stale contents (unflushed writes) or no file
-    at all (drivers 'core' and 'fileobj'). The handle is never closed or written.
+    at all (drivers other than 'sec2' and 'stdio'). The handle is never closed or
+    written.
     """
 
     shareable = False
@@ -445,7 +446,7 @@ def as_source(X):
         if path.is_dir():
             raise ValueError(f"{path} is a directory: name a .npy file in it, or "
                              "'file.h5:/dataset'.")
-        if path.suffix.lower() != ".npy":
+        if not _is_npy(path):
             raise ValueError(
                 f"{path} is not a .npy file: emgmm reads .npy files, HDF5 datasets "
                 "('file.h5:/dataset') and arrays; load other formats first (e.g. "
@@ -453,7 +454,7 @@ def as_source(X):
             )
         return MemmapSource.from_npy(path)
     if is_hdf5_dataset(X):
-        if X.file.mode != "r" or X.file.driver in ("core", "fileobj"):
+        if X.file.mode != "r" or X.file.driver not in _REOPENABLE_DRIVERS:
             return OpenDatasetSource(X)
         # the user's handle is not used: reopened read-only by name in each process
         return HDF5Source(_open_file_path(X.file), X.name)
@@ -466,14 +467,28 @@ def as_source(X):
     raise TypeError(f"as_source cannot wrap {type(X).__name__}")
 
 
+#: h5py drivers whose files another process can reopen by name (one file on disk);
+#: the others ('core', 'fileobj', 'family', 'split', ...) are read through the handle.
+_REOPENABLE_DRIVERS = ("sec2", "stdio")
+
+
 def _open_file_path(h5file):
-    """The absolute path of the file behind an open ``h5py.File``: that of its
-    descriptor (``/proc/self/fd``), which holds even when the working directory
-    changed since it was opened by a relative name; else its name made absolute."""
-    try:
-        return os.readlink(f"/proc/self/fd/{int(h5file.id.get_vfd_handle())}")
-    except (OSError, TypeError, ValueError, NotImplementedError):
-        return os.path.abspath(h5file.filename)
+    """The absolute path of the file behind an open ``h5py.File``: for driver
+    'sec2', that of its descriptor (``/proc/self/fd``), which holds even when the
+    working directory changed since it was opened by a relative name; else its
+    name made absolute."""
+    if h5file.driver == "sec2":
+        try:
+            return os.readlink(f"/proc/self/fd/{int(h5file.id.get_vfd_handle())}")
+        except (OSError, RuntimeError, TypeError, ValueError):
+            pass
+    return os.path.abspath(h5file.filename)
+
+
+def _is_npy(path):
+    """Whether ``path`` starts with the .npy format's magic string (any suffix)."""
+    with open(path, "rb") as f:
+        return f.read(6) == b"\x93NUMPY"
 
 
 def is_hdf5_dataset(X):

@@ -437,6 +437,26 @@ def test_hdf5_dataset_of_a_python_file_object(data):
     assert_array_equal(got.means_, want.means_)
 
 
+def test_hdf5_dataset_of_a_file_family_is_read_through_its_handle(tmp_path, data):
+    """Driver 'family' (one file in several parts) cannot be reopened by one name."""
+    pattern = str(tmp_path / "part%d.h5")
+    with h5py.File(pattern, "w", driver="family", memb_size=2**14) as f:
+        f.create_dataset("X", data=data)
+    with h5py.File(pattern, "r", driver="family", memb_size=2**14) as f:
+        got = _quiet(GaussianMixture(3, random_state=0), f["X"])
+    want = _quiet(GaussianMixture(3, random_state=0), data)
+    assert_array_equal(got.means_, want.means_)
+
+
+def test_npy_file_of_any_suffix(tmp_path, data):
+    """The .npy format is recognised by its magic string, not by the suffix."""
+    with open(tmp_path / "data.bin", "wb") as f:
+        np.save(f, data)
+    got = _quiet(GaussianMixture(3, random_state=0), str(tmp_path / "data.bin"))
+    want = _quiet(GaussianMixture(3, random_state=0), data)
+    assert_array_equal(got.means_, want.means_)
+
+
 def test_copy_on_write_memmap_is_fitted_with_its_changes(tmp_path, data):
     """A memmap of mode 'c' holds changes the file does not: fitted as an array."""
     path = tmp_path / "X.npy"
