@@ -33,6 +33,8 @@ TEMP_PREFIX = "emgmm-"
 #: Task arguments larger than this (joblib's ``max_nbytes``) travel as files.
 SHARE_BYTES = 2**20
 _STRAY = re.compile(rf"^{TEMP_PREFIX}(\d+)-([0-9a-f]{{8}})-[0-9a-f]+$")
+# emgmm-<pid>-<12 hex> of earlier versions, without the space: judged by the pid
+_STRAY_UNTAGGED = re.compile(rf"^{TEMP_PREFIX}(\d+)-[0-9a-f]{{12}}$")
 
 
 def joblib_temp_folder():
@@ -50,15 +52,24 @@ def joblib_temp_folder():
 
 @functools.lru_cache(maxsize=1)
 def _process_space():
-    """8 hex digits naming this host and PID namespace: a process id means a
-    process only within them (containers sharing a temporary folder, or hosts
-    sharing one over the network, see other processes' ids)."""
-    try:
-        namespace = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        namespace = ""
-    key = f"{socket.gethostname()}|{namespace}".encode()
+    """8 hex digits naming this host (its name and, on Linux, its boot id) and PID
+    namespace: a process id means a process only within them (containers sharing a
+    temporary folder, or hosts sharing one over the network, see other processes'
+    ids)."""
+    parts = [socket.gethostname()]
+    for link, read in (("/proc/sys/kernel/random/boot_id", _read_text),
+                       ("/proc/self/ns/pid", os.readlink)):
+        try:
+            parts.append(read(link))
+        except OSError:
+            parts.append("")
+    key = "|".join(parts).encode()
     return hashlib.sha256(key).hexdigest()[:8]
+
+
+def _read_text(path):
+    with open(path) as f:
+        return f.read().strip()
 
 
 def _pid_alive(pid):
@@ -75,15 +86,18 @@ def remove_stray_folders(parent):
     """Remove ``emgmm-<pid>-<space>-*`` folders left by processes of this host and
     PID namespace (:func:`_process_space`) that no longer exist (a fit killed with
     SIGKILL cannot clean up after itself). Folders of other hosts or namespaces are
-    left alone: their process ids mean nothing here."""
+    left alone: their process ids mean nothing here. Folders of earlier versions
+    (``emgmm-<pid>-<id>``, no space) are judged by their pid alone."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
     for name in names:
         match = _STRAY.match(name)
-        if (match and match.group(2) == _process_space()
-                and not _pid_alive(int(match.group(1)))):
+        untagged = _STRAY_UNTAGGED.match(name)
+        if ((match and match.group(2) == _process_space()
+             and not _pid_alive(int(match.group(1))))
+                or (untagged and not _pid_alive(int(untagged.group(1))))):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 

@@ -426,6 +426,7 @@ def test_case_c20_stray_folders_removed_only_in_their_own_host_and_namespace(tmp
         f"{TEMP_PREFIX}{dead.pid}-{ours}-abc123": False,  # removed
         f"{TEMP_PREFIX}{dead.pid}-{other}-abc123": True,  # another namespace: kept
         f"{TEMP_PREFIX}{os.getpid()}-{ours}-abc123": True,  # alive: kept
+        f"{TEMP_PREFIX}{dead.pid}-0123456789ab": False,  # earlier versions' names
     }
     for name in names:
         (tmp_path / name).mkdir()
