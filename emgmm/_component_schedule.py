@@ -24,6 +24,7 @@ row-sharded schedule up to the order of the floating-point sums (1e-12 relative)
 The folder is removed at the end of the pass, also when a task raises.
 """
 
+import dataclasses
 import os
 import shutil
 
@@ -205,6 +206,8 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     if margin is not None:  # built once here, shared with the workers
         for m in models:
             m.prepare(compute_dtype)
+    # the statistics tasks do not use the estimates: not shipped to them
+    bare = [dataclasses.replace(m, prepared=None, prepared_for=None) for m in models]
     if centers is None:
         centers = model.means
     range_rows = buffer_rows(n_samples, K, block_size)
@@ -235,7 +238,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
             results = executor.map(component_statistics_task, [
                 (r0, a, b, block_size, m, k0, buffer, compute_dtype, resp_threshold,
                  centers[k0:k1])
-                for (k0, k1), m in zip(slices, models) for a, b in pieces])
+                for (k0, k1), m in zip(slices, bare) for a, b in pieces])
             for j in range(len(slices)):
                 for _ in pieces:
                     stats = next(results)

@@ -367,7 +367,8 @@ class TriangularEstimate(RefinedEstimate):
     over a column block (width ``h``) add at most ``gamma_{h+1} ||z^||^2``
     (float32; the blocks are added in float64, ``gamma_{d}`` there), so the
     estimate ``M^`` of ``||z||^2`` is within ``e = gamma_s M' + delta (2 sqrt(M') +
-    delta)`` with ``M' = M^ / (1 - gamma_s)`` bounding ``||z^||^2``. Half of ``e``
+    delta)`` with ``M' = M^ / (1 - gamma_s)`` bounding ``||z^||^2`` (``M^`` is
+    recovered from ``w = offset_k - M^ / 2`` with room for that float64 rounding). Half of ``e``
     bounds the error in ``log N``, with ``4 u64 (|w| + M')`` added for the float64
     work on the estimate ``w`` of ``log w_k + log N``. Unlike the packed
     estimate's, the bound grows with ``sqrt(M)``, not with ``M``: a far pair's
@@ -434,7 +435,10 @@ class TriangularEstimate(RefinedEstimate):
         """See the class docstring; ``w`` gives ``M^ = 2 (offset_k - w)`` (0 for a
         component without weight, whose ``w`` is exactly ``-inf``)."""
         delta = self.error_coef[k] * (self.m_norm[k] + y)
-        m = (2.0 / (1.0 - self.gamma_sum)) * (self.offset[k] - w)
+        offset = self.offset[k]
+        # M^ recovered from w, with room for the rounding of w = offset - M^/2
+        m = (2.0 / (1.0 - self.gamma_sum)) * (
+            (offset - w) + 2.0 * _U64 * (np.abs(offset) + np.abs(w)))
         np.fmax(m, 0.0, out=m)
         e = delta * (2.0 * np.sqrt(m) + delta)
         e += self.gamma_sum * m
