@@ -195,7 +195,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         For 'diag' and 'spherical', a component whose expanded log-density may be
         inexact (tight, far from the mixture mean) is recomputed directly only on
         the rows where it may exceed the threshold. 'tied' pools every pair.
-        ``0.0`` skips only exact zeros and computes every pair exactly (slower).
+        ``0.0`` skips only exact zeros and computes every pair exactly (slower; in
+        the compute dtype: with float32 compute, plain float32 products and no
+        float64 recomputation).
     on_degenerate : {'reinit', 'raise'}, default='reinit'
         What to do with a component whose covariance is not positive definite after
         ``reg_covar`` or whose weight falls below one sample (``N_k < 1``; a
