@@ -351,12 +351,13 @@ class HDF5Source(Source):
 
 class OpenDatasetSource(Source):
     """An ``h5py.Dataset`` whose file is open for writing, lives in memory or in a
-    Python file object, or spans several files (drivers 'family', 'split').
+    Python file object, spans several files (drivers 'family', 'split'), or was
+    opened with driver 'stdio' (no descriptor to find its path by).
 
     Read through the user's own handle, in this process only: another process that
     reopened the file by name could see stale contents (unflushed writes) or no file
-    at all (drivers other than 'sec2' and 'stdio'). The handle is never closed or
-    written.
+    at all, or another file of the same relative name (drivers other than 'sec2').
+    The handle is never closed or written.
     """
 
     shareable = False
@@ -467,9 +468,10 @@ def as_source(X):
     raise TypeError(f"as_source cannot wrap {type(X).__name__}")
 
 
-#: h5py drivers whose files another process can reopen by name (one file on disk);
-#: the others ('core', 'fileobj', 'family', 'split', ...) are read through the handle.
-_REOPENABLE_DRIVERS = ("sec2", "stdio")
+#: h5py drivers whose files another process can reopen by name: 'sec2', whose
+#: descriptor gives the file's path whatever the working directory; the others
+#: ('stdio', 'core', 'fileobj', 'family', ...) are read through the handle.
+_REOPENABLE_DRIVERS = ("sec2",)
 
 
 def _open_file_path(h5file):
