@@ -29,6 +29,7 @@ from ._memory import (
     release_free_memory,
 )
 from ._blas import limit_blas
+from ._workspace import borrow
 
 _MIB = 2**20
 # Errors of a worker pool whose worker process died: loky's TerminatedWorkerError and
@@ -151,17 +152,18 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
             # 'diag'/'spherical': the centred block of the E step serves the M step
             products = (centred_products(X, model.means, model.weights)
                         if model.covariance_type in ("diag", "spherical") else None)
-            log_prob_norm, resp = estimate_resp(
-                X, model.weights, model.means, model.precisions_cholesky,
-                model.covariance_type, margin, prepared, products,
-            )
-            check_explained(log_prob_norm, b0, source, compute_dtype, model.means)
-            total = block_statistics(X, resp, centers, model.covariance_type,
-                                     resp_threshold, products, out=total)
-            total.log_likelihood += float(log_prob_norm.sum())
-            worst = worst.update(log_prob_norm, b0, X)
-            # release this block's arrays before the next block allocates its own
-            del X, products, log_prob_norm, resp
+            with borrow("resp", (b1 - b0, len(model.weights)), order="F") as out:
+                log_prob_norm, resp = estimate_resp(
+                    X, model.weights, model.means, model.precisions_cholesky,
+                    model.covariance_type, margin, prepared, products, out,
+                )
+                check_explained(log_prob_norm, b0, source, compute_dtype, model.means)
+                total = block_statistics(X, resp, centers, model.covariance_type,
+                                         resp_threshold, products, out=total)
+                total.log_likelihood += float(log_prob_norm.sum())
+                worst = worst.update(log_prob_norm, b0, X)
+                # release this block's arrays before the next block allocates its own
+                del X, products, log_prob_norm, resp
     return total, worst
 
 
@@ -189,14 +191,16 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1, compute_dtype)
-            log_prob_norm, log_resp = estimate_log_prob_resp(
-                X, model.weights, model.means, model.precisions_cholesky,
-                model.covariance_type, SCORE_MARGIN, model.prepare(compute_dtype),
-            )
-            total += float(log_prob_norm.sum())
-            if want_labels:
-                labels[b0 - start:b1 - start] = log_resp.argmax(axis=1)
-            del X, log_prob_norm, log_resp
+            with borrow("resp", (b1 - b0, len(model.weights)), order="F") as out:
+                log_prob_norm, log_resp = estimate_log_prob_resp(
+                    X, model.weights, model.means, model.precisions_cholesky,
+                    model.covariance_type, SCORE_MARGIN, model.prepare(compute_dtype),
+                    out,
+                )
+                total += float(log_prob_norm.sum())
+                if want_labels:
+                    labels[b0 - start:b1 - start] = log_resp.argmax(axis=1)
+                del X, log_prob_norm, log_resp
     return total, labels
 
 

@@ -17,7 +17,7 @@ SCORE_MARGIN = 50.0
 
 
 def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
-                      margin=None, prepared=None, products=None):
+                      margin=None, prepared=None, products=None, out=None):
     """``log w_k + log N(x | mu_k, Lambda_k)`` for every row and component.
 
     Parameters
@@ -41,6 +41,9 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
     products : CentredProducts or None, default=None
         'diag' and 'spherical': :func:`centred_products` of ``X`` around
         ``weights`` and ``means``, to reuse in the M step (built here if ``None``).
+    out : ndarray of shape (n, K), float64, column-major, or None, default=None
+        A work array the result may be written to (the estimates of 'full' are);
+        the result is the returned array, which may be a new one.
 
     Returns
     -------
@@ -55,7 +58,7 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
                                         covariance_type, X.dtype)
         try:
             for estimate in prepared or ():
-                weighted = estimate.weighted_refined(X, margin)
+                weighted = estimate.weighted_refined(X, margin, out)
                 if weighted is not None:
                     return weighted
             if prepared and X.dtype != np.float64:
@@ -71,12 +74,12 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
 
 
 def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type,
-                           margin=None, prepared=None):
+                           margin=None, prepared=None, out=None):
     """Per-row log-likelihood and log-responsibilities (Bishop eq. 9.23, 9.28).
 
     Parameters
     ----------
-    X, weights, means, precisions_cholesky, covariance_type, margin, prepared
+    X, weights, means, precisions_cholesky, covariance_type, margin, prepared, out
         As in :func:`weighted_log_prob`. With a ``margin``, ``log_prob_norm`` is
         exact up to ``exp(-margin)`` relative and the log-responsibilities below
         ``-margin`` are estimates.
@@ -89,7 +92,7 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
         ``log r_ik``; rows sum (in probability) to one.
     """
     weighted = weighted_log_prob(X, weights, means, precisions_cholesky,
-                                 covariance_type, margin, prepared)
+                                 covariance_type, margin, prepared, out=out)
     log_prob_norm = _logsumexp_rows(weighted)
     with np.errstate(under="ignore", invalid="ignore"):
         weighted -= log_prob_norm[:, np.newaxis]
@@ -97,7 +100,7 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
 
 
 def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margin=None,
-                  prepared=None, products=None):
+                  prepared=None, products=None, out=None):
     """Per-row log-likelihood and responsibilities (Bishop eq. 9.23), one exp per pair.
 
     ``r_ik = exp(a_ik - t_i) / sum_j exp(a_ij - t_i)`` with ``a`` the weighted
@@ -107,7 +110,9 @@ def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margi
 
     Parameters
     ----------
-    X, weights, means, precisions_cholesky, covariance_type, margin, prepared, products
+    X, weights, means, precisions_cholesky, covariance_type, margin, prepared
+        As in :func:`weighted_log_prob`.
+    products, out
         As in :func:`weighted_log_prob`.
 
     Returns
@@ -116,7 +121,7 @@ def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margi
     resp : ndarray of shape (n, K), float64
     """
     resp = weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
-                             margin, prepared, products)
+                             margin, prepared, products, out)
     log_prob_norm = np.empty(resp.shape[0])
     for r0, r1, w, axis in _row_chunks(resp):
         top = w.max(axis=axis, keepdims=True)

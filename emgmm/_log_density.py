@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._cholesky import log_det_cholesky
+from ._workspace import borrow
 
 _LOG_2PI = np.log(2.0 * np.pi)
 # log(1 / smallest subnormal float64): exp() of anything lower is exactly zero
@@ -153,23 +154,29 @@ def _representable(W, dtype):
         nonzero.min() >= info.tiny and nonzero.max() <= info.max * info.eps)))
 
 
+def packed_chunk_rows(n, d):
+    """Rows per chunk of :func:`_packed_chunks` for ``n`` rows of ``d`` features."""
+    return _chunk_rows(d * (d + 1) // 2 + d + 1, 8, n, _PACKED_CHUNK_BYTES)
+
+
 def _packed_chunks(X, g, dtype=np.float64):
     """Yield ``(r0, r1, y, P)`` over row chunks of ``X`` (``_PACKED_CHUNK_BYTES``):
     ``y = x - g`` and its packed products ``P = [y_j y_l (j <= l), y, 1]`` (work
-    buffers of ``dtype``, reused). The buffers are column-major, so that every product
+    buffers of ``dtype``, reused, borrowed from the thread's workspace: valid until
+    the next chunk). The buffers are column-major, so that every product
     is formed over a contiguous column (row-major, each row's run is only ``d - j``
     long: 2.5-3.5x slower at d = 64)."""
     n, d = X.shape
     cols = d * (d + 1) // 2 + d + 1
-    rows = _chunk_rows(cols, 8, n, _PACKED_CHUNK_BYTES)
-    P = np.empty((rows, cols), dtype=dtype, order="F")
-    Y = np.empty((rows, d), dtype=dtype, order="F")
+    rows = packed_chunk_rows(n, d)
     g = np.asarray(g, dtype=dtype)
-    for r0 in range(0, n, rows):
-        r1 = min(r0 + rows, n)
-        m = r1 - r0
-        np.subtract(X[r0:r1], g, out=Y[:m], casting="same_kind")
-        yield r0, r1, Y[:m], _packed_products(Y[:m], P[:m])
+    with borrow("packed", (rows, cols), dtype, "F") as P, \
+            borrow("packed_y", (rows, d), dtype, "F") as Y:
+        for r0 in range(0, n, rows):
+            r1 = min(r0 + rows, n)
+            m = r1 - r0
+            np.subtract(X[r0:r1], g, out=Y[:m], casting="same_kind")
+            yield r0, r1, Y[:m], _packed_products(Y[:m], P[:m])
 
 
 def _full_maha_packed(X, g, W, out, y_norm=None):

@@ -13,6 +13,7 @@ import numpy as np
 from ._blas import single_blas_thread
 from ._cholesky import log_det_cholesky
 from ._gather import GatherBuffers
+from ._workspace import borrow
 from ._log_density import (
     _LOG_2PI,
     _REFINE_TOL,
@@ -147,15 +148,16 @@ class RefinedEstimate:
         spread = self._uniform_bounds(y_norm)
         floor = np.full(n, -np.inf)
         found = []
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore"), \
+                borrow("candidate", (K, n), bool) as candidate:
             if spread is not None and spread.max(initial=0.0) <= _UNIFORM_BOUND:
                 best = est.max(axis=0)
                 # (with room for the rounding of these sums)
                 limit = (best - margin - 2.0 * spread
                          - 1e-9 * (np.abs(best) + margin + spread))
-                candidate = np.greater_equal(est, limit)
+                np.greater_equal(est, limit, out=candidate)
             else:
-                candidate = self._near_best(est, y_norm, margin)
+                self._near_best(est, y_norm, margin, candidate)
             step = max(1, _BOUND_CHUNK_BYTES // (8 * max(n, 1)))
             for k0 in range(0, K, step):
                 flat = np.flatnonzero(candidate[k0:k0 + step])
@@ -172,12 +174,11 @@ class RefinedEstimate:
             keep = upper >= floor[rows]
         return comps[keep], rows[keep]
 
-    def _near_best(self, est, y_norm, margin):
-        """``(K, n)`` mask of the pairs in ``est`` (K, n) with ``w + e >= max(w - e)
-        - margin`` over their row, every bound evaluated (row chunks of
+    def _near_best(self, est, y_norm, margin, mask):
+        """Into ``mask`` (K, n), bool: the pairs in ``est`` (K, n) with ``w + e >=
+        max(w - e) - margin`` over their row, every bound evaluated (row chunks of
         ``_BOUND_CHUNK_BYTES``)."""
         K, n = est.shape
-        mask = np.empty((K, n), dtype=bool)
         rows = _chunk_rows(K, 8, n, _BOUND_CHUNK_BYTES)
         e_buf, t_buf = np.empty((K, rows)), np.empty((K, rows))
         for r0 in range(0, n, rows):
@@ -188,15 +189,21 @@ class RefinedEstimate:
             floor = np.subtract(w, e, out=t).max(axis=0)
             floor -= margin
             np.greater_equal(np.add(w, e, out=t), floor, out=mask[:, r0:r1])
-        return mask
 
-    def weighted_refined(self, X, margin):
+    def weighted_refined(self, X, margin, out=None):
         """``log w_k + log N(x | mu_k, Lambda_k)``, exact where it matters.
 
         Every pair is estimated (``n K d^2`` flops at the GEMM rate); the pairs that
         may lie within ``margin`` nats of their row's best and whose error bound
         exceeds ``_REFINE_TOL`` are recomputed exactly; the others either have
         ``r_ik < exp(-margin)`` or are accurate to ``_REFINE_TOL``.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n, d)
+        margin : float
+        out : ndarray of shape (n, K), float64, column-major, or None
+            Where to write the result (allocated if ``None``).
 
         Returns
         -------
@@ -214,7 +221,8 @@ class RefinedEstimate:
         """
         # column-major: the GEMM writes it directly, and the softmax of
         # estimate_resp reduces over contiguous memory
-        weighted = np.empty((X.shape[0], self.means.shape[0]), order="F")
+        weighted = (np.empty((X.shape[0], self.means.shape[0]), order="F")
+                    if out is None else out)
         y_norm = np.empty(X.shape[0])
         p = _REFINE_PROBE_ROWS
         with np.errstate(over="ignore", invalid="ignore"):  # checked by y_limit
@@ -239,10 +247,9 @@ class RefinedEstimate:
         bounds = np.searchsorted(comps, np.arange(K + 1))
         counts = np.diff(bounds)
         size = counts.max(initial=0)
-        gather = GatherBuffers(X, size)
-        zbuf = np.empty((size, X.shape[1]))
         sq = np.empty(size)
-        with single_blas_thread():
+        with single_blas_thread(), GatherBuffers.borrowed(X, size) as gather, \
+                borrow("gather_products", (size, X.shape[1])) as zbuf:
             for k in np.flatnonzero(counts):
                 these = rows[bounds[k]:bounds[k + 1]]
                 m = these.size

@@ -27,6 +27,7 @@ from threadpoolctl import threadpool_info
 
 from ._blas import hold_process_limit, release_process_limit
 from ._sources import ArraySource, MemmapSource
+from ._workspace import per_thread
 
 TEMP_PREFIX = "emgmm-"
 
@@ -343,25 +344,32 @@ class Executor:
         if self.row_threads and len(task_args) > 1:
             results = self._threaded(func, task_args)
         elif self._return_as is None:
-            results = (func(self.worker_source, *args, blas_threads=None)
+            run = per_thread(func)
+            results = (run(self.worker_source, *args, blas_threads=None)
                        for args in task_args)
         else:
             blas_threads = None if self.uses_threads else self.blas_threads
             if self._shares_files:
                 task_args = self._share_large_arguments(task_args)
+            # (worker processes allocate afresh: a process's one thread keeps its
+            # freed blocks in one arena, where the next block finds them)
+            run = per_thread(func) if self.uses_threads else func
             # One joblib call per map (the loky workers are reused between calls).
             results = Parallel(n_jobs=self.n_jobs, return_as=self._return_as)(
-                delayed(func)(self.worker_source, *args, blas_threads=blas_threads)
+                delayed(run)(self.worker_source, *args, blas_threads=blas_threads)
                 for args in task_args
             )
         return self._reported(results, len(task_args))
 
     def _threaded(self, func, task_args):
         """The tasks in ``row_threads`` threads of this process, one BLAS thread each
-        (the limit is set for the whole process while the executor is open)."""
+        (the limit is set for the whole process while the executor is open), each
+        with a workspace of its own for the call
+        (:func:`~emgmm._workspace.per_thread`)."""
+        run = per_thread(func)
         return Parallel(n_jobs=self.row_threads, backend="threading",
                         return_as="generator")(
-            delayed(func)(self.worker_source, *args, blas_threads=None)
+            delayed(run)(self.worker_source, *args, blas_threads=None)
             for args in task_args
         )
 

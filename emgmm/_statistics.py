@@ -19,7 +19,9 @@ from ._log_density import (
     _shift,
     _use_packed,
     centred_products,
+    packed_chunk_rows,
 )
+from ._workspace import borrow
 
 
 def _pack_upper(S):
@@ -186,9 +188,9 @@ def _gathered_moments(X, resp, centers, kept, counts, components, nk, sum_x, sum
     meaningful afterwards.
     """
     d = X.shape[1]
-    gather = GatherBuffers(X, int(counts[components].max(initial=0)))
     prod = np.empty((d, d))
-    with single_blas_thread():
+    size = int(counts[components].max(initial=0))
+    with single_blas_thread(), GatherBuffers.borrowed(X, size) as gather:
         for k in components:
             rows = np.flatnonzero(kept[k])
             if rows.size == 0:
@@ -201,7 +203,7 @@ def _gathered_moments(X, resp, centers, kept, counts, components, nk, sum_x, sum
             sum_xx[k] += np.matmul(work.T, work, out=prod)
 
 
-def _packed_sums(X, resp, g, kept=None):
+def _packed_sums(X, resp, g, kept=None, out=None):
     """``R^T [y_j y_l (j <= l), y, 1]`` summed over the rows (``y = x - g``), one GEMM
     per row chunk, float64 accumulation; only the pairs of ``kept`` (``(K, n)``
     bool, masked per chunk; ``None``: every pair).
@@ -210,19 +212,22 @@ def _packed_sums(X, resp, g, kept=None):
     -------
     acc : ndarray of shape (K, d(d+1)/2 + d + 1), float64
         Per component ``sum_i r_ik y_j y_l`` (``j <= l``, row-major upper triangle),
-        then ``sum_i r_ik y`` and ``N_k``.
+        then ``sum_i r_ik y`` and ``N_k``; ``out`` (overwritten) if given.
     """
     K = resp.shape[1]
     d = X.shape[1]
     T = d * (d + 1) // 2
-    acc = np.zeros((K, T + d + 1))
-    part = np.empty_like(acc)
-    for r0, r1, _, P in _packed_chunks(X, g):
-        r = resp[r0:r1]
-        if kept is not None:
-            r = np.where(kept[:, r0:r1].T, r, 0.0)
-        np.matmul(r.T, P, out=part)
-        acc += part
+    acc = np.empty((K, T + d + 1)) if out is None else out
+    acc[...] = 0.0
+    with borrow("packed_part", acc.shape) as part, \
+            borrow("kept_resp", (packed_chunk_rows(*X.shape), K)) as kept_resp:
+        for r0, r1, _, P in _packed_chunks(X, g):
+            r = resp[r0:r1]
+            if kept is not None:
+                # (responsibilities are finite: r * 0 is 0)
+                r = np.multiply(r, kept[:, r0:r1].T, out=kept_resp[:r1 - r0])
+            np.matmul(r.T, P, out=part)
+            acc += part
     return acc
 
 
@@ -331,18 +336,21 @@ def _full_statistics(X, resp, centers, resp_threshold, nk, sum_x, sum_xx):
     K = centers.shape[0]
     if n == 0:
         return
-    kept = (resp > resp_threshold).T
-    counts = np.count_nonzero(kept, axis=1)
-    if not (counts.sum() >= _GATHER_DENSITY * n * K and _use_packed(d, K)):
-        _gathered_moments(X, resp, centers, kept, counts, range(K), nk, sum_x, sum_xx)
-        return
-    # the mixture mean by responsibility mass: a broad component that keeps a pair
-    # on every row would pull a shift weighted by kept pairs far from the data
-    g = _shift(centers, resp.sum(axis=0))
-    acc = _packed_sums(X, resp, g, kept if resp_threshold > 0.0 else None)
-    redo = _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx)
-    if redo.size:
-        _gathered_moments(X, resp, centers, kept, counts, redo, nk, sum_x, sum_xx)
+    with borrow("kept", resp.shape, bool, "F") as kept:
+        kept = np.greater(resp, resp_threshold, out=kept).T
+        counts = np.count_nonzero(kept, axis=1)
+        if not (counts.sum() >= _GATHER_DENSITY * n * K and _use_packed(d, K)):
+            _gathered_moments(X, resp, centers, kept, counts, range(K), nk, sum_x,
+                              sum_xx)
+            return
+        # the mixture mean by responsibility mass: a broad component that keeps a
+        # pair on every row would pull a shift weighted by kept pairs far from the data
+        g = _shift(centers, resp.sum(axis=0))
+        with borrow("packed_sums", (K, d * (d + 1) // 2 + d + 1)) as acc:
+            _packed_sums(X, resp, g, kept if resp_threshold > 0.0 else None, acc)
+            redo = _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx)
+        if redo.size:
+            _gathered_moments(X, resp, centers, kept, counts, redo, nk, sum_x, sum_xx)
 
 
 def _tied_second_moments(X, resp, centers):

@@ -581,7 +581,9 @@ def test_packed_sums_over_row_chunks_equal_whole_array_products(chunk_bytes, mon
     g = rng.normal(size=d)
     resp = np.asfortranarray(rng.dirichlet(np.ones(K), size=n))
     kept = (rng.random((n, K)) < 0.7).T
-    acc = _statistics._packed_sums(X, resp, g, kept)
+    out = np.full((K, d * (d + 1) // 2 + d + 1), np.nan)
+    acc = _statistics._packed_sums(X, resp, g, kept, out)
+    assert acc is out
     Y = X - g
     iu = np.triu_indices(d)
     R = np.where(kept.T, resp, 0.0)
