@@ -42,8 +42,8 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
         'diag' and 'spherical': :func:`centred_products` of ``X`` around
         ``weights`` and ``means``, to reuse in the M step (built here if ``None``).
     out : ndarray of shape (n, K), float64, column-major, or None, default=None
-        A work array the result may be written to (the estimates of 'full' are);
-        the result is the returned array, which may be a new one.
+        A work array for the result ('full' writes it there; the others return a
+        new array): use the returned array.
 
     Returns
     -------
@@ -70,7 +70,7 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
         except BeyondRange:
             pass  # the plain path (in float32, its check refuses an overflow)
     return _log_prob(X, means, precisions_cholesky, covariance_type, weights, True,
-                     products, margin)
+                     products, margin, out)
 
 
 def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_type,

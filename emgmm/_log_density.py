@@ -264,8 +264,9 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     return out
 
 
-def _full_maha(X, means, precisions_cholesky, weights):
-    """Squared Mahalanobis distances of every row to every 'full' component, (n, K)."""
+def _full_maha(X, means, precisions_cholesky, weights, out=None):
+    """Squared Mahalanobis distances of every row to every 'full' component, (n, K),
+    float64: in ``out`` if given (best column-major)."""
     n, d = X.shape
     K = means.shape[0]
     g = _shift(means, weights if weights is not None else np.ones(K))
@@ -275,7 +276,7 @@ def _full_maha(X, means, precisions_cholesky, weights):
     g = g.astype(X.dtype).astype(np.float64)
     means_shifted = np.asarray(means, dtype=np.float64) - g
     u64 = np.asarray(precisions_cholesky, dtype=np.float64)
-    maha = np.empty((n, K), dtype=np.float64)
+    maha = np.empty((n, K)) if out is None else out
     dense = np.arange(K)
     if X.dtype == np.float64 and _use_packed(d, K) and n * K > 0:
         precisions = np.matmul(u64, np.swapaxes(u64, 1, 2))
@@ -353,11 +354,11 @@ def centred_products(X, means, weights):
 
 
 def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_weights,
-              products=None, margin=None):
+              products=None, margin=None, out=None):
     """:func:`log_gaussian_prob`, plus ``log w_k`` if ``add_log_weights``; 'diag' and
     'spherical' use ``products`` (:func:`centred_products` of ``X``) if given, and
     with a ``margin`` recompute only the pairs that may lie within it of their row's
-    best (see :func:`weighted_log_prob`)."""
+    best (see :func:`weighted_log_prob`). 'full' writes into ``out`` if given."""
     X = np.asarray(X)
     n, d = X.shape
     K = means.shape[0]
@@ -366,7 +367,7 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
         with np.errstate(divide="ignore"):
             offset = offset + np.log(np.asarray(weights, dtype=np.float64))
     if covariance_type == "full":
-        out = _full_maha(X, means, precisions_cholesky, weights)
+        out = _full_maha(X, means, precisions_cholesky, weights, out)
         out *= -0.5
         out += offset
         return out
