@@ -24,10 +24,13 @@ import os
 
 import h5py
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from ._atomic import atomic_output
-from ._cholesky import factor_limit
+from ._cholesky import (
+    covariances_from_cholesky,
+    factor_limit,
+    precisions_from_cholesky,
+)
 
 FORMAT_NAME = "emgmm.GaussianMixture"
 FORMAT_VERSION = 1
@@ -210,30 +213,6 @@ def _header(f):
     }
 
 
-def _covariances_and_precisions(prec_chol, covariance_type):
-    """Recompute ``covariances_`` and ``precisions_`` from the precision Cholesky.
-
-    ``precisions = U @ U.T`` and ``covariances = inv(precisions) = V.T @ V``
-    with ``V = inv(U)`` for ``full`` and ``tied``; elementwise for ``diag``
-    and ``spherical``.
-    """
-    if covariance_type == "full":
-        precisions = prec_chol @ prec_chol.transpose(0, 2, 1)
-        eye = np.eye(prec_chol.shape[1])
-        covariances = np.empty_like(prec_chol)
-        for k, u in enumerate(prec_chol):
-            v = solve_triangular(u, eye, lower=False)
-            covariances[k] = v.T @ v
-    elif covariance_type == "tied":
-        precisions = prec_chol @ prec_chol.T
-        v = solve_triangular(prec_chol, np.eye(prec_chol.shape[0]), lower=False)
-        covariances = v.T @ v
-    else:
-        precisions = prec_chol**2
-        covariances = 1.0 / precisions
-    return covariances, precisions
-
-
 def _expected_chol_shape(covariance_type, n_components, n_features):
     return {
         "full": (n_components, n_features, n_features),
@@ -367,7 +346,8 @@ def load_model(path):
     if problem is None:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             # a factor close to singular: found just below, by component
-            covariances, precisions = _covariances_and_precisions(prec_chol, cov_type)
+            covariances = covariances_from_cholesky(prec_chol, cov_type)
+            precisions = precisions_from_cholesky(prec_chol, cov_type)
         problem = _singular_factor(covariances, prec_chol, cov_type)
     if problem is not None:
         raise ModelFileError(f"{os.fspath(path)} holds no valid mixture: {problem}")
