@@ -502,6 +502,22 @@ def test_tied_kmeans_fit_of_clusters_far_apart():
     assert_array_equal(got.predict(X), order[labels])
 
 
+@pytest.mark.parametrize("init_params", ["random", "k-means++", "random_from_data"])
+def test_tied_initialisation_too_ill_conditioned_says_why(init_params):
+    """The other initialisations pool the spread between the clusters at +-1e8 (or
+    around the origin) into the one 'tied' covariance, which float64 cannot factor
+    then: the error (scikit-learn's, which speaks of collapsed components) says so and
+    points to 'kmeans'."""
+    X, _ = _far_apart_clusters(1e8)
+    gm = GaussianMixture(2, covariance_type="tied", init_params=init_params,
+                         random_state=0)
+    with pytest.raises(ValueError, match="ill-defined empirical covariance") as info:
+        quiet_fit(gm, X)
+    assert (f"one matrix pooled over all components, and init_params={init_params!r} "
+            "pools the spread") in str(info.value)
+    assert "init_params='kmeans' pools only the spread within clusters" in str(info.value)
+
+
 # ---------------------------------------------------------------------------- C11
 
 
