@@ -378,6 +378,11 @@ class HDF5Source(Source):
         self._file = None
         if not os.path.exists(self.filename):
             raise FileNotFoundError(f"No such HDF5 file: {os.fspath(filename)}")
+        if _is_npy(self.filename):
+            raise ValueError(
+                f"{os.fspath(filename)} is a .npy file, not HDF5 (whatever its "
+                f"suffix): pass '{os.fspath(filename)}' without a dataset path."
+            )
         self._state = _file_state(self.filename)
         ds = self._dataset()
         if not isinstance(ds, h5py.Dataset):
@@ -469,7 +474,8 @@ def split_hdf5_spec(spec):
 
     Returns ``None`` when ``spec`` does not name an existing or HDF5-suffixed file
     followed by a dataset path. A dataset path without its leading ``/``
-    (``"file.h5:group/dataset"``) is taken from the root, as h5py does.
+    (``"file.h5:group/dataset"``) is taken from the root, as h5py does, after a file
+    that is HDF5 by its suffix or by its content.
     """
     text = os.fspath(spec)
     idx = text.rfind(HDF5_SEPARATOR + "/")
@@ -478,7 +484,8 @@ def split_hdf5_spec(spec):
         if os.path.isfile(filename) or filename.lower().endswith(_HDF5_SUFFIXES):
             return filename, dataset
     idx = text.rfind(HDF5_SEPARATOR)
-    if idx > 0 and text[:idx].lower().endswith(_HDF5_SUFFIXES) and idx + 1 < len(text):
+    if idx > 0 and idx + 1 < len(text) and (
+            text[:idx].lower().endswith(_HDF5_SUFFIXES) or _is_hdf5(text[:idx])):
         return text[:idx], "/" + text[idx + 1:]
     return None
 
@@ -490,8 +497,10 @@ def as_source(X):
     ----------
     X : ndarray, np.memmap, h5py.Dataset, str or os.PathLike
         A path is a ``.npy`` file (memory-mapped read-only) or
-        ``"file.h5:/path/to/dataset"``. Other array-likes are not handled here: the
-        estimator validates them with scikit-learn first and passes the result.
+        ``"file.h5:/path/to/dataset"``; files are told apart by their content (the
+        .npy magic string, the HDF5 signature), not by their suffix. Other
+        array-likes are not handled here: the estimator validates them with
+        scikit-learn first and passes the result.
 
     Returns
     -------
@@ -511,12 +520,16 @@ def as_source(X):
     if isinstance(X, Source):
         return X
     if isinstance(X, (str, os.PathLike)):
+        text = os.fspath(X)
+        if _is_npy(text):  # by its content, whatever its suffix ('.h5' too)
+            return MemmapSource.from_npy(text)
         spec = split_hdf5_spec(X)
         if spec is not None:
             return HDF5Source(*spec)
-        text = os.fspath(X)
         hdf5_file = text[:-1] if text.endswith(HDF5_SEPARATOR) else text
-        if Path(hdf5_file).suffix.lower() in _HDF5_SUFFIXES:
+        # by its content ('.npy' too); a file that does not exist, by its suffix
+        if _is_hdf5(hdf5_file) or (not os.path.exists(hdf5_file) and Path(
+                hdf5_file).suffix.lower() in _HDF5_SUFFIXES):
             raise ValueError(f"{hdf5_file} is an HDF5 file: name the dataset too, as "
                              f"'{hdf5_file}:/dataset'.")
         if not text:
@@ -528,13 +541,11 @@ def as_source(X):
         if path.is_dir():
             raise ValueError(f"{path} is a directory: name a .npy file in it, or "
                              "'file.h5:/dataset'.")
-        if not _is_npy(path):
-            raise ValueError(
-                f"{path} is not a .npy file: emgmm reads .npy files, HDF5 datasets "
-                "('file.h5:/dataset') and arrays; load other formats first (e.g. "
-                "np.loadtxt for text, then np.save for data larger than memory)."
-            )
-        return MemmapSource.from_npy(path)
+        raise ValueError(
+            f"{path} is not a .npy file: emgmm reads .npy files, HDF5 datasets "
+            "('file.h5:/dataset') and arrays; load other formats first (e.g. "
+            "np.loadtxt for text, then np.save for data larger than memory)."
+        )
     if is_hdf5_dataset(X):
         if X.file.mode != "r" or X.file.driver not in _REOPENABLE_DRIVERS:
             return OpenDatasetSource(X)
@@ -597,9 +608,22 @@ def _open_file_path(h5file):
 
 
 def _is_npy(path):
-    """Whether ``path`` starts with the .npy format's magic string (any suffix)."""
+    """Whether ``path`` is a file that starts with the .npy format's magic string
+    (any suffix)."""
+    if not os.path.isfile(path):
+        return False
     with open(path, "rb") as f:
         return f.read(6) == b"\x93NUMPY"
+
+
+def _is_hdf5(path):
+    """Whether ``path`` is a file with the HDF5 signature (at its start or after a
+    user block; ``h5py.is_hdf5``), whatever its suffix."""
+    if not os.path.isfile(path):
+        return False
+    import h5py
+
+    return bool(h5py.is_hdf5(path))
 
 
 def is_hdf5_dataset(X):

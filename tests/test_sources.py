@@ -457,6 +457,36 @@ def test_npy_file_of_any_suffix(tmp_path, data):
     assert_array_equal(got.means_, want.means_)
 
 
+@pytest.mark.parametrize("suffix", [".h5", ".hdf5", ".HDF5"])
+def test_npy_file_named_as_hdf5_is_read_as_npy(tmp_path, data, suffix):
+    """A .npy file named like an HDF5 file is recognised by its magic string; given
+    with a dataset path, it is named as the .npy file it is."""
+    path = tmp_path / f"data{suffix}"
+    with open(path, "wb") as f:
+        np.save(f, data)
+    got = _quiet(GaussianMixture(3, random_state=0), str(path))
+    want = _quiet(GaussianMixture(3, random_state=0), data)
+    assert_array_equal(got.means_, want.means_)
+    with pytest.raises(ValueError, match=f"{path.name} is a .npy file, not HDF5"):
+        GaussianMixture(3).fit(f"{path}:/X")
+
+
+def test_hdf5_file_named_as_npy_is_read_as_hdf5(tmp_path, data):
+    """An HDF5 file named '.npy' is recognised by its signature: with a dataset path
+    (also without its leading '/') it is fitted, without one the message asks for
+    the dataset (not 'is not a .npy file')."""
+    path = tmp_path / "data.npy"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("g/X", data=data)
+    want = _quiet(GaussianMixture(3, random_state=0), data)
+    for spec in (f"{path}:/g/X", f"{path}:g/X"):
+        got = _quiet(GaussianMixture(3, random_state=0), spec)
+        assert_array_equal(got.means_, want.means_)
+    for spec in (str(path), f"{path}:"):
+        with pytest.raises(ValueError, match="is an HDF5 file: name the dataset too"):
+            GaussianMixture(3).fit(spec)
+
+
 def test_copy_on_write_memmap_is_fitted_with_its_changes(tmp_path, data):
     """A memmap of mode 'c' holds changes the file does not: fitted as an array."""
     path = tmp_path / "X.npy"
