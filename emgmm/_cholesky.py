@@ -36,6 +36,27 @@ def _ill_defined_message(component, dtype, covariances=None):
     return msg
 
 
+def factor_limit(covariance_type, n_features, dtype=np.float64):
+    """The bound on ``|U_ij|`` below which every precision formed from the factors is
+    finite in ``dtype``.
+
+    An entry of ``U U^T`` sums ``d`` products of two entries of ``U`` (one for
+    'spherical'), so ``|U_ij| < sqrt(max / d)`` keeps it finite.
+
+    Parameters
+    ----------
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    n_features : int
+    dtype : numpy dtype, default=float64
+
+    Returns
+    -------
+    numpy scalar of ``dtype``
+    """
+    d = 1 if covariance_type == "spherical" else n_features
+    return np.sqrt(np.finfo(dtype).max / d)
+
+
 def factorize(covariances, covariance_type, dtype=np.float64):
     """Precision Cholesky factors and the components whose covariance is not PD.
 
@@ -58,9 +79,7 @@ def factorize(covariances, covariance_type, dtype=np.float64):
     bad : list of int
         For 'tied', ``[0]`` means the shared covariance failed.
     """
-    d = covariances.shape[-1] if covariance_type in ("full", "tied", "diag") else 1
-    # |U_ij| below this keeps every entry of U U^T (a sum of d products) finite
-    limit = np.sqrt(np.finfo(dtype).max / d)
+    limit = factor_limit(covariance_type, covariances.shape[-1], dtype)
     if covariance_type in ("full", "tied"):
         stack = covariances if covariance_type == "full" else covariances[np.newaxis]
         out = np.full_like(stack, np.nan)

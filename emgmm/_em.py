@@ -204,7 +204,19 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
     return total, labels
 
 
-def initial_factors(covariances, covariance_type, on_degenerate, dtype=np.float64):
+#: What the initial 'tied' covariance of each init_params but 'kmeans' pools beyond
+#: the spread within clusters (see initial_factors).
+_TIED_INIT_POOLS = {
+    "random": ("the spread between clusters", "clusters far apart relative to their "
+               "spread"),
+    "k-means++": ("the spread of the rows around the origin (as in scikit-learn)",
+                  "data far from the origin relative to their spread"),
+}
+_TIED_INIT_POOLS["random_from_data"] = _TIED_INIT_POOLS["k-means++"]
+
+
+def initial_factors(covariances, covariance_type, on_degenerate, dtype=np.float64,
+                    init_params=None):
     """Precision factors of an initial model, applying the degenerate policy.
 
     An initialisation can give a component a covariance that is not positive definite
@@ -220,6 +232,8 @@ def initial_factors(covariances, covariance_type, on_degenerate, dtype=np.float6
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     on_degenerate : {'reinit', 'raise'}
     dtype : numpy dtype
+    init_params : str or None, default=None
+        The initialisation the covariances come from, for the error message.
 
     Returns
     -------
@@ -228,15 +242,26 @@ def initial_factors(covariances, covariance_type, on_degenerate, dtype=np.float6
     Raises
     ------
     ValueError
-        scikit-learn's ill-defined covariance message naming the component.
+        scikit-learn's ill-defined covariance message naming the component; for a
+        finite 'tied' covariance of ``init_params`` 'random', 'k-means++' or
+        'random_from_data', also what that initialisation pooled into it.
     """
     u, bad = factorize(covariances, covariance_type, dtype)
     if not bad:
         return u
     healthy = np.setdiff1d(np.arange(len(covariances)), bad)
     if on_degenerate == "raise" or covariance_type == "tied" or healthy.size == 0:
-        raise ValueError(_ill_defined_message(
-            None if covariance_type == "tied" else bad[0], dtype, covariances))
+        message = _ill_defined_message(
+            None if covariance_type == "tied" else bad[0], dtype, covariances)
+        pooled = _TIED_INIT_POOLS.get(init_params)
+        if covariance_type == "tied" and pooled and np.isfinite(covariances).all():
+            message += (
+                " With covariance_type='tied' the initial covariance is one matrix "
+                f"pooled over all components, and init_params={init_params!r} pools "
+                f"{pooled[0]} into it: with {pooled[1]}, that is too ill-conditioned "
+                "to factor in float64. init_params='kmeans' pools only the spread "
+                "within clusters.")
+        raise ValueError(message)
     covariances[bad] = covariances[healthy].mean(axis=0)
     warnings.warn(
         f"Initialisation: components {bad} had a covariance that is not positive "

@@ -461,7 +461,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         if means_init is not None:
             means = np.asarray(means_init, dtype=np.float64)
         if precisions_init is None:
-            u = initial_factors(covariances, self.covariance_type, self.on_degenerate)
+            u = initial_factors(covariances, self.covariance_type, self.on_degenerate,
+                                init_params=self.init_params)
         else:
             u = precisions_cholesky_from_precisions(
                 np.asarray(precisions_init, dtype=np.float64), self.covariance_type

@@ -24,9 +24,13 @@ import os
 
 import h5py
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from ._atomic import atomic_output
+from ._cholesky import (
+    covariances_from_cholesky,
+    factor_limit,
+    precisions_from_cholesky,
+)
 
 FORMAT_NAME = "emgmm.GaussianMixture"
 FORMAT_VERSION = 1
@@ -209,30 +213,6 @@ def _header(f):
     }
 
 
-def _covariances_and_precisions(prec_chol, covariance_type):
-    """Recompute ``covariances_`` and ``precisions_`` from the precision Cholesky.
-
-    ``precisions = U @ U.T`` and ``covariances = inv(precisions) = V.T @ V``
-    with ``V = inv(U)`` for ``full`` and ``tied``; elementwise for ``diag``
-    and ``spherical``.
-    """
-    if covariance_type == "full":
-        precisions = prec_chol @ prec_chol.transpose(0, 2, 1)
-        eye = np.eye(prec_chol.shape[1])
-        covariances = np.empty_like(prec_chol)
-        for k, u in enumerate(prec_chol):
-            v = solve_triangular(u, eye, lower=False)
-            covariances[k] = v.T @ v
-    elif covariance_type == "tied":
-        precisions = prec_chol @ prec_chol.T
-        v = solve_triangular(prec_chol, np.eye(prec_chol.shape[0]), lower=False)
-        covariances = v.T @ v
-    else:
-        precisions = prec_chol**2
-        covariances = 1.0 / precisions
-    return covariances, precisions
-
-
 def _expected_chol_shape(covariance_type, n_components, n_features):
     return {
         "full": (n_components, n_features, n_features),
@@ -242,23 +222,72 @@ def _expected_chol_shape(covariance_type, n_components, n_features):
     }[covariance_type]
 
 
+def _per_component(array, covariance_type):
+    """``array`` with one component per entry of its first axis ('tied': one)."""
+    array = np.asarray(array)
+    return array[np.newaxis] if covariance_type == "tied" else array
+
+
+def _factor_name(index, covariance_type):
+    """How messages name the precision Cholesky factor of component ``index``."""
+    if covariance_type == "tied":
+        return "precisions_cholesky (tied)"
+    return f"precisions_cholesky of component {index}"
+
+
 def _invalid_parameters(weights, means, precisions_cholesky, covariance_type):
     """What makes these parameters no mixture (``None`` if nothing): weights not
-    finite, negative or not summing to one; means not finite; factors not finite or
-    without a positive diagonal."""
+    finite, negative or not summing to one; means not finite; a component's factor
+    not finite, without a positive diagonal, not upper triangular ('full', 'tied';
+    ``U @ U.T == precisions_``, scikit-learn's convention), or with an entry so large
+    that its precisions overflow float64 (:func:`~emgmm._cholesky.factor_limit`)."""
     if not (np.isfinite(weights).all() and (weights >= 0).all()
             and abs(float(np.sum(weights, dtype=np.float64)) - 1.0) <= 1e-5):
         return "weights must be finite, nonnegative and sum to 1"
     if not np.isfinite(means).all():
         return "means must be finite"
-    u = np.asarray(precisions_cholesky)
-    if covariance_type in ("full", "tied"):
-        diagonal = np.diagonal(u, axis1=-2, axis2=-1)
-    else:
-        diagonal = u
-    if not (np.isfinite(u).all() and (diagonal > 0).all()):
-        return "precisions_cholesky must be finite with a positive diagonal"
+    stack = _per_component(precisions_cholesky, covariance_type)
+    square = covariance_type in ("full", "tied")
+    diagonal = np.diagonal(stack, axis1=-2, axis2=-1) if square else stack
+    flat = stack.reshape(len(stack), -1)
+    ok = np.isfinite(flat).all(axis=1)
+    ok &= (diagonal.reshape(len(stack), -1) > 0).all(axis=1)
+    if not ok.all():
+        k = int(np.flatnonzero(~ok)[0])
+        return (f"{_factor_name(k, covariance_type)} must be finite with a "
+                "positive diagonal")
+    if square:
+        below = np.argwhere(np.tril(stack, -1) != 0)
+        if below.size:
+            k, i, j = (int(v) for v in below[0])
+            return (f"{_factor_name(k, covariance_type)} is not upper triangular: "
+                    f"entry [{i}, {j}] below the diagonal is {stack[k, i, j]:.6g} "
+                    "(the factor is upper triangular U with U @ U.T == precisions_, "
+                    "as scikit-learn's precisions_cholesky_)")
+    limit = factor_limit(covariance_type, means.shape[1], np.float64)
+    big = np.abs(flat).max(axis=1) >= limit
+    if big.any():
+        k = int(np.flatnonzero(big)[0])
+        return (f"{_factor_name(k, covariance_type)} has an entry of magnitude "
+                f"{np.abs(flat[k]).max():.3g}: its precisions overflow float64 "
+                f"(entries must stay below {limit:.3g})")
     return None
+
+
+def _singular_factor(covariances, precisions_cholesky, covariance_type):
+    """The message for the first component whose covariance (the inverse of its
+    precisions) is not finite in float64, a factor too close to singular (``None``
+    if there is none)."""
+    stack = _per_component(covariances, covariance_type)
+    finite = np.isfinite(stack.reshape(len(stack), -1)).all(axis=1)
+    if finite.all():
+        return None
+    k = int(np.flatnonzero(~finite)[0])
+    u = _per_component(precisions_cholesky, covariance_type)[k]
+    diagonal = np.diagonal(u) if covariance_type in ("full", "tied") else u
+    return (f"{_factor_name(k, covariance_type)} is too close to singular: its "
+            "covariance (the inverse of its precisions) overflows float64 (smallest "
+            f"diagonal entry {np.min(diagonal):.3g})")
 
 
 def load_model(path):
@@ -286,7 +315,10 @@ def load_model(path):
         If ``path`` does not exist.
     ModelFileError
         If the file is not an emgmm model file, has another format version,
-        or its arrays have inconsistent shapes.
+        or its arrays have inconsistent shapes or hold no valid mixture (the
+        message names the array and, for the precision Cholesky factors, the
+        component: not finite, no positive diagonal, not upper triangular, or
+        precisions or covariances that overflow float64).
     """
     from . import GaussianMixture
 
@@ -311,6 +343,12 @@ def load_model(path):
     ):
         raise ModelFileError(f"{os.fspath(path)} has inconsistent model arrays")
     problem = _invalid_parameters(weights, means, prec_chol, cov_type)
+    if problem is None:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            # a factor close to singular: found just below, by component
+            covariances = covariances_from_cholesky(prec_chol, cov_type)
+            precisions = precisions_from_cholesky(prec_chol, cov_type)
+        problem = _singular_factor(covariances, prec_chol, cov_type)
     if problem is not None:
         raise ModelFileError(f"{os.fspath(path)} holds no valid mixture: {problem}")
     params = dict(header["params"], **arrays)
@@ -322,9 +360,7 @@ def load_model(path):
     estimator.weights_ = weights
     estimator.means_ = means
     estimator.precisions_cholesky_ = prec_chol
-    estimator.covariances_, estimator.precisions_ = _covariances_and_precisions(
-        prec_chol, cov_type
-    )
+    estimator.covariances_, estimator.precisions_ = covariances, precisions
     estimator.n_features_in_ = d
     if header["feature_names_in"] is not None:
         estimator.feature_names_in_ = np.asarray(

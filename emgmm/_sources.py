@@ -2,10 +2,10 @@
 
 A :class:`Source` knows the shape and dtype of a 2-D data set and reads row ranges
 from it. File-backed sources hold only a description of the file (path, dataset name,
-offset); they open the file lazily, read-only, in the process that reads, so they can
-be sent to worker processes by reference. Every block that is read is checked: a
-non-numeric dtype, NaN or infinity raises a ``ValueError`` that names the first
-offending row and the file.
+offset; its size and modification time, to tell it replaced); they open the file
+lazily, read-only, in the process that reads, so they can be sent to worker processes
+by reference. Every block that is read is checked: a non-numeric dtype, NaN or
+infinity raises a ``ValueError`` that names the first offending row and the file.
 """
 
 import os
@@ -65,6 +65,54 @@ def check_block_finite(block, start, where):
     raise ValueError(
         f"Input X contains {kind}: {where}, row {start + row}, column {col}."
     )
+
+
+def _file_state(path):
+    """Size and modification time of the file at ``path``: what shows it replaced or
+    rewritten since (not the inode: a worker on another host may see another inode
+    number for the same file, e.g. through a FUSE mount)."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def _check_file_unchanged(path, state, description):
+    """Raise if the file at ``path`` is gone, or is no longer the file of ``state``.
+
+    File-backed sources are reopened by name (in every worker process, and after
+    :meth:`Source.close`); this makes a file deleted, moved or replaced during the
+    fit an error that says so, not a bare "No such file" or a read of other data.
+
+    Parameters
+    ----------
+    path : str
+        The absolute path the source reopens.
+    state : tuple
+        :func:`_file_state` when the source was made.
+    description : str
+        How messages name the data set (the path or spec the user gave).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` no longer exists.
+    OSError
+        If its size or modification time changed.
+    """
+    try:
+        now = _file_state(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"The data file {path} (of {description}) was deleted or moved during the "
+            "fit: it cannot be read again by its name. Keep the file in place while "
+            "fitting."
+        ) from None
+    if now != state:
+        raise OSError(
+            f"The data file {path} (of {description}) was replaced or modified during "
+            "the fit (its size or modification time changed since the fit opened it): "
+            "the fit would go on with other data. Keep the file unchanged while "
+            "fitting."
+        )
 
 
 class Source:
@@ -214,10 +262,17 @@ class ArraySource(Source):
 
 
 class MemmapSource(Source):
-    """A raw memory-mapped file (``np.memmap`` or ``.npy``), reopened read-only."""
+    """A raw memory-mapped file (``np.memmap`` or ``.npy``), reopened read-only.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``filename`` does not exist (any more).
+    """
 
     def __init__(self, filename, dtype, shape, offset, order, description):
         self.filename = os.fspath(filename)
+        self._state = _file_state(self.filename)
         self.dtype = np.dtype(dtype)
         self.shape = tuple(shape)
         self.offset = offset
@@ -237,8 +292,23 @@ class MemmapSource(Source):
             base = base.base
         if base is not mm:
             return None  # a slice of a larger map: treat as an in-memory array
-        return cls(mm.filename, mm.dtype, mm.shape, mm.offset, order,
-                   f"memmap {mm.filename}")
+        try:
+            source = cls(mm.filename, mm.dtype, mm.shape, mm.offset, order,
+                         f"memmap {mm.filename}")
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"The file {mm.filename} of this memmap was deleted or moved after "
+                "the memmap was opened: emgmm reads a memmap again by its file name. "
+                "Pass np.asarray(X) to fit it as an array, or keep the file in place."
+            ) from None
+        size, needed = source._state[0], mm.offset + mm.nbytes
+        if size < needed:
+            raise ValueError(
+                f"The file {mm.filename} of this memmap holds {size} bytes, fewer than "
+                f"the {needed} the memmap maps: it was truncated or replaced after the "
+                "memmap was opened."
+            )
+        return source
 
     @classmethod
     def from_npy(cls, path):
@@ -262,6 +332,7 @@ class MemmapSource(Source):
 
     def _open(self):
         if self._map is None:
+            _check_file_unchanged(self.filename, self._state, self.description)
             self._map = np.memmap(self.filename, dtype=self.dtype, mode="r",
                                   offset=self.offset, shape=self.shape, order=self.order)
         return self._map
@@ -307,6 +378,12 @@ class HDF5Source(Source):
         self._file = None
         if not os.path.exists(self.filename):
             raise FileNotFoundError(f"No such HDF5 file: {os.fspath(filename)}")
+        if _is_npy(self.filename):
+            raise ValueError(
+                f"{os.fspath(filename)} is a .npy file, not HDF5 (whatever its "
+                f"suffix): pass '{os.fspath(filename)}' without a dataset path."
+            )
+        self._state = _file_state(self.filename)
         ds = self._dataset()
         if not isinstance(ds, h5py.Dataset):
             self.close()
@@ -326,7 +403,16 @@ class HDF5Source(Source):
             try:
                 self._file = h5py.File(self.filename, "r")
             except OSError as exc:
+                if not os.path.exists(self.filename):  # deleted or moved: say so
+                    _check_file_unchanged(self.filename, self._state, self.description)
+                # (a writer that holds the lock has also changed the modification
+                # time: the lock is what to report)
                 raise _hdf5_error(self.filename, exc) from None
+            try:
+                _check_file_unchanged(self.filename, self._state, self.description)
+            except OSError:
+                self.close()
+                raise
         try:
             return self._file[self.dataset]
         except KeyError:
@@ -388,7 +474,8 @@ def split_hdf5_spec(spec):
 
     Returns ``None`` when ``spec`` does not name an existing or HDF5-suffixed file
     followed by a dataset path. A dataset path without its leading ``/``
-    (``"file.h5:group/dataset"``) is taken from the root, as h5py does.
+    (``"file.h5:group/dataset"``) is taken from the root, as h5py does, after a file
+    that is HDF5 by its suffix or by its content.
     """
     text = os.fspath(spec)
     idx = text.rfind(HDF5_SEPARATOR + "/")
@@ -397,7 +484,8 @@ def split_hdf5_spec(spec):
         if os.path.isfile(filename) or filename.lower().endswith(_HDF5_SUFFIXES):
             return filename, dataset
     idx = text.rfind(HDF5_SEPARATOR)
-    if idx > 0 and text[:idx].lower().endswith(_HDF5_SUFFIXES) and idx + 1 < len(text):
+    if idx > 0 and idx + 1 < len(text) and (
+            text[:idx].lower().endswith(_HDF5_SUFFIXES) or _is_hdf5(text[:idx])):
         return text[:idx], "/" + text[idx + 1:]
     return None
 
@@ -409,8 +497,10 @@ def as_source(X):
     ----------
     X : ndarray, np.memmap, h5py.Dataset, str or os.PathLike
         A path is a ``.npy`` file (memory-mapped read-only) or
-        ``"file.h5:/path/to/dataset"``. Other array-likes are not handled here: the
-        estimator validates them with scikit-learn first and passes the result.
+        ``"file.h5:/path/to/dataset"``; files are told apart by their content (the
+        .npy magic string, the HDF5 signature), not by their suffix. Other
+        array-likes are not handled here: the estimator validates them with
+        scikit-learn first and passes the result.
 
     Returns
     -------
@@ -430,12 +520,16 @@ def as_source(X):
     if isinstance(X, Source):
         return X
     if isinstance(X, (str, os.PathLike)):
+        text = os.fspath(X)
+        if _is_npy(text):  # by its content, whatever its suffix ('.h5' too)
+            return MemmapSource.from_npy(text)
         spec = split_hdf5_spec(X)
         if spec is not None:
             return HDF5Source(*spec)
-        text = os.fspath(X)
         hdf5_file = text[:-1] if text.endswith(HDF5_SEPARATOR) else text
-        if Path(hdf5_file).suffix.lower() in _HDF5_SUFFIXES:
+        # by its content ('.npy' too); a file that does not exist, by its suffix
+        if _is_hdf5(hdf5_file) or (not os.path.exists(hdf5_file) and Path(
+                hdf5_file).suffix.lower() in _HDF5_SUFFIXES):
             raise ValueError(f"{hdf5_file} is an HDF5 file: name the dataset too, as "
                              f"'{hdf5_file}:/dataset'.")
         if not text:
@@ -447,13 +541,11 @@ def as_source(X):
         if path.is_dir():
             raise ValueError(f"{path} is a directory: name a .npy file in it, or "
                              "'file.h5:/dataset'.")
-        if not _is_npy(path):
-            raise ValueError(
-                f"{path} is not a .npy file: emgmm reads .npy files, HDF5 datasets "
-                "('file.h5:/dataset') and arrays; load other formats first (e.g. "
-                "np.loadtxt for text, then np.save for data larger than memory)."
-            )
-        return MemmapSource.from_npy(path)
+        raise ValueError(
+            f"{path} is not a .npy file: emgmm reads .npy files, HDF5 datasets "
+            "('file.h5:/dataset') and arrays; load other formats first (e.g. "
+            "np.loadtxt for text, then np.save for data larger than memory)."
+        )
     if is_hdf5_dataset(X):
         if X.file.mode != "r" or X.file.driver not in _REOPENABLE_DRIVERS:
             return OpenDatasetSource(X)
@@ -474,23 +566,64 @@ def as_source(X):
 _REOPENABLE_DRIVERS = ("sec2",)
 
 
+#: What Linux appends to the target of a /proc/self/fd link whose file was deleted.
+_DELETED = " (deleted)"
+
+
 def _open_file_path(h5file):
     """The absolute path of the file behind an open ``h5py.File``: for driver
     'sec2', that of its descriptor (``/proc/self/fd``), which holds even when the
     working directory changed since it was opened by a relative name; else its
-    name made absolute."""
+    name made absolute.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the descriptor's file was deleted or replaced since it was opened (no
+        path leads to it any more), naming the path it was opened by.
+    """
     if h5file.driver == "sec2":
         try:
-            return os.readlink(f"/proc/self/fd/{int(h5file.id.get_vfd_handle())}")
+            fd = int(h5file.id.get_vfd_handle())
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            opened = os.fstat(fd)
         except (OSError, RuntimeError, TypeError, ValueError):
             pass
+        else:
+            try:
+                now = os.stat(path)
+                if (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
+                    return path
+            except FileNotFoundError:
+                pass
+            name = path[:-len(_DELETED)] if path.endswith(_DELETED) else path
+            what = "replaced by another file" if os.path.exists(name) else "deleted"
+            raise FileNotFoundError(
+                f"HDF5 file {name} was {what} while it was open: emgmm reads the "
+                "file again by its name (in every worker process), which no longer "
+                "leads to the data of this dataset. Pass np.asarray(dataset) to fit "
+                "it in memory, or keep the file in place while fitting."
+            )
     return os.path.abspath(h5file.filename)
 
 
 def _is_npy(path):
-    """Whether ``path`` starts with the .npy format's magic string (any suffix)."""
+    """Whether ``path`` is a file that starts with the .npy format's magic string
+    (any suffix)."""
+    if not os.path.isfile(path):
+        return False
     with open(path, "rb") as f:
         return f.read(6) == b"\x93NUMPY"
+
+
+def _is_hdf5(path):
+    """Whether ``path`` is a file with the HDF5 signature (at its start or after a
+    user block; ``h5py.is_hdf5``), whatever its suffix."""
+    if not os.path.isfile(path):
+        return False
+    import h5py
+
+    return bool(h5py.is_hdf5(path))
 
 
 def is_hdf5_dataset(X):

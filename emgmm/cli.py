@@ -3,7 +3,8 @@
 Data arguments (``DATA``) are a ``.npy`` file or an HDF5 dataset written as
 ``file.h5:/path/to/dataset``; they are read in blocks and never modified.
 Every output is written under a temporary name in the destination directory
-and renamed when complete, so a failed run leaves no partial file. Errors are
+and renamed when complete, so a failed run leaves no partial file; an output that
+names an input file, or another output, is refused before any work. Errors are
 reported as one line on stderr with exit status 1 (the traceback only with
 ``--debug``); warnings are shown as one line each.
 """
@@ -23,7 +24,7 @@ from . import demo
 from ._atomic import atomic_output
 from ._model_io import load_model, read_header, save_model
 from ._progress import ProgressReporter, format_summary
-from ._sources import as_source
+from ._sources import as_source, split_hdf5_spec
 
 #: (flag, estimator parameter, argparse keywords) for every parameter of
 #: ``emgmm.GaussianMixture`` settable from ``emgmm fit``. ``warm_start`` is
@@ -88,26 +89,86 @@ def _data_shape(spec, n_features=None):
     return shape
 
 
-def _check_output(path, what="output"):
+def _same_file(a, b):
+    """Whether the paths ``a`` and ``b`` name one existing file (``os.path.samefile``:
+    the same device and inode, whatever links or relative names lead there). A path
+    that does not exist is no existing file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _same_output(a, b):
+    """Whether two output paths name the same file: one existing file, or, when
+    neither exists yet, the same name in the same directory."""
+    if os.path.exists(a) or os.path.exists(b):
+        return _same_file(a, b)
+    a, b = os.path.abspath(a), os.path.abspath(b)
+    return (os.path.basename(a) == os.path.basename(b)
+            and _same_file(os.path.dirname(a), os.path.dirname(b)))
+
+
+def _input_file(spec):
+    """The file an input argument names: ``file.h5`` of ``file.h5:/dataset``."""
+    hdf5 = split_hdf5_spec(spec)
+    return spec if hdf5 is None else hdf5[0]
+
+
+def _check_output(path, what="output", inputs=(), outputs=()):
     """Refuse, before any work, an output path that cannot be written: its directory
-    missing, or the path itself a directory."""
+    missing, the path itself a directory, the same file as an input (which it would
+    overwrite), or the same file as another output.
+
+    Parameters
+    ----------
+    path : str
+        The output path.
+    what : str, default="output"
+        How messages name the output.
+    inputs : iterable of (str, str or None)
+        ``(name, path)`` of the files the command reads; an HDF5 dataset
+        ``file.h5:/dataset`` stands for its file, and ``None`` for no file.
+    outputs : iterable of (str, str or None)
+        ``(name, path)`` of the command's other outputs.
+
+    Raises
+    ------
+    CommandError
+        Naming the output and, for a clash, the other path.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise CommandError(f"{what} directory does not exist: {directory}")
     if os.path.isdir(path):
         raise CommandError(f"{what} path is a directory: {path}")
+    for name, other in inputs:
+        if other is not None and _same_file(path, _input_file(other)):
+            raise CommandError(
+                f"{what} {path} is the same file as {name} {other}: writing it would "
+                "overwrite the input; choose another output path"
+            )
+    for name, other in outputs:
+        if other is not None and _same_output(path, other):
+            raise CommandError(
+                f"{what} {path} is the same file as {name} {other}: each output "
+                "needs a file of its own"
+            )
 
 
 def _cmd_fit(args):
     from . import GaussianMixture
 
     params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
+    inputs = [("DATA", args.data), ("--warm-start", args.warm_start)]
+    inputs += [("--" + name.replace("_", "-"), params.get(name)) for name in _INIT_ARRAYS]
+    checkpoint = params.get("checkpoint")
+    _check_output(args.output, inputs=inputs, outputs=[("checkpoint", checkpoint)])
+    if checkpoint is not None:
+        _check_output(checkpoint, "checkpoint", inputs=inputs)
     for name in _INIT_ARRAYS:
         if name in params:
             params[name] = np.load(params[name], allow_pickle=False)
-    _check_output(args.output)
-    if getattr(args, "checkpoint", None) is not None:
-        _check_output(args.checkpoint, "checkpoint")
     if args.warm_start is not None:
         estimator = load_model(args.warm_start)
         estimator.set_params(warm_start=True, **params)
@@ -150,9 +211,9 @@ def _default_block_rows(n_features, n_components):
 
 
 def _cmd_predict(args):
+    _check_output(args.output, inputs=[("MODEL", args.model), ("DATA", args.data)])
     model = load_model(args.model)
     n_samples, n_features = _data_shape(args.data, model.n_features_in_)
-    _check_output(args.output)
     if args.block_size is not None and args.block_size < 1:
         raise CommandError(f"--block-size must be at least 1, got {args.block_size}")
     rows = args.block_size or _default_block_rows(n_features, model.n_components)
@@ -198,12 +259,13 @@ def _save_npy(path, array):
 
 
 def _cmd_sample(args):
+    inputs = [("MODEL", args.model)]
+    _check_output(args.output, inputs=inputs, outputs=[("labels", args.labels)])
+    if args.labels is not None:
+        _check_output(args.labels, "labels", inputs=inputs)
     model = load_model(args.model)
     if args.n_samples < 1:
         raise CommandError(f"-n must be at least 1, got {args.n_samples}")
-    _check_output(args.output)
-    if args.labels is not None:
-        _check_output(args.labels, "labels")
     model.random_state = args.random_state
     samples, labels = model.sample(args.n_samples)
     _save_npy(args.output, samples)

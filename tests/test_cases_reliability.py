@@ -369,10 +369,14 @@ def test_case_c20_exception_in_worker_leaves_no_temp_files(tmp_path, monkeypatch
         # overflow makes a worker raise
         if record["n_iter"] == 2:
             (folder,) = [p for p in temp.iterdir() if p.name.startswith(TEMP_PREFIX)]
+            state = os.stat(folder / "X.npy")
             shared = np.load(folder / "X.npy", mmap_mode="r+")
             shared[1234, 2] = 1e200
             shared.flush()
             del shared
+            # behind the source's back: a file whose modification time changed
+            # during the fit is refused as replaced before any row is read
+            os.utime(folder / "X.npy", ns=(state.st_atime_ns, state.st_mtime_ns))
 
     gm = GaussianMixture(3, n_jobs=2, block_size=100, max_iter=10, tol=0.0,
                          random_state=0, callback=corrupt_shared_copy)

@@ -289,6 +289,76 @@ def test_fit_output_paths_checked_before_fitting(tmp_path, data, capsys, monkeyp
     assert expected in capsys.readouterr().err
 
 
+def _clashes(tmp_path, data, model_path):
+    """argv whose output is an input (or another output), with the two paths the
+    message must name."""
+    _, npy, spec = data
+    h5 = spec.split(":/")[0]
+    np.save(tmp_path / "means.npy", data[0][:3])
+    link = tmp_path / "link.npy"
+    os.symlink(npy, link)
+    means, out = str(tmp_path / "means.npy"), str(tmp_path / "new.h5")
+    ckpt = str(tmp_path / "new.npz")
+    return {
+        "predict over DATA": (["predict", model_path, npy, "-o", npy], npy, npy),
+        "predict over DATA by a link": (["predict", model_path, npy, "-o", str(link)],
+                                        str(link), npy),
+        "predict over the HDF5 file": (["predict", model_path, spec, "-o", h5], h5, spec),
+        "predict over MODEL": (["predict", model_path, npy, "-o", model_path],
+                               model_path, model_path),
+        "fit over the HDF5 file": (["fit", spec, "-k", "2", "-o", h5], h5, spec),
+        "fit over DATA": (["fit", npy, "-k", "2", "-o", npy], npy, npy),
+        "fit over the warm-start model": (["fit", npy, "--warm-start", model_path, "-o",
+                                           model_path], model_path, model_path),
+        "fit over --means-init": (["fit", npy, "-k", "3", "--means-init", means, "-o",
+                                   means], means, means),
+        "checkpoint over DATA": (["fit", spec, "-k", "2", "-o", out, "--checkpoint", h5],
+                                 h5, spec),
+        "checkpoint is the output": (["fit", npy, "-k", "2", "-o", out, "--checkpoint",
+                                      out], out, out),
+        "sample over MODEL": (["sample", model_path, "-n", "5", "-o", model_path],
+                              model_path, model_path),
+        "labels over MODEL": (["sample", model_path, "-n", "5", "-o", ckpt, "--labels",
+                               model_path], model_path, model_path),
+        "labels are the output": (["sample", model_path, "-n", "5", "-o", ckpt,
+                                   "--labels", ckpt], ckpt, ckpt),
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "predict over DATA", "predict over DATA by a link", "predict over the HDF5 file",
+    "predict over MODEL", "fit over the HDF5 file", "fit over DATA",
+    "fit over the warm-start model", "fit over --means-init", "checkpoint over DATA",
+    "checkpoint is the output", "sample over MODEL", "labels over MODEL",
+    "labels are the output"])
+def test_output_that_is_an_input_is_refused_before_any_work(
+        tmp_path, data, model_path, capsys, monkeypatch, case):
+    """An output path naming an input file (by any name: a link, the file of
+    'file.h5:/dataset') or another output would overwrite it: refused up front."""
+    from emgmm import GaussianMixture
+
+    argv, output, other = _clashes(tmp_path, data, model_path)[case]
+    before = {name: file_fingerprint(tmp_path / name) for name in os.listdir(tmp_path)}
+    for name, target in ((cli, "load_model"), (cli, "as_source"),
+                         (GaussianMixture, "fit")):
+        monkeypatch.setattr(name, target, lambda *a, **k: pytest.fail("work done"))
+    assert cli.main(argv + ["-q"] * (argv[0] == "fit")) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is the same file as" in err, err
+    assert f" {output} " in err and f" {other}:" in err
+    assert {name: file_fingerprint(tmp_path / name)
+            for name in os.listdir(tmp_path)} == before
+
+
+def test_output_next_to_a_missing_input_is_no_clash(tmp_path, data, model_path, capsys):
+    """A path that does not exist is no file an output could overwrite: the missing
+    input is what gets reported."""
+    missing = str(tmp_path / "none.npy")
+    assert cli.main(["predict", model_path, missing, "-o", missing]) == 1
+    err = capsys.readouterr().err
+    assert "No such file" in err and "same file" not in err
+
+
 def test_sample_writes_both_outputs_or_neither(tmp_path, model_path, capsys):
     listing = sorted(os.listdir(tmp_path))
     assert cli.main(["sample", model_path, "-n", "5", "-o", str(tmp_path / "s.npy"),

@@ -3,7 +3,9 @@
 import json
 import os
 import pickle
+import re
 import shutil
+import warnings
 
 import h5py
 import joblib
@@ -186,6 +188,48 @@ def test_model_file_with_invalid_parameters_is_refused(tmp_path, blobs,
                 "zero_factor": "precisions_cholesky"}[damage]
     with pytest.raises(ModelFileError, match=f"no valid mixture: {expected}"):
         load_model(tmp_path / "m.h5")
+
+
+def _entry(covariance_type, row, col):
+    """Index of entry [row, col] of component 1's factor (the tied factor for
+    'tied'; a 'diag' factor is one row, a 'spherical' one a number)."""
+    return {"full": (1, row, col), "tied": (row, col), "diag": (1, col),
+            "spherical": (1,)}[covariance_type]
+
+
+@pytest.mark.parametrize("covariance_type, damage", [
+    (covariance_type, damage)
+    for damage in ("lower_entry", "huge_entry", "tiny_diagonal")
+    for covariance_type in COVARIANCE_TYPES
+    # 'diag' and 'spherical' factors are square roots of the precisions: no triangle
+    if damage != "lower_entry" or covariance_type in ("full", "tied")])
+def test_factor_not_upper_triangular_or_overflowing_is_refused(tmp_path, blobs,
+                                                               covariance_type, damage):
+    """A factor that is not the upper U of U @ U.T == precisions_ (scikit-learn's
+    convention), or whose precisions or covariances overflow, is refused naming the
+    component and what is wrong; a lower entry is never silently ignored."""
+    save_model(_fit(blobs, covariance_type), tmp_path / "m.h5")
+    with h5py.File(tmp_path / "m.h5", "r+") as f:
+        u = f["precisions_cholesky"][()]
+        if damage == "lower_entry":  # finite, positive diagonal, not upper triangular
+            u[_entry(covariance_type, 2, 0)] = 0.5
+        elif damage == "huge_entry":  # U @ U.T overflows float64
+            u[_entry(covariance_type, 0, 1)] = 1e160
+        else:  # finite and positive, but the covariance overflows
+            u[_entry(covariance_type, 0, 0)] = 1e-200
+        f["precisions_cholesky"][...] = u
+    which = re.escape("precisions_cholesky (tied)" if covariance_type == "tied"
+                      else "precisions_cholesky of component 1")
+    what = {"lower_entry": r"is not upper triangular: entry \[2, 0\] below the "
+                           r"diagonal is 0\.5",
+            "huge_entry": "has an entry of magnitude 1e\\+160: its precisions "
+                          "overflow float64",
+            "tiny_diagonal": "is too close to singular: its covariance .* overflows "
+                             "float64"}[damage]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warnings on the way
+        with pytest.raises(ModelFileError, match=f"no valid mixture: {which} {what}"):
+            load_model(tmp_path / "m.h5")
 
 
 def test_pickle_and_joblib_still_work(tmp_path, blobs):

@@ -245,10 +245,14 @@ def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder, mon
 
     def dump_and_spoil(array, parent, *rest):
         folder, source = real_dump(array, parent, *rest)
+        state = os.stat(source.filename)
         mm = np.load(source.filename, mmap_mode="r+")
         mm[1400, 2] = 1e200
         mm.flush()
         del mm
+        # behind the source's back: a file whose modification time changed since the
+        # source was made is refused as replaced before any row is read
+        os.utime(source.filename, ns=(state.st_atime_ns, state.st_mtime_ns))
         return folder, source
 
     monkeypatch.setattr(parallel, "dump_array", dump_and_spoil)

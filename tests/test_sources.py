@@ -457,6 +457,36 @@ def test_npy_file_of_any_suffix(tmp_path, data):
     assert_array_equal(got.means_, want.means_)
 
 
+@pytest.mark.parametrize("suffix", [".h5", ".hdf5", ".HDF5"])
+def test_npy_file_named_as_hdf5_is_read_as_npy(tmp_path, data, suffix):
+    """A .npy file named like an HDF5 file is recognised by its magic string; given
+    with a dataset path, it is named as the .npy file it is."""
+    path = tmp_path / f"data{suffix}"
+    with open(path, "wb") as f:
+        np.save(f, data)
+    got = _quiet(GaussianMixture(3, random_state=0), str(path))
+    want = _quiet(GaussianMixture(3, random_state=0), data)
+    assert_array_equal(got.means_, want.means_)
+    with pytest.raises(ValueError, match=f"{path.name} is a .npy file, not HDF5"):
+        GaussianMixture(3).fit(f"{path}:/X")
+
+
+def test_hdf5_file_named_as_npy_is_read_as_hdf5(tmp_path, data):
+    """An HDF5 file named '.npy' is recognised by its signature: with a dataset path
+    (also without its leading '/') it is fitted, without one the message asks for
+    the dataset (not 'is not a .npy file')."""
+    path = tmp_path / "data.npy"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("g/X", data=data)
+    want = _quiet(GaussianMixture(3, random_state=0), data)
+    for spec in (f"{path}:/g/X", f"{path}:g/X"):
+        got = _quiet(GaussianMixture(3, random_state=0), spec)
+        assert_array_equal(got.means_, want.means_)
+    for spec in (str(path), f"{path}:"):
+        with pytest.raises(ValueError, match="is an HDF5 file: name the dataset too"):
+            GaussianMixture(3).fit(spec)
+
+
 def test_copy_on_write_memmap_is_fitted_with_its_changes(tmp_path, data):
     """A memmap of mode 'c' holds changes the file does not: fitted as an array."""
     path = tmp_path / "X.npy"
@@ -500,3 +530,90 @@ def test_hdf5_dataset_path_without_leading_slash(tmp_path, data):
     got = _quiet(GaussianMixture(3, random_state=0), f"{path}:train/X")
     want = _quiet(GaussianMixture(3, random_state=0), f"{path}:/train/X")
     assert_array_equal(got.means_, want.means_)
+
+
+# ------------------------------------------------------ files deleted or replaced
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+@pytest.mark.parametrize("what", ["deleted", "replaced by another file"])
+def test_hdf5_dataset_of_a_file_deleted_or_replaced_while_open(tmp_path, data, what):
+    """An open 'sec2' dataset is reopened by the path of its descriptor: when its file
+    was deleted (the link then ends with ' (deleted)') or replaced, the error says
+    so and names the path it was opened by."""
+    path = tmp_path / "X.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=data)
+    with h5py.File(path, "r") as f:
+        os.unlink(path)
+        if what != "deleted":
+            with h5py.File(path, "w") as g:
+                g.create_dataset("X", data=data[:10] + 100.0)
+        with pytest.raises(FileNotFoundError) as info:
+            fit(f["X"])
+    message = str(info.value)
+    assert f"HDF5 file {path} was {what} while it was open" in message
+    assert "(deleted)" not in message
+
+
+@pytest.mark.parametrize("what", ["deleted", "replaced"])
+def test_memmap_of_a_file_deleted_or_replaced(tmp_path, data, what):
+    """A memmap is read again by its file name: a file deleted since, or replaced by
+    a shorter one, is named with what happened (not numpy's 'mmap length is greater
+    than file size')."""
+    path = tmp_path / "X.npy"
+    np.save(path, data)
+    mm = np.load(path, mmap_mode="r")
+    os.unlink(path)
+    if what == "deleted":
+        error, message = FileNotFoundError, "of this memmap was deleted or moved"
+    else:
+        np.save(path, data[:10])
+        error, message = ValueError, "truncated or replaced after the memmap was opened"
+    with pytest.raises(error, match=message) as info:
+        fit(mm)
+    assert str(path) in str(info.value)
+
+
+def _write(path, X):
+    """X as a .npy file, or as dataset /X of an HDF5 file (by the suffix)."""
+    if path.suffix == ".npy":
+        np.save(path, X)
+    else:
+        with h5py.File(path, "w") as f:
+            f.create_dataset("X", data=X, chunks=(64, X.shape[1]))
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".h5"])
+@pytest.mark.parametrize("what", ["deleted", "replaced"])
+def test_file_deleted_or_replaced_during_the_fit(tmp_path, data, suffix, what):
+    """Worker processes reopen the file by name in every pass: a file deleted (or
+    moved) after the first iteration, or replaced by another of the same size, is an
+    error that says so and names the file, not a bare 'No such file' or a fit that
+    goes on with other data."""
+    path = tmp_path / f"X{suffix}"
+    _write(path, data)
+    spec = str(path) if suffix == ".npy" else f"{path}:/X"
+    changed = []
+
+    def change(*_):
+        if changed:
+            return
+        changed.append(path)
+        state = os.stat(path)
+        if what == "deleted":
+            os.unlink(path)
+            return
+        other = tmp_path / f"other{suffix}"
+        _write(other, np.ascontiguousarray(data[::-1]))
+        assert os.path.getsize(other) == state.st_size
+        # a clock of coarse resolution must not hide the new file
+        os.utime(other, ns=(state.st_atime_ns, state.st_mtime_ns + 10**9))
+        os.replace(other, path)
+
+    error, message = {
+        "deleted": (FileNotFoundError, "was deleted or moved during the fit"),
+        "replaced": (OSError, "was replaced or modified during the fit")}[what]
+    with pytest.raises(error, match=message) as info:
+        fit(spec, n_jobs=2, callback=change)
+    assert changed and str(path) in str(info.value)
