@@ -4,7 +4,8 @@ Data arguments (``DATA``) are a ``.npy`` file or an HDF5 dataset written as
 ``file.h5:/path/to/dataset``; they are read in blocks and never modified.
 Every output is written under a temporary name in the destination directory
 and renamed when complete, so a failed run leaves no partial file; an output that
-names an input file, or another output, is refused before any work. Errors are
+names an input file (but for ``fit``'s ``--warm-start`` model, which it may update in
+place), or another output, is refused before any work. Errors are
 reported as one line on stderr with exit status 1 (the traceback only with
 ``--debug``); warnings are shown as one line each.
 """
@@ -160,12 +161,15 @@ def _cmd_fit(args):
     from . import GaussianMixture
 
     params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
-    inputs = [("DATA", args.data), ("--warm-start", args.warm_start)]
+    inputs = [("DATA", args.data)]
     inputs += [("--" + name.replace("_", "-"), params.get(name)) for name in _INIT_ARRAYS]
     checkpoint = params.get("checkpoint")
+    # (the output may be the --warm-start model: it is read whole before the fit, and
+    # the output replaces it only when complete, so a model can be updated in place)
     _check_output(args.output, inputs=inputs, outputs=[("checkpoint", checkpoint)])
     if checkpoint is not None:
-        _check_output(checkpoint, "checkpoint", inputs=inputs)
+        _check_output(checkpoint, "checkpoint",
+                      inputs=inputs + [("--warm-start", args.warm_start)])
     for name in _INIT_ARRAYS:
         if name in params:
             params[name] = np.load(params[name], allow_pickle=False)

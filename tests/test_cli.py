@@ -308,8 +308,9 @@ def _clashes(tmp_path, data, model_path):
                                model_path, model_path),
         "fit over the HDF5 file": (["fit", spec, "-k", "2", "-o", h5], h5, spec),
         "fit over DATA": (["fit", npy, "-k", "2", "-o", npy], npy, npy),
-        "fit over the warm-start model": (["fit", npy, "--warm-start", model_path, "-o",
-                                           model_path], model_path, model_path),
+        "checkpoint over the warm-start model": (
+            ["fit", npy, "--warm-start", model_path, "-o", out, "--checkpoint",
+             model_path], model_path, model_path),
         "fit over --means-init": (["fit", npy, "-k", "3", "--means-init", means, "-o",
                                    means], means, means),
         "checkpoint over DATA": (["fit", spec, "-k", "2", "-o", out, "--checkpoint", h5],
@@ -328,7 +329,7 @@ def _clashes(tmp_path, data, model_path):
 @pytest.mark.parametrize("case", [
     "predict over DATA", "predict over DATA by a link", "predict over the HDF5 file",
     "predict over MODEL", "fit over the HDF5 file", "fit over DATA",
-    "fit over the warm-start model", "fit over --means-init", "checkpoint over DATA",
+    "checkpoint over the warm-start model", "fit over --means-init", "checkpoint over DATA",
     "checkpoint is the output", "sample over MODEL", "labels over MODEL",
     "labels are the output"])
 def test_output_that_is_an_input_is_refused_before_any_work(
@@ -348,6 +349,19 @@ def test_output_that_is_an_input_is_refused_before_any_work(
     assert f" {output} " in err and f" {other}:" in err
     assert {name: file_fingerprint(tmp_path / name)
             for name in os.listdir(tmp_path)} == before
+
+
+def test_fit_updates_its_warm_start_model_in_place(tmp_path, data, model_path):
+    """The --warm-start model is read whole before the fit and replaced only by the
+    complete output: it may be the output."""
+    X, npy, _ = data
+    ref = load_model(model_path).set_params(warm_start=True, max_iter=2, tol=0).fit(X)
+    assert cli.main(["fit", npy, "--warm-start", model_path, "--max-iter", "2",
+                     "--tol", "0", "-o", model_path, "-q"]) == 0
+    got = load_model(model_path)
+    assert got.n_iter_ == 2
+    for name in ("weights_", "means_", "precisions_cholesky_"):
+        np.testing.assert_allclose(getattr(got, name), getattr(ref, name), rtol=1e-12)
 
 
 def test_output_next_to_a_missing_input_is_no_clash(tmp_path, data, model_path, capsys):
