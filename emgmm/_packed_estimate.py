@@ -13,7 +13,6 @@ import numpy as np
 from ._blas import single_blas_thread
 from ._cholesky import log_det_cholesky
 from ._gather import GatherBuffers
-from ._workspace import borrow
 from ._log_density import (
     _LOG_2PI,
     _REFINE_TOL,
@@ -27,6 +26,7 @@ from ._log_density import (
     _shift,
     _use_packed,
 )
+from ._workspace import borrow
 
 # The refined E step probes this many rows first; if more than _REFINE_MAX_DENSITY of
 # their pairs, beyond one per row, would need the exact recomputation (broad
