@@ -87,6 +87,13 @@ def _check_attributes_hold(model, precisions, dtype):
     )
 
 
+def _normalised_exp(log_resp):
+    """``exp(log_resp)`` with every row divided by its sum (in place of the exp)."""
+    resp = np.exp(log_resp)
+    resp /= resp.sum(axis=1, keepdims=True)
+    return resp
+
+
 class GaussianMixture(DensityMixin, BaseEstimator):
     """Gaussian mixture fitted by exact, blocked, out-of-core EM.
 
@@ -777,9 +784,13 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         Returns
         -------
         resp : ndarray of shape (n_samples, n_components), float64
-            Rows sum to 1.
+            Rows sum to 1: ``exp(log_resp)`` normalised per row. (For a sample so far
+            out that the log-densities of several components agree to float64's
+            precision, e.g. a fill value of 1e37, ``log sum exp`` rounds to their
+            common value and each of them gets ``log_resp = 0``; scikit-learn then
+            returns rows that sum to their number, emgmm splits the row equally.)
         """
-        return self._per_block(X, lambda _, log_resp: np.exp(log_resp))
+        return self._per_block(X, lambda _, log_resp: _normalised_exp(log_resp))
 
     def sample(self, n_samples=1):
         """Draw samples from the fitted mixture (as scikit-learn draws them).

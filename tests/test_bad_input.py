@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from conftest import FILE_KINDS, file_fingerprint
 from emgmm import GaussianMixture
@@ -167,6 +168,31 @@ def test_row_overflowing_float32_is_refused_by_predict_and_score():
     gm.set_params(compute_dtype="float64")
     assert np.isfinite(gm.predict_proba(query)).all()
     assert np.isfinite(gm.score_samples(query)).all()
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_far_outlier_gets_responsibilities_that_sum_to_one(covariance_type):
+    """A query row so far out (a netCDF fill value, 9.97e36) that the log-densities
+    of the components agree to float64's precision: ``log sum exp`` rounds to their
+    common value, and ``exp(log_resp)`` alone gave 1 to each (scikit-learn returns
+    rows summing to K there). predict_proba's rows sum to one, the tie split
+    equally, and ordinary rows keep ``exp(log_resp)`` to rounding."""
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.standard_normal((500, 3)), rng.standard_normal((500, 3)) + 5])
+    gm = GaussianMixture(2, covariance_type=covariance_type, random_state=0).fit(X)
+    query = np.vstack([np.full((1, 3), 9.96921e36), [[1e17, 0.0, 0.0]], X[:50]])
+    proba = gm.predict_proba(query)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-15)
+    # the oracle: scikit-learn's exp(log_resp) from the same parameters, normalised
+    sk = SkGaussianMixture(2, covariance_type=covariance_type)
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+        setattr(sk, name, getattr(gm, name))
+    with np.errstate(all="ignore"):
+        expected = sk.predict_proba(query)
+    if covariance_type == "tied":
+        assert expected[0].sum() == 2.0  # the tie this test is about
+    np.testing.assert_allclose(proba, expected / expected.sum(axis=1, keepdims=True),
+                               rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("covariance_type, scale",
