@@ -339,6 +339,9 @@ class MemmapSource(Source):
 
     def _read(self, start, stop):
         rows = self._open()[start:stop]
+        # every read, not only on opening: a file rewritten in place during the fit
+        # (the same inode) changes the mapped pages under an open map
+        _check_file_unchanged(self.filename, self._state, self.description)
         if self.order == "C":
             # a read-only view of the mapped pages (no copy)
             return np.asarray(rows)
@@ -422,7 +425,11 @@ class HDF5Source(Source):
             ) from None
 
     def _read(self, start, stop):
-        return self._dataset()[start:stop]
+        block = self._dataset()[start:stop]
+        # every read, not only on opening: a file rewritten during the fit (by a
+        # writer that does not lock it) changes what an open handle reads
+        _check_file_unchanged(self.filename, self._state, self.description)
+        return block
 
     def close(self):
         if self._file is not None:

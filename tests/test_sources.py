@@ -617,3 +617,33 @@ def test_file_deleted_or_replaced_during_the_fit(tmp_path, data, suffix, what):
     with pytest.raises(error, match=message) as info:
         fit(spec, n_jobs=2, callback=change)
     assert changed and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".h5"])
+@pytest.mark.parametrize("n_jobs", [None, 1])
+def test_file_rewritten_in_place_during_an_in_process_fit(tmp_path, data, suffix,
+                                                         n_jobs):
+    """A fit that reads in its own process keeps the file open: a file rewritten in
+    place after the first iteration (the same inode: the open map sees the new
+    bytes) is an error at the next read, as it is for worker processes, not a fit
+    that goes on with other data."""
+    path = tmp_path / f"X{suffix}"
+    _write(path, data)
+    spec = str(path) if suffix == ".npy" else f"{path}:/X"
+    changed = []
+
+    def rewrite(*_):
+        if changed:
+            return
+        changed.append(path)
+        state = os.stat(path)
+        if suffix == ".npy":  # new values over the old ones, in the same file
+            with open(path, "r+b") as f:
+                f.seek(state.st_size - data.nbytes)
+                f.write(np.ascontiguousarray(data[::-1]).tobytes())
+        # a clock of coarse resolution must not hide the change
+        os.utime(path, ns=(state.st_atime_ns, state.st_mtime_ns + 10**9))
+
+    with pytest.raises(OSError, match="was replaced or modified during the fit") as info:
+        fit(spec, n_jobs=n_jobs, callback=rewrite)
+    assert changed and str(path) in str(info.value)
