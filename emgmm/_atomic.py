@@ -5,6 +5,38 @@ import tempfile
 from contextlib import contextmanager, suppress
 
 
+def check_writable(path, what="output"):
+    """Refuse, before any work, an output path that :func:`atomic_output` could not
+    write: its folder missing, not writable (permissions, a read-only file system),
+    or the path itself a folder.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    what : str, default="output"
+        How messages name the path.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the folder of ``path`` does not exist.
+    PermissionError
+        If that folder is not writable.
+    IsADirectoryError
+        If ``path`` is a folder.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{what} directory does not exist: {directory}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} path is a directory: {path}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} directory is not writable: {directory} "
+                              f"(permissions or a read-only file system; {what} "
+                              f"{path})")
+
+
 @contextmanager
 def atomic_output(path):
     """Yield a temporary path next to ``path``; rename it to ``path`` on success.
@@ -31,9 +63,13 @@ def atomic_output(path):
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp_path = tempfile.mkstemp(
-        dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp"
-    )
+    try:
+        fd, tmp_path = tempfile.mkstemp(
+            dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp"
+        )
+    except OSError as exc:  # name the user's path, not the temporary one
+        raise type(exc)(exc.errno, f"Cannot write {path} ({exc.strerror} in its "
+                        f"folder {directory})") from None
     os.close(fd)
     try:
         yield tmp_path

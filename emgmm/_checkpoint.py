@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._atomic import atomic_output
+from ._atomic import atomic_output, check_writable
 from ._em import Model, RunResult
 
 FORMAT = "emgmm-checkpoint"
@@ -326,9 +326,13 @@ def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model
     ValueError
         If an existing checkpoint at ``estimator.checkpoint`` was written for other
         data or parameters, or is not a checkpoint.
+    OSError
+        If the checkpoint cannot be written there (:func:`check_writable`), before
+        any pass.
     """
     if estimator.checkpoint is None:
         return None
+    check_writable(estimator.checkpoint, "checkpoint")
     fingerprint = {
         "data": data_fingerprint(source),
         "params": params_fingerprint(estimator, compute_dtype, random_state, warm_model),

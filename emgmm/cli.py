@@ -22,7 +22,7 @@ from numpy.lib.format import open_memmap
 from sklearn import get_config
 
 from . import demo
-from ._atomic import atomic_output
+from ._atomic import atomic_output, check_writable
 from ._model_io import load_model, read_header, save_model
 from ._progress import ProgressReporter, format_summary
 from ._sources import as_source, split_hdf5_spec
@@ -117,9 +117,10 @@ def _input_file(spec):
 
 
 def _check_output(path, what="output", inputs=(), outputs=()):
-    """Refuse, before any work, an output path that cannot be written: its directory
-    missing, the path itself a directory, the same file as an input (which it would
-    overwrite), or the same file as another output.
+    """Refuse, before any work, an output path that cannot be written (its directory
+    missing or not writable, the path itself a directory: :func:`check_writable`),
+    the same file as an input (which it would overwrite), or the same file as
+    another output.
 
     Parameters
     ----------
@@ -138,11 +139,10 @@ def _check_output(path, what="output", inputs=(), outputs=()):
     CommandError
         Naming the output and, for a clash, the other path.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise CommandError(f"{what} directory does not exist: {directory}")
-    if os.path.isdir(path):
-        raise CommandError(f"{what} path is a directory: {path}")
+    try:
+        check_writable(path, what)
+    except OSError as exc:
+        raise CommandError(str(exc)) from None
     for name, other in inputs:
         if other is not None and _same_file(path, _input_file(other)):
             raise CommandError(

@@ -1,6 +1,7 @@
 """Checkpoint and resume: atomic writes, exact resume after SIGKILL, refusal of a
 checkpoint written for other data or parameters."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -291,3 +292,24 @@ def test_warm_start_fingerprint(tmp_path, X):
     other = fit_quietly(GaussianMixture(**kwargs(warm_start=True)), X[::2])
     with pytest.raises(ValueError, match="warm_start_from"):
         other.set_params(checkpoint=path).fit(X)
+
+
+@pytest.mark.parametrize("case", ["missing", "read_only"])
+def test_checkpoint_folder_checked_before_any_pass(tmp_path, X, monkeypatch, case):
+    """A checkpoint that cannot be written is refused before the first pass (not
+    after it, with the errno of a temporary file), naming the folder."""
+    folder = tmp_path / "no" if case == "missing" else tmp_path
+    if case == "read_only":
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+            False if os.path.abspath(path) == str(tmp_path) else access(path, mode, **kw)))
+    passes = []
+    est = GaussianMixture(3, random_state=0, checkpoint=str(folder / "c.npz"),
+                          callback=passes.append)
+    error, message = {"missing": (FileNotFoundError, "checkpoint directory does not exist"),
+                      "read_only": (PermissionError,
+                                    "checkpoint directory is not writable")}[case]
+    with pytest.raises(error, match=message) as info:
+        est.fit(X)
+    assert str(folder) in str(info.value)
+    assert not passes and not hasattr(est, "means_")

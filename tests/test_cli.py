@@ -271,20 +271,33 @@ def test_fit_to_missing_directory_fails_before_fitting(tmp_path, data, capsys):
     assert "output directory does not exist" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case", ["output_is_a_directory", "missing_checkpoint_dir"])
+@pytest.mark.parametrize("case", ["output_is_a_directory", "missing_checkpoint_dir",
+                                  "read_only_output_dir", "read_only_checkpoint_dir"])
 def test_fit_output_paths_checked_before_fitting(tmp_path, data, capsys, monkeypatch,
                                                  case):
     from emgmm import GaussianMixture
 
     monkeypatch.setattr(GaussianMixture, "fit", lambda *a, **k: pytest.fail("fitted"))
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    access = os.access
+    # (a read-only file system, which os.access reports for any user, root too)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+        False if os.path.abspath(path) == str(read_only) else access(path, mode, **kw)))
     argv = ["fit", data[1], "-q"]
     if case == "output_is_a_directory":
         argv += ["-o", str(tmp_path)]
         expected = "output path is a directory"
-    else:
+    elif case == "missing_checkpoint_dir":
         argv += ["-o", str(tmp_path / "m.h5"), "--checkpoint",
                  str(tmp_path / "no" / "c.npz")]
         expected = "checkpoint directory does not exist"
+    elif case == "read_only_output_dir":
+        argv += ["-o", str(read_only / "m.h5")]
+        expected = f"output directory is not writable: {read_only}"
+    else:
+        argv += ["-o", str(tmp_path / "m.h5"), "--checkpoint", str(read_only / "c.npz")]
+        expected = f"checkpoint directory is not writable: {read_only}"
     assert cli.main(argv) == 1
     assert expected in capsys.readouterr().err
 

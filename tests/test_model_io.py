@@ -253,3 +253,23 @@ def test_outputs_get_the_permissions_of_a_new_file(tmp_path):
         assert (os.stat(target).st_mode & 0o777) == 0o644
     finally:
         os.umask(old)
+
+
+def test_atomic_output_names_the_users_path_when_its_folder_refuses(tmp_path,
+                                                                     monkeypatch):
+    """An error creating the temporary file (a full or read-only file system) names
+    the output the user asked for, not the hidden temporary name."""
+    import tempfile
+
+    from emgmm._atomic import atomic_output
+
+    def refuse(*args, **kwargs):
+        raise OSError(30, "Read-only file system", str(tmp_path / ".m.h5.x.tmp"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    target = tmp_path / "m.h5"
+    with pytest.raises(OSError, match="Cannot write .*m.h5 .Read-only file system") as info:
+        with atomic_output(target):
+            pytest.fail("no temporary file to write to")
+    assert ".tmp" not in str(info.value) and info.value.errno == 30
+    assert os.listdir(tmp_path) == []
