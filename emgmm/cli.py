@@ -14,7 +14,9 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -417,10 +419,42 @@ def main(argv=None):
     -------
     status : int
         0 on success, 1 on an error (reported as one line on stderr, or
-        re-raised with ``--debug``), 130 when interrupted. Usage errors exit
-        with status 2 through ``SystemExit``, as argparse does.
+        re-raised with ``--debug``) or when the reader of stdout went away (a
+        pipe into ``head``: quietly), 130 when interrupted (SIGINT), 143 when
+        terminated (SIGTERM, taken as an interrupt: the workers, the temporary
+        files and a partial output are cleaned up as after Ctrl-C). Usage errors
+        exit with status 2 through ``SystemExit``, as argparse does.
     """
     args = build_parser().parse_args(argv)
+    with _sigterm_as_interrupt():
+        return _run(args)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as an interrupt."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While the command runs, SIGTERM (``kill PID``, a job manager) raises
+    :class:`_Terminated`: by default it would end the process at once, leaving the
+    loky worker processes running and the temporary files in place."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def terminate(signum, frame):
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args):
+    """:func:`main` after parsing: run the command, report errors in one line."""
 
     def show_warning(message, category, *_args, **_kwargs):
         print(f"emgmm {args.command}: {category.__name__}: {_one_line(message)}",
@@ -430,9 +464,20 @@ def main(argv=None):
         with warnings.catch_warnings():
             warnings.showwarning = show_warning
             return args.func(args)
+    except _Terminated:
+        print("emgmm: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("emgmm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # stdout's reader is gone: no more output, and none at exit either
+        # (Python's documented idiom, signal module notes on SIGPIPE)
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # a stdout without a descriptor
+            pass
+        return 1
     except Exception as exc:
         if args.debug:
             raise

@@ -2,8 +2,11 @@
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -434,3 +437,78 @@ def test_usage_error_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["fit", "x.npy", "-o", "m.h5", "--covariance-type", "bogus"])
     assert exc.value.code == 2
+
+
+def _state_and_parent(pid):
+    """``(state, parent pid)`` of a process (Linux /proc), ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def _children(pid):
+    """PIDs of the live (not zombie) processes whose parent is ``pid``."""
+    return [int(e) for e in os.listdir("/proc")
+            if e.isdigit() and (_state_and_parent(e) or ("Z", 0))[0] != "Z"
+            and _state_and_parent(e)[1] == pid]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_stops_a_fit_like_an_interrupt(tmp_path):
+    """``kill PID`` (SIGTERM) of ``emgmm fit --n-jobs 2``: by default it ended the
+    process at once, and its loky workers went on running for minutes. Now it is
+    taken as an interrupt: exit status 143, no output, no temporary files, and the
+    worker processes end with it."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((100_000, 16)) + rng.integers(0, 5, (100_000, 1)) * 2.0
+    np.save(tmp_path / "X.npy", X)
+    temp = tmp_path / "joblib"
+    temp.mkdir()
+    err = tmp_path / "err.txt"
+    env = dict(os.environ, JOBLIB_TEMP_FOLDER=str(temp))
+    with open(err, "w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "emgmm", "fit", str(tmp_path / "X.npy"), "-k", "20",
+             "--tol", "0", "--max-iter", "10000", "--n-jobs", "2", "-o",
+             str(tmp_path / "m.h5")], stdout=subprocess.DEVNULL, stderr=fh, env=env)
+    workers = []
+
+    def running():
+        return [pid for pid in workers if (_state_and_parent(pid) or ("Z",))[0] != "Z"]
+
+    try:
+        deadline = time.monotonic() + 120
+        while not re.search(r"iter +2/", err.read_text()) and proc.poll() is None:
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.2)
+        # the workers and their resource tracker
+        workers += _children(proc.pid)
+        assert workers, "the fit runs in worker processes"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143, err.read_text()
+        assert err.read_text().rstrip().endswith("emgmm: terminated")
+        deadline = time.monotonic() + 30
+        while running():
+            assert time.monotonic() < deadline, "worker processes left running"
+            time.sleep(0.5)
+    finally:  # nothing left behind when the test fails
+        for pid in [proc.pid] * (proc.poll() is None) + running():
+            os.kill(pid, signal.SIGKILL)
+    assert not (tmp_path / "m.h5").exists()
+    assert not [name for name in os.listdir(temp) if name.startswith("emgmm-")]
+    assert sorted(os.listdir(tmp_path)) == ["X.npy", "err.txt", "joblib"]
+
+
+def test_a_closed_stdout_ends_the_command_quietly(tmp_path, model_path):
+    """``emgmm info --json | head -c 20``: the reader goes away; the command stops
+    without an error message (status 1, as Python's SIGPIPE notes do it)."""
+    script = ("import os, sys\n"
+              "from emgmm.cli import main\n"
+              "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+              f"sys.exit(main(['info', {model_path!r}, '--json']))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and out.stderr == "", out.stderr
