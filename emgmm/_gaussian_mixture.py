@@ -456,9 +456,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                     idx = np.arange(source.n_samples)
                 sample = source.take(idx, block_size)
             if sample.shape[0] < self.n_components:
+                # (n_samples >= n_components was checked: the subsample is short)
                 raise ValueError(
-                    "Expected n_samples >= n_components but got n_components = "
-                    f"{self.n_components}, n_samples = {sample.shape[0]}"
+                    f"init_max_samples={self.init_max_samples} is below n_components="
+                    f"{self.n_components}: the initialisation subsample needs at least "
+                    "one row per component."
                 )
             resp = initial_responsibilities(sample, self.n_components, self.init_params,
                                             random_state)

@@ -351,13 +351,14 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
             else "rows"
     estimate = need(schedule)
     if estimate > budget:
+        other = "" if schedule == "components" or n_workers == 1 \
+            else " schedule='components',"
         raise MemoryError(
             f"The model needs about {_mib(estimate)} MiB under the '{schedule}' "
             f"schedule with {n_workers} worker(s) ({n_components} '{covariance_type}' "
             f"components of {n_features} features, float64), more than the budget of "
             f"{_mib(budget)} MiB. Use fewer components or features, a cheaper "
-            "covariance_type ('diag'), fewer n_jobs, schedule='components', or raise "
-            "memory_limit."
+            f"covariance_type ('diag'), fewer n_jobs,{other} or raise memory_limit."
         )
     return schedule, estimate
 

@@ -153,7 +153,11 @@ def make_temp_folder(parent, nbytes, what, advice=_HOW_TO_MOVE):
         )
     folder = os.path.join(
         parent, f"{TEMP_PREFIX}{os.getpid()}-{_process_space()}-{uuid.uuid4().hex[:12]}")
-    os.makedirs(folder)
+    try:
+        os.makedirs(folder)
+    except OSError as exc:  # a file, not a folder; not writable
+        raise OSError(f"Temporary folder {parent} is not usable ({exc.strerror}). "
+                      f"{advice}") from None
     return folder
 
 

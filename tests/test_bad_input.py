@@ -404,3 +404,36 @@ def test_float64_data_whose_variances_overflow_get_the_overflow_message(covarian
         gm.fit(X * 1e200)
     assert "Scale the input data" in str(info.value)
     assert not hasattr(gm, "means_")
+
+
+def test_init_max_samples_below_n_components_names_the_parameter():
+    """The data has enough rows; the initialisation subsample does not: the message
+    names init_max_samples, not a wrong n_samples."""
+    X = good_data(n=300)
+    with pytest.raises(ValueError, match=r"init_max_samples=2 is below n_components=3"):
+        GaussianMixture(3, init_max_samples=2, random_state=0).fit(X)
+
+
+def test_temp_folder_that_is_a_file_says_so(tmp_path):
+    """joblib's temp_folder naming a file: an OSError naming that folder and how to
+    choose another, not a bare errno on an internal path."""
+    import joblib
+
+    not_a_folder = tmp_path / "afile"
+    not_a_folder.write_text("")
+    with joblib.parallel_config(temp_folder=str(not_a_folder)):
+        with pytest.raises(OSError, match=r"Temporary folder .*afile is not usable "
+                                          r"\(Not a directory\)") as info:
+            GaussianMixture(3, n_jobs=2, random_state=0).fit(good_data(n=300))
+    assert "emgmm-" not in str(info.value)
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_memory_refusal_suggests_only_another_schedule(schedule):
+    """The refusal's advice names schedule='components' only when the fit would run
+    another schedule."""
+    X = np.zeros((300, 300))
+    gm = GaussianMixture(200, n_jobs=2, schedule=schedule, memory_limit=1.0)
+    with pytest.raises(MemoryError, match=f"under the '{schedule}' schedule") as info:
+        gm.fit(X)
+    assert ("schedule='components'" in str(info.value)) == (schedule == "rows")
