@@ -524,13 +524,20 @@ def explain_worker_loss(model_nbytes, block_nbytes, n_workers):
         if not (isinstance(exc, BrokenExecutor) or names & set(_WORKER_DEATH_NAMES)):
             raise
         total = model_nbytes + n_workers * block_nbytes
+        available = available_memory()
+        # (the dead workers' memory is free again: what is available now is an upper
+        # bound of what was when they died)
+        cause = ("The likely cause is the operating system's out-of-memory killer."
+                 if 4 * total > available else
+                 "The fit's estimate is far below the memory available now: a signal "
+                 "(e.g. kill), a crash in a native library, or other processes' memory "
+                 "use are likelier causes than this fit's.")
         raise MemoryError(
-            f"A worker process died during the fit ({type(exc).__name__}). The likely "
-            "cause is the operating system's out-of-memory killer. The fit needs about "
-            f"{total / _MIB:,.1f} MiB: {model_nbytes / _MIB:,.1f} MiB for the model "
-            f"(parent and {n_workers} worker(s)) and {block_nbytes / _MIB:,.1f} MiB of "
-            f"block working memory per worker; {available_memory() / _MIB:,.0f} MiB "
-            "are available now. Lower n_jobs, working_memory or block_size, use a "
-            "cheaper covariance_type, or set memory_limit to what this machine can "
-            "spare."
+            f"A worker process died during the fit ({type(exc).__name__}). {cause} "
+            f"The fit needs about {total / _MIB:,.1f} MiB: "
+            f"{model_nbytes / _MIB:,.1f} MiB for the model (parent and {n_workers} "
+            f"worker(s)) and {block_nbytes / _MIB:,.1f} MiB of block working memory "
+            f"per worker; {available / _MIB:,.0f} MiB are available now. If memory "
+            "ran out, lower n_jobs, working_memory or block_size, use a cheaper "
+            "covariance_type, or set memory_limit to what this machine can spare."
         ) from exc
