@@ -4,8 +4,9 @@ The file holds the state after an EM iteration: the index of the current
 initialisation, its parameters, iteration count, lower bounds, history and re-seeded
 rows, the state of the ``RandomState`` right after that initialisation was drawn, and
 the best finished run of the earlier initialisations. It also holds a fingerprint of
-the data (shape, dtype and a SHA-256 of 16 rows at fixed positions) and of every
-parameter that changes the result, so that a fit never resumes from another problem.
+the data (shape, dtype and a SHA-256 of every value, read in blocks as the fit reads
+them) and of every parameter that changes the result, so that a fit never resumes
+from another problem.
 
 Writing goes to a temporary file in the checkpoint's folder, flushed and fsync'ed,
 then renamed over the checkpoint (``os.replace``, atomic on POSIX and Windows): a fit
@@ -25,8 +26,10 @@ from ._atomic import atomic_output, check_writable
 from ._em import Model, RunResult
 
 FORMAT = "emgmm-checkpoint"
-VERSION = 1
-_N_FINGERPRINT_ROWS = 16
+#: 2: the data fingerprint hashes every row (version 1 hashed 16 rows).
+VERSION = 2
+#: Bytes per block of the data fingerprint's read.
+_FINGERPRINT_BLOCK_BYTES = 16 * 2**20
 _MODEL_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
 
 
@@ -40,7 +43,13 @@ def _sha256(*arrays):
 
 
 def data_fingerprint(source):
-    """Shape, dtype and a hash of 16 rows at fixed positions (first and last included).
+    """Shape, dtype and a SHA-256 of every value, as the blocks of a fit read them.
+
+    One pass over the data (blocks of ``_FINGERPRINT_BLOCK_BYTES``, in the source's
+    compute dtype, so the same values from a ``.npy`` file, a memory map, an HDF5
+    dataset or an array give the same hash): any changed value tells the data
+    apart. It costs one read of the data per fit that checkpoints (hashing runs at
+    about 1-2 GB/s), against one read per EM iteration.
 
     Parameters
     ----------
@@ -49,16 +58,23 @@ def data_fingerprint(source):
     Returns
     -------
     dict
-        JSON-serialisable. Reads at most 16 single rows.
+        JSON-serialisable.
+
+    Raises
+    ------
+    ValueError
+        If a block holds NaN or infinity (:meth:`Source.read`).
     """
     n, d = source.shape
-    positions = np.unique(np.linspace(0, n - 1, min(n, _N_FINGERPRINT_ROWS)).astype(int))
-    rows = [source.read(int(i), int(i) + 1) for i in positions]
+    digest = hashlib.sha256()
+    step = max(1, _FINGERPRINT_BLOCK_BYTES // (8 * max(d, 1)))
+    for start in range(0, n, step):
+        digest.update(np.ascontiguousarray(source.read(start, min(start + step, n))))
     return {
         "n_samples": int(n),
         "n_features": int(d),
         "dtype": np.dtype(source.dtype).str,
-        "rows_sha256": _sha256(positions, *rows),
+        "values_sha256": digest.hexdigest(),
     }
 
 

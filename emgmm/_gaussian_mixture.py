@@ -236,9 +236,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         ends with the same model as an uninterrupted fit; a checkpoint of other data
         or parameters raises ``ValueError`` saying what differs. The file is
         removed when ``fit`` completes and kept when it raises. The data are
-        identified by shape, dtype and a hash of 16 rows at fixed positions: data
-        that differ only in other rows are not told apart. A folder where it cannot
-        be written raises ``OSError`` before the first pass.
+        identified by shape, dtype and a SHA-256 of every value (one extra read of
+        the data per fit). A folder where it cannot be written raises ``OSError``
+        before the first pass.
     checkpoint_interval : float, default=0.0
         Minimum seconds between two checkpoint writes; 0 writes after every
         iteration.

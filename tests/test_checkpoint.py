@@ -184,13 +184,22 @@ def test_other_parameters_refused(tmp_path, X, change):
     assert not hasattr(gm, "weights_")
 
 
-@pytest.mark.parametrize("other", ["shifted", "float32", "fewer rows", "one row"])
+def _one_value_changed(X):
+    """X with one value, in a row between the first and last, off by one ulp."""
+    Y = X.copy()
+    Y[len(X) // 3 + 1, 1] = np.nextafter(Y[len(X) // 3 + 1, 1], np.inf)
+    return Y
+
+
+@pytest.mark.parametrize("other", ["shifted", "float32", "fewer rows", "one row",
+                                   "one value inside"])
 def test_other_data_refused(tmp_path, X, other):
     path = tmp_path / "ck.npz"
     with pytest.raises(Stop):
         GaussianMixture(**kwargs(), checkpoint=path, callback=stop_at(0, 2)).fit(X)
     Y = {"shifted": X + 1.0, "float32": X.astype(np.float32), "fewer rows": X[:-1],
-         "one row": np.vstack([X[:-1], X[-1:] * 2])}[other]
+         "one row": np.vstack([X[:-1], X[-1:] * 2]),
+         "one value inside": _one_value_changed(X)}[other]
     with pytest.raises(ValueError, match="other data"):
         GaussianMixture(**kwargs(), checkpoint=path).fit(Y)
 
