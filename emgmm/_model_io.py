@@ -110,6 +110,8 @@ def save_model(estimator, path):
         f.attrs["covariance_type"] = estimator.covariance_type
         f.attrs["n_components"] = weights.shape[0]
         f.attrs["n_features_in"] = n_features
+        # the arrays are stored in float64; the attributes get their dtype back
+        f.attrs["attributes_dtype"] = np.dtype(estimator.means_.dtype).name
         f.attrs["params"] = json.dumps(plain, sort_keys=True)
         f.attrs["params_dropped"] = json.dumps(dropped)
         f["weights"] = weights
@@ -203,6 +205,8 @@ def _header(f):
         "covariance_type": str(f.attrs["covariance_type"]),
         "n_components": int(f.attrs["n_components"]),
         "n_features_in": int(f.attrs["n_features_in"]),
+        # (files written before it was stored hold float64 attributes)
+        "attributes_dtype": str(f.attrs.get("attributes_dtype", "float64")),
         "params": json.loads(f.attrs["params"]),
         "params_dropped": json.loads(f.attrs["params_dropped"]),
         "feature_names_in": None if names is None else list(names.asstr()[()]),
@@ -357,10 +361,13 @@ def load_model(path):
     estimator = GaussianMixture()
     known = estimator.get_params(deep=False)
     estimator.set_params(**{n: v for n, v in params.items() if n in known})
-    estimator.weights_ = weights
-    estimator.means_ = means
-    estimator.precisions_cholesky_ = prec_chol
-    estimator.covariances_, estimator.precisions_ = covariances, precisions
+    # float32 for a model fitted in float32, as fit left them (checked in float64)
+    dtype = np.float32 if header["attributes_dtype"] == "float32" else np.float64
+    estimator.weights_ = weights.astype(dtype, copy=False)
+    estimator.means_ = means.astype(dtype, copy=False)
+    estimator.precisions_cholesky_ = prec_chol.astype(dtype, copy=False)
+    estimator.covariances_ = covariances.astype(dtype, copy=False)
+    estimator.precisions_ = precisions.astype(dtype, copy=False)
     estimator.n_features_in_ = d
     if header["feature_names_in"] is not None:
         estimator.feature_names_in_ = np.asarray(

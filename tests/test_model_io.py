@@ -22,7 +22,7 @@ from emgmm._model_io import (
     save_model,
 )
 
-from conftest import COVARIANCE_TYPES
+from conftest import COVARIANCE_TYPES, make_blobs_data
 
 
 def _fit(X, covariance_type, **kwargs):
@@ -273,3 +273,23 @@ def test_atomic_output_names_the_users_path_when_its_folder_refuses(tmp_path,
             pytest.fail("no temporary file to write to")
     assert ".tmp" not in str(info.value) and info.value.errno == 30
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_model_fitted_in_float32_keeps_float32_attributes(tmp_path, covariance_type):
+    """A model fitted on float32 data has float32 attributes; the file stores float64
+    and load_model gives the attributes their dtype back (the values unchanged)."""
+    X = make_blobs_data(400, 3, 2, seed=4).astype(np.float32)
+    model = emgmm.GaussianMixture(2, covariance_type=covariance_type,
+                                  random_state=0).fit(X)
+    assert model.means_.dtype == np.float32
+    save_model(model, tmp_path / "m.h5")
+    loaded = load_model(tmp_path / "m.h5")
+    for name in ("weights_", "means_", "precisions_cholesky_", "covariances_",
+                 "precisions_"):
+        assert getattr(loaded, name).dtype == np.float32, name
+        np.testing.assert_allclose(getattr(loaded, name), getattr(model, name),
+                                   rtol=1e-6, err_msg=name)
+    for name in ("weights_", "means_", "precisions_cholesky_"):
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(model, name))
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
