@@ -290,10 +290,15 @@ class MemmapSource(Source):
         base = mm
         while isinstance(base.base, np.memmap):
             base = base.base
-        if base is not mm:
-            return None  # a slice of a larger map: treat as an in-memory array
+        # a contiguous view (a reshape, a range of rows) reads its own bytes of the
+        # file: its offset there is the map's plus its distance from the map's start
+        # (a view's .offset is its map's)
+        offset = mm.offset + (mm.ctypes.data - base.ctypes.data)
+        if not (base.offset <= offset
+                and offset + mm.nbytes <= base.offset + base.nbytes):
+            return None  # not within the mapped bytes: treat as an in-memory array
         try:
-            source = cls(mm.filename, mm.dtype, mm.shape, mm.offset, order,
+            source = cls(mm.filename, mm.dtype, mm.shape, offset, order,
                          f"memmap {mm.filename}")
         except FileNotFoundError:
             raise FileNotFoundError(
@@ -301,7 +306,7 @@ class MemmapSource(Source):
                 "the memmap was opened: emgmm reads a memmap again by its file name. "
                 "Pass np.asarray(X) to fit it as an array, or keep the file in place."
             ) from None
-        size, needed = source._state[0], mm.offset + mm.nbytes
+        size, needed = source._state[0], offset + mm.nbytes
         if size < needed:
             raise ValueError(
                 f"The file {mm.filename} of this memmap holds {size} bytes, fewer than "

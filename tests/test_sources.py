@@ -20,6 +20,7 @@ from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from conftest import COVARIANCE_TYPES, FILE_KINDS, SOURCE_KINDS, file_fingerprint, make_blobs_data
 from emgmm import GaussianMixture
+from emgmm._sources import MemmapSource, as_source
 
 N = 200  # 7 and 64 do not divide 200
 BLOCK_SIZES = (1, 7, 64, N)
@@ -647,3 +648,23 @@ def test_file_rewritten_in_place_during_an_in_process_fit(tmp_path, data, suffix
     with pytest.raises(OSError, match="was replaced or modified during the fit") as info:
         fit(spec, n_jobs=n_jobs, callback=rewrite)
     assert changed and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("view", ["reshape", "rows", "flat rows", "view of a view"])
+def test_contiguous_view_of_a_memmap_is_read_from_its_file(tmp_path, view):
+    """A reshape or a range of rows of a memory map (``np.load(..., mmap_mode='r')
+    .reshape(-1, d)``) is read from its bytes of the file, as the map is (workers
+    then share the file instead of a copy of X), and fits as its values do."""
+    X = make_blobs_data(600, 4, 3, seed=2)
+    np.save(tmp_path / "X.npy", X)
+    mm = np.load(tmp_path / "X.npy", mmap_mode="r")
+    V = {"reshape": mm.reshape(-1, 8), "rows": mm[150:450],
+         "flat rows": mm.reshape(-1)[8:2008].reshape(-1, 4),
+         "view of a view": mm[:, :].T.T}[view]
+    source = as_source(V)
+    assert isinstance(source, MemmapSource)
+    np.testing.assert_array_equal(source.read(0, V.shape[0]), np.asarray(V))
+    ref = fit(np.array(V), n_jobs=1)
+    got = fit(V, n_jobs=1)
+    np.testing.assert_array_equal(got.means_, ref.means_)
+    assert got.lower_bounds_ == ref.lower_bounds_
