@@ -20,6 +20,7 @@ from emgmm._parallel import Executor
 from emgmm._sources import as_source
 
 distributed = pytest.importorskip("distributed")
+dask = pytest.importorskip("dask")
 
 STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -30,10 +31,13 @@ def where(source, start, stop, *, blas_threads):
 
 
 @pytest.fixture(scope="module")
-def client():
+def client(tmp_path_factory):
     # LocalCluster leaves its workers' settings in os.environ (OPENBLAS_NUM_THREADS=1,
     # MALLOC_TRIM_THRESHOLD_, ...): the tests after this module must not inherit them
     environ = dict(os.environ)
+    # dask's scratch space in the test's folder, not /tmp/dask-scratch-space
+    scratch = dask.config.set(
+        {"temporary-directory": str(tmp_path_factory.mktemp("dask-scratch"))})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dashboard port, etc.
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1,
@@ -44,6 +48,7 @@ def client():
     finally:
         client.close()
         cluster.close()
+        scratch.__exit__(None, None, None)
         os.environ.clear()
         os.environ.update(environ)
 
