@@ -306,8 +306,11 @@ def load_model(path):
     -------
     estimator : emgmm.GaussianMixture
         Fitted estimator with ``weights_``, ``means_``,
-        ``precisions_cholesky_`` as stored (float64), ``covariances_`` and
-        ``precisions_`` recomputed from ``precisions_cholesky_``, the fit
+        ``precisions_cholesky_`` as stored (in float64), ``covariances_`` and
+        ``precisions_`` recomputed from ``precisions_cholesky_`` (in float64), all
+        five in the dtype the fitted model had (float32 for a model fitted in
+        float32: covariances and precisions then within a float32 ulp of what the
+        fit left), the fit
         metadata (``n_iter_``, ``converged_``, ``lower_bound_``,
         ``lower_bounds_``), ``n_features_in_`` and, when stored,
         ``feature_names_in_``. Constructor parameters listed in the file's

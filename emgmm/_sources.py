@@ -98,20 +98,21 @@ def _check_file_unchanged(path, state, description):
     OSError
         If its size or modification time changed.
     """
+    of = "" if description == path else f" (of {description})"
     try:
         now = _file_state(path)
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"The data file {path} (of {description}) was deleted or moved during the "
-            "fit: it cannot be read again by its name. Keep the file in place while "
-            "fitting."
+            f"The data file {path}{of} was deleted or moved while emgmm was reading "
+            "it: it cannot be read again by its name. Keep the file in place while "
+            "emgmm reads it (fit, predict, score)."
         ) from None
     if now != state:
         raise OSError(
-            f"The data file {path} (of {description}) was replaced or modified during "
-            "the fit (its size or modification time changed since the fit opened it): "
-            "the fit would go on with other data. Keep the file unchanged while "
-            "fitting."
+            f"The data file {path}{of} was replaced or modified while emgmm was "
+            "reading it (its size or modification time changed since it was opened): "
+            "the rest would be read from other data. Keep the file unchanged while "
+            "emgmm reads it (fit, predict, score)."
         )
 
 

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -453,6 +454,18 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _stdout_reader_gone():
+    """Whether stdout is a pipe whose reader has closed it (``poll`` reports an error
+    on its write end), as opposed to another pipe or socket failing."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):
+        return False  # no descriptor, or no poll (Windows): an error like any other
+    poller.register(fd, select.POLLOUT)
+    return any(event & select.POLLERR for _, event in poller.poll(0))
+
+
 def _run(args):
     """:func:`main` after parsing: run the command, report errors in one line."""
 
@@ -463,22 +476,23 @@ def _run(args):
     try:
         with warnings.catch_warnings():
             warnings.showwarning = show_warning
-            return args.func(args)
+            status = args.func(args)
+        # a pipe's buffered output goes now, where a closed reader is caught below,
+        # not at the interpreter's exit
+        sys.stdout.flush()
+        return status
     except _Terminated:
         print("emgmm: terminated", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
         print("emgmm: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # stdout's reader is gone: no more output, and none at exit either
-        # (Python's documented idiom, signal module notes on SIGPIPE)
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):  # a stdout without a descriptor
-            pass
-        return 1
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and not args.debug and _stdout_reader_gone():
+            # the reader of stdout went away (| head): no more output, and none at
+            # exit either (Python's idiom, the signal module's notes on SIGPIPE)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
         if args.debug:
             raise
         print(f"emgmm {args.command}: error: {_one_line(exc)}", file=sys.stderr)

@@ -512,3 +512,27 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path, model_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 1 and out.stderr == "", out.stderr
+
+
+def test_a_closed_stdout_with_buffered_output_ends_quietly(tmp_path, model_path):
+    """The same with block-buffered stdout (no PYTHONUNBUFFERED): the output reaches
+    the closed pipe only when flushed, which the command does before it returns."""
+    script = ("import os, sys\n"
+              "from emgmm.cli import main\n"
+              "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+              f"sys.exit(main(['info', {model_path!r}, '--json']))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 1 and out.stderr == "", out.stderr
+
+
+def test_a_broken_pipe_elsewhere_is_an_error(tmp_path, model_path, monkeypatch, capsys):
+    """A BrokenPipeError that is not stdout's (a socket, another pipe) is reported
+    like any other error, not swallowed."""
+    def fail(args):
+        raise BrokenPipeError(32, "Broken pipe (a socket)")
+
+    monkeypatch.setattr(cli, "_cmd_info", fail)
+    assert cli.main(["info", model_path]) == 1
+    assert "error: [Errno 32] Broken pipe (a socket)" in capsys.readouterr().err

@@ -613,8 +613,8 @@ def test_file_deleted_or_replaced_during_the_fit(tmp_path, data, suffix, what):
         os.replace(other, path)
 
     error, message = {
-        "deleted": (FileNotFoundError, "was deleted or moved during the fit"),
-        "replaced": (OSError, "was replaced or modified during the fit")}[what]
+        "deleted": (FileNotFoundError, "was deleted or moved while emgmm was reading it"),
+        "replaced": (OSError, "was replaced or modified while emgmm was reading it")}[what]
     with pytest.raises(error, match=message) as info:
         fit(spec, n_jobs=2, callback=change)
     assert changed and str(path) in str(info.value)
@@ -645,7 +645,7 @@ def test_file_rewritten_in_place_during_an_in_process_fit(tmp_path, data, suffix
         # a clock of coarse resolution must not hide the change
         os.utime(path, ns=(state.st_atime_ns, state.st_mtime_ns + 10**9))
 
-    with pytest.raises(OSError, match="was replaced or modified during the fit") as info:
+    with pytest.raises(OSError, match="was replaced or modified while emgmm was reading it") as info:
         fit(spec, n_jobs=n_jobs, callback=rewrite)
     assert changed and str(path) in str(info.value)
 
