@@ -291,6 +291,8 @@ class MemmapSource(Source):
         base = mm
         while isinstance(base.base, np.memmap):
             base = base.base
+        if base.base is not getattr(mm, "_mmap", None):
+            return None  # a view through another array: treat as an in-memory array
         # a contiguous view (a reshape, a range of rows) reads its own bytes of the
         # file: its offset there is the map's plus its distance from the map's start
         # (a view's .offset is its map's)
@@ -298,9 +300,11 @@ class MemmapSource(Source):
         if not (base.offset <= offset
                 and offset + mm.nbytes <= base.offset + base.nbytes):
             return None  # not within the mapped bytes: treat as an in-memory array
+        description = (f"memmap {mm.filename}" if base is mm
+                       else f"X (a view of memmap {mm.filename})")
+        _check_mapped_file(mm, description)
         try:
-            source = cls(mm.filename, mm.dtype, mm.shape, offset, order,
-                         f"memmap {mm.filename}")
+            source = cls(mm.filename, mm.dtype, mm.shape, offset, order, description)
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"The file {mm.filename} of this memmap was deleted or moved after "
@@ -581,6 +585,40 @@ _REOPENABLE_DRIVERS = ("sec2",)
 
 #: What Linux appends to the target of a /proc/self/fd link whose file was deleted.
 _DELETED = " (deleted)"
+
+
+def _mapped_file(address):
+    """``os.stat`` of the file mapped at ``address`` in this process (through
+    ``/proc/self/map_files``, Linux), or ``None`` where that cannot be read."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                span = line.split(" ", 1)[0]
+                start, end = (int(a, 16) for a in span.split("-"))
+                if start <= address < end:
+                    return os.stat(f"/proc/self/map_files/{span}")
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _check_mapped_file(mm, description):
+    """Raise if the path of memmap ``mm`` now leads to another file than the one it
+    maps (replaced after the memmap was opened: emgmm would read the new file)."""
+    if mm.nbytes == 0:
+        return
+    mapped = _mapped_file(mm.ctypes.data)
+    try:
+        now = os.stat(mm.filename)
+    except FileNotFoundError:
+        return  # said by the caller
+    if mapped is not None and (mapped.st_dev, mapped.st_ino) != (now.st_dev, now.st_ino):
+        raise OSError(
+            f"The file {mm.filename} of {description} was replaced after the memmap "
+            "was opened: emgmm reads a memmap again by its file name, which now leads "
+            "to other data. Pass np.asarray(X) to fit the memmap's values as an "
+            "array, or open the memmap again."
+        )
 
 
 def _open_file_path(h5file):

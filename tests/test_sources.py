@@ -20,6 +20,7 @@ from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from conftest import COVARIANCE_TYPES, FILE_KINDS, SOURCE_KINDS, file_fingerprint, make_blobs_data
 from emgmm import GaussianMixture
+from emgmm import _sources
 from emgmm._sources import MemmapSource, as_source
 
 N = 200  # 7 and 64 do not divide 200
@@ -557,23 +558,55 @@ def test_hdf5_dataset_of_a_file_deleted_or_replaced_while_open(tmp_path, data, w
     assert "(deleted)" not in message
 
 
-@pytest.mark.parametrize("what", ["deleted", "replaced"])
+@pytest.mark.parametrize("what", ["deleted", "replaced by a shorter file",
+                                  "replaced by a file of the same size", "truncated"])
 def test_memmap_of_a_file_deleted_or_replaced(tmp_path, data, what):
-    """A memmap is read again by its file name: a file deleted since, or replaced by
-    a shorter one, is named with what happened (not numpy's 'mmap length is greater
-    than file size')."""
+    """A memmap is read again by its file name: a file deleted since, replaced by
+    another (of any size: found by the mapped file's identity, Linux), or truncated
+    is named with what happened (not numpy's 'mmap length is greater than file
+    size', nor a fit of the new file's values)."""
     path = tmp_path / "X.npy"
     np.save(path, data)
     mm = np.load(path, mmap_mode="r")
-    os.unlink(path)
+    if what == "truncated":
+        with open(path, "r+b") as fh:
+            fh.truncate(200)
+        error, message = ValueError, "truncated or replaced after the memmap was opened"
+    else:
+        os.unlink(path)
+        error, message = OSError, "of memmap .* was replaced after the memmap was opened"
     if what == "deleted":
         error, message = FileNotFoundError, "of this memmap was deleted or moved"
-    else:
-        np.save(path, data[:10])
-        error, message = ValueError, "truncated or replaced after the memmap was opened"
+    elif what.startswith("replaced"):
+        np.save(path, data[:10] if "shorter" in what else data[::-1])
+        if _sources._mapped_file(mm.ctypes.data) is None:
+            pytest.skip("/proc/self/map_files is not readable here")
     with pytest.raises(error, match=message) as info:
         fit(mm)
     assert str(path) in str(info.value)
+
+
+def test_memmap_view_through_another_array_is_fitted_as_an_array(tmp_path, data):
+    """A memmap whose chain of bases passes through a plain array (``as_strided(...,
+    subok=True)``) is no range of the file's bytes that can be computed: it is
+    fitted as an in-memory array, with its own values; rows of a contiguous view are
+    numbered from the view."""
+    from numpy.lib.stride_tricks import as_strided
+
+    path = tmp_path / "X.npy"
+    np.save(path, data)
+    mm = np.load(path, mmap_mode="r")
+    view = as_strided(mm[10:], shape=(len(data) - 10, data.shape[1]),
+                      strides=mm.strides, subok=True)
+    assert isinstance(view, np.memmap) and MemmapSource.from_memmap(view) is None
+    got, ref = fit(view, n_jobs=1), fit(np.array(view), n_jobs=1)
+    np.testing.assert_array_equal(got.means_, ref.means_)
+    bad = np.array(data)
+    bad[15, 1] = np.nan
+    np.save(path, bad)
+    mm = np.load(path, mmap_mode="r")
+    with pytest.raises(ValueError, match=r"X \(a view of memmap .*\), row 5, column 1"):
+        fit(mm[10:])
 
 
 def _write(path, X):
