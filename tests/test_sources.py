@@ -619,12 +619,15 @@ def _write(path, X):
 
 
 @pytest.mark.parametrize("suffix", [".npy", ".h5"])
-@pytest.mark.parametrize("what", ["deleted", "replaced"])
-def test_file_deleted_or_replaced_during_the_fit(tmp_path, data, suffix, what):
-    """Worker processes reopen the file by name in every pass: a file deleted (or
-    moved) after the first iteration, or replaced by another of the same size, is an
-    error that says so and names the file, not a bare 'No such file' or a fit that
-    goes on with other data."""
+@pytest.mark.parametrize("what, n_jobs", [("deleted", 2), ("replaced", 2),
+                                          ("rewritten", None), ("rewritten", 1)])
+def test_file_deleted_or_replaced_during_the_fit(tmp_path, data, suffix, what, n_jobs):
+    """After the first iteration, a file deleted (or moved), replaced by another of
+    the same size, or rewritten in place (the same inode: a fit that reads in its
+    own process keeps it open, and its map sees the new bytes) is an error at the
+    next read that says so and names the file, not a bare 'No such file' or a fit
+    that goes on with other data. Worker processes reopen the file by name in every
+    pass; the fitting process checks the file at every read."""
     path = tmp_path / f"X{suffix}"
     _write(path, data)
     spec = str(path) if suffix == ".npy" else f"{path}:/X"
@@ -638,48 +641,25 @@ def test_file_deleted_or_replaced_during_the_fit(tmp_path, data, suffix, what):
         if what == "deleted":
             os.unlink(path)
             return
-        other = tmp_path / f"other{suffix}"
-        _write(other, np.ascontiguousarray(data[::-1]))
-        assert os.path.getsize(other) == state.st_size
-        # a clock of coarse resolution must not hide the new file
-        os.utime(other, ns=(state.st_atime_ns, state.st_mtime_ns + 10**9))
-        os.replace(other, path)
-
-    error, message = {
-        "deleted": (FileNotFoundError, "was deleted or moved while emgmm was reading it"),
-        "replaced": (OSError, "was replaced or modified while emgmm was reading it")}[what]
-    with pytest.raises(error, match=message) as info:
-        fit(spec, n_jobs=2, callback=change)
-    assert changed and str(path) in str(info.value)
-
-
-@pytest.mark.parametrize("suffix", [".npy", ".h5"])
-@pytest.mark.parametrize("n_jobs", [None, 1])
-def test_file_rewritten_in_place_during_an_in_process_fit(tmp_path, data, suffix,
-                                                         n_jobs):
-    """A fit that reads in its own process keeps the file open: a file rewritten in
-    place after the first iteration (the same inode: the open map sees the new
-    bytes) is an error at the next read, as it is for worker processes, not a fit
-    that goes on with other data."""
-    path = tmp_path / f"X{suffix}"
-    _write(path, data)
-    spec = str(path) if suffix == ".npy" else f"{path}:/X"
-    changed = []
-
-    def rewrite(*_):
-        if changed:
-            return
-        changed.append(path)
-        state = os.stat(path)
-        if suffix == ".npy":  # new values over the old ones, in the same file
+        target = tmp_path / f"other{suffix}" if what == "replaced" else path
+        if what == "replaced":
+            _write(target, np.ascontiguousarray(data[::-1]))
+            assert os.path.getsize(target) == state.st_size
+        elif suffix == ".npy":  # new values over the old ones, in the same file
             with open(path, "r+b") as f:
                 f.seek(state.st_size - data.nbytes)
                 f.write(np.ascontiguousarray(data[::-1]).tobytes())
         # a clock of coarse resolution must not hide the change
-        os.utime(path, ns=(state.st_atime_ns, state.st_mtime_ns + 10**9))
+        os.utime(target, ns=(state.st_atime_ns, state.st_mtime_ns + 10**9))
+        if what == "replaced":
+            os.replace(target, path)
 
-    with pytest.raises(OSError, match="was replaced or modified while emgmm was reading it") as info:
-        fit(spec, n_jobs=n_jobs, callback=rewrite)
+    error, message = (
+        (FileNotFoundError, "was deleted or moved while emgmm was reading it")
+        if what == "deleted" else
+        (OSError, "was replaced or modified while emgmm was reading it"))
+    with pytest.raises(error, match=message) as info:
+        fit(spec, n_jobs=n_jobs, callback=change)
     assert changed and str(path) in str(info.value)
 
 
