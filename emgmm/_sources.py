@@ -342,16 +342,15 @@ class MemmapSource(Source):
 
     def _open(self):
         if self._map is None:
-            _check_file_unchanged(self.filename, self._state, self.description)
             self._map = np.memmap(self.filename, dtype=self.dtype, mode="r",
                                   offset=self.offset, shape=self.shape, order=self.order)
         return self._map
 
     def _read(self, start, stop):
-        rows = self._open()[start:stop]
-        # every read, not only on opening: a file rewritten in place during the fit
-        # (the same inode) changes the mapped pages under an open map
+        # every read, not only before opening: a file rewritten in place during the
+        # fit (the same inode) changes the mapped pages under an open map
         _check_file_unchanged(self.filename, self._state, self.description)
+        rows = self._open()[start:stop]
         if self.order == "C":
             # a read-only view of the mapped pages (no copy)
             return np.asarray(rows)

@@ -6,7 +6,8 @@ block, they come from glibc's ``malloc``: the first ones from mappings of their 
 but freeing such a chunk raises the allocator's mmap threshold to its size (up to
 32 MiB), and the next blocks' arrays then come from the heap arenas, one per thread,
 where freed memory stays resident and fragments (on [100k, 64], K=200 'full' with two
-row threads: 200-230 MiB resident above the data against 130-150 MiB of arrays).
+row threads: 216-256 MiB resident above the data, where tracemalloc traced a peak of
+134 MiB).
 Allocating every block's arrays on mappings of their own instead costs a page fault
 per page touched (~15 ms per 19 MiB array, 5-10% of such a block).
 

@@ -66,6 +66,9 @@ def test_threads_get_workspaces_of_their_own():
     assert lent[0][0] != lent[1][0]
 
 
+_borrow = workspace.Workspace.borrow
+
+
 @contextmanager
 def _poisoned(self, name, shape, dtype=np.float64, order="C"):
     """Workspace.borrow lending arrays full of NaN (True for bool): a kernel that
@@ -73,9 +76,6 @@ def _poisoned(self, name, shape, dtype=np.float64, order="C"):
     with _borrow(self, name, shape, dtype, order) as array:
         array[...] = True if np.dtype(dtype) == bool else np.nan
         yield array
-
-
-_borrow = workspace.Workspace.borrow
 
 
 def _fit(X, **params):
