@@ -122,8 +122,6 @@ def release_free_memory():
     return _MALLOC_TRIM is not None and _MALLOC_TRIM(0) == 1
 
 
-SCHEDULES = ("rows", "components")
-
 #: Per-task sufficient statistics above this size make ``schedule="auto"`` pick the
 #: component-sharded schedule when there are several workers (K=200, d=64 'full':
 #: 3.3 MB -> rows; K=200, d=900: 649 MB -> components).

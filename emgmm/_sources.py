@@ -406,7 +406,6 @@ class HDF5Source(Source):
         self.dtype = ds.dtype
         if ds.chunks is not None:
             self.chunk_rows = int(ds.chunks[0])
-            self.chunk_cols = int(ds.chunks[1])
 
     def _dataset(self):
         import h5py
