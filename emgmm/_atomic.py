@@ -1,6 +1,7 @@
 """Outputs written atomically: a temporary name in the same folder, then a rename."""
 
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager, suppress
 
@@ -41,10 +42,7 @@ def check_writable(path, what="output"):
 def atomic_output(path):
     """Yield a temporary path next to ``path``; rename it to ``path`` on success.
 
-    The temporary file is created in the directory of ``path`` (so the final
-    ``os.replace`` is atomic) and removed if the body raises, so a failed
-    run never leaves a partial or stray file behind. The result gets the
-    permissions of a newly created file (``0666`` less the umask).
+    :func:`atomic_outputs` for one path.
 
     Parameters
     ----------
@@ -58,29 +56,99 @@ def atomic_output(path):
 
     Raises
     ------
-    FileNotFoundError
-        If the directory of ``path`` does not exist.
+    OSError
+        If the temporary file cannot be created (the message names ``path``).
     """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp_path = tempfile.mkstemp(
-            dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp"
-        )
-    except OSError as exc:  # name the user's path, not the temporary one
-        raise type(exc)(exc.errno, f"Cannot write {path} ({exc.strerror} in its "
-                        f"folder {directory})") from None
-    os.close(fd)
-    try:
+    with atomic_outputs([path]) as (tmp_path,):
         yield tmp_path
-        with open(tmp_path, "rb+") as fh:  # on disk before the rename
-            os.fsync(fh.fileno())
+
+
+@contextmanager
+def atomic_outputs(paths):
+    """Yield temporary paths next to ``paths``; rename each to its path on success.
+
+    Each temporary file is created in the directory of its path (so the final
+    ``os.replace`` is atomic). All of them are written to disk (``fsync``) before the
+    first rename, and all are removed if the body raises or a write to disk fails: a
+    failed run leaves no partial or stray file, and none of the outputs is replaced
+    unless all were written. Each result gets the permissions of a newly created file
+    (``0666`` less the umask).
+
+    Parameters
+    ----------
+    paths : sequence of str or os.PathLike
+        Final output paths. Their directories must exist.
+
+    Yields
+    ------
+    tmp_paths : list of str
+        Paths of empty temporary files to write to, in the order of ``paths``.
+
+    Raises
+    ------
+    OSError
+        If a temporary file cannot be created (the message names the user's path,
+        not the temporary one).
+    """
+    paths = [os.fspath(path) for path in paths]
+    tmp_paths = []
+    try:
+        for path in paths:
+            directory = os.path.dirname(os.path.abspath(path))
+            try:
+                fd, tmp_path = tempfile.mkstemp(
+                    dir=directory, prefix="." + os.path.basename(path) + ".",
+                    suffix=".tmp")
+            except OSError as exc:  # name the user's path, not the temporary one
+                raise type(exc)(exc.errno, f"Cannot write {path} ({exc.strerror} in "
+                                f"its folder {directory})") from None
+            os.close(fd)
+            tmp_paths.append(tmp_path)
+        yield list(tmp_paths)
+        for tmp_path in tmp_paths:
+            with open(tmp_path, "rb+") as fh:  # on disk before any rename
+                os.fsync(fh.fileno())
         # mkstemp creates the file 0600; give it the mode a new file would get
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)
-        os.replace(tmp_path, path)
+        for tmp_path in tmp_paths:
+            os.chmod(tmp_path, 0o666 & ~umask)
+        for path in paths:
+            os.replace(tmp_paths.pop(0), path)
     except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp_path)
+        for tmp_path in tmp_paths:  # those not renamed
+            with suppress(FileNotFoundError):
+                os.unlink(tmp_path)
         raise
+
+
+def reserve(fh, nbytes, path):
+    """Allocate the first ``nbytes`` of the open file ``fh`` on disk (the file grows
+    to at least that size), so that writing them through a memory map cannot meet a
+    full file system: without it, a sparse file mapped on a full one kills the process
+    with ``SIGBUS``.
+
+    Parameters
+    ----------
+    fh : file object
+        Open for writing.
+    nbytes : int
+    path : str or os.PathLike
+        The output the user named, for the message.
+
+    Raises
+    ------
+    OSError
+        If the space cannot be allocated (``ENOSPC``: the message names ``path``, the
+        bytes needed and those free).
+    """
+    if nbytes <= 0 or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fh.fileno(), 0, nbytes)
+    except OSError as exc:
+        directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+        free = shutil.disk_usage(directory).free
+        raise type(exc)(exc.errno, f"Cannot write {os.fspath(path)}: {exc.strerror} "
+                        f"(it needs {nbytes / 2**20:.1f} MiB; {free / 2**20:.1f} MiB "
+                        f"free in {directory})") from None

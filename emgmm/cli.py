@@ -25,7 +25,7 @@ from numpy.lib.format import open_memmap
 from sklearn import get_config
 
 from . import demo
-from ._atomic import atomic_output, check_writable
+from ._atomic import atomic_output, atomic_outputs, check_writable, reserve
 from ._model_io import load_model, read_header, save_model
 from ._progress import ProgressReporter, format_summary
 from ._sources import as_source, split_hdf5_spec
@@ -231,6 +231,8 @@ def _cmd_predict(args):
         shape, dtype, method = (n_samples,), np.int64, model.predict
     with atomic_output(args.output) as tmp_path, _each_warning_once():
         out = open_memmap(tmp_path, mode="w+", dtype=dtype, shape=shape)
+        with open(tmp_path, "rb+") as fh:  # (sparse until then)
+            reserve(fh, os.fstat(fh.fileno()).st_size, args.output)
         with as_source(args.data) as source:
             for start, stop, block in source.blocks(rows):
                 out[start:stop] = method(block)
@@ -259,10 +261,17 @@ def _each_warning_once():
         yield
 
 
-def _save_npy(path, array):
-    with atomic_output(path) as tmp_path:
-        with open(tmp_path, "wb") as f:
-            np.save(f, array, allow_pickle=False)
+def _write_npy(tmp_path, array, path):
+    """``array`` as a .npy file at ``tmp_path``, its space reserved first (so a full
+    file system gives an error that names ``path``, not numpy's byte counts)."""
+    with open(tmp_path, "rb+") as f:
+        reserve(f, array.nbytes + _NPY_HEADER_BYTES, path)
+        np.save(f, array, allow_pickle=False)
+        f.truncate()  # the unused part of the reserve
+
+
+# more than a .npy header of a 1-d or 2-d array takes (format versions 1.0-3.0)
+_NPY_HEADER_BYTES = 4096
 
 
 def _cmd_sample(args):
@@ -275,13 +284,13 @@ def _cmd_sample(args):
         raise CommandError(f"-n must be at least 1, got {args.n_samples}")
     model.random_state = args.random_state
     samples, labels = model.sample(args.n_samples)
-    _save_npy(args.output, samples)
+    outputs = [(args.output, samples)]
     if args.labels is not None:
-        try:
-            _save_npy(args.labels, labels)
-        except BaseException:
-            os.unlink(args.output)  # no partial result: both files or neither
-            raise
+        outputs.append((args.labels, labels))
+    # both files or neither; an earlier file at either path stays until both are written
+    with atomic_outputs([path for path, _ in outputs]) as tmp_paths:
+        for tmp_path, (path, array) in zip(tmp_paths, outputs):
+            _write_npy(tmp_path, array, path)
     return 0
 
 

@@ -536,3 +536,73 @@ def test_a_broken_pipe_elsewhere_is_an_error(tmp_path, model_path, monkeypatch, 
     monkeypatch.setattr(cli, "_cmd_info", fail)
     assert cli.main(["info", model_path]) == 1
     assert "error: [Errno 32] Broken pipe (a socket)" in capsys.readouterr().err
+
+
+def _full_file_system(monkeypatch, fail_on=1):
+    """Make the ``fail_on``-th reservation of output space (and later ones) fail as
+    on a full file system."""
+    import errno
+
+    calls = []
+    real = os.posix_fallocate
+
+    def fallocate(fd, offset, length):
+        calls.append(length)
+        if len(calls) >= fail_on:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    return calls
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="no posix_fallocate")
+def test_predict_onto_a_full_file_system_fails_cleanly(tmp_path, data, model_path,
+                                                       capsys, monkeypatch):
+    """The mapped output is reserved before it is written: a full file system gives
+    an error that names the output (through a mapping of a sparse file it killed
+    the process with SIGBUS), and leaves nothing behind."""
+    listing = sorted(os.listdir(tmp_path))
+    calls = _full_file_system(monkeypatch)
+    out = tmp_path / "p.npy"
+    assert cli.main(["predict", model_path, data[1], "--proba", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"Cannot write {out}: No space left on device" in err
+    n_components = load_model(model_path).n_components
+    assert calls and calls[0] >= len(data[0]) * n_components * 8  # (n, K) float64
+    assert sorted(os.listdir(tmp_path)) == listing
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="no posix_fallocate")
+def test_failed_sample_keeps_the_existing_outputs(tmp_path, model_path, capsys,
+                                                  monkeypatch):
+    """When the labels cannot be written, the samples' earlier file stays as it was
+    (it was replaced, then deleted), and no temporary file is left."""
+    out, labels = tmp_path / "s.npy", tmp_path / "l.npy"
+    np.save(out, np.arange(5.0))
+    np.save(labels, np.arange(3))
+    listing = sorted(os.listdir(tmp_path))
+    _full_file_system(monkeypatch, fail_on=2)
+    assert cli.main(["sample", model_path, "-n", "50", "-o", str(out),
+                     "--labels", str(labels)]) == 1
+    assert f"Cannot write {labels}: No space left on device" in capsys.readouterr().err
+    np.testing.assert_array_equal(np.load(out), np.arange(5.0))
+    np.testing.assert_array_equal(np.load(labels), np.arange(3))
+    assert sorted(os.listdir(tmp_path)) == listing
+
+
+def test_sample_outputs_hold_exactly_the_arrays(tmp_path, model_path):
+    """The reserved space beyond the array is cut off: the files are plain .npy
+    files of the samples and labels."""
+    out, labels = tmp_path / "s.npy", tmp_path / "l.npy"
+    assert cli.main(["sample", model_path, "-n", "7", "-o", str(out), "--labels",
+                     str(labels), "--random-state", "3"]) == 0
+    model = load_model(model_path)
+    model.random_state = 3
+    X, y = model.sample(7)
+    for path, expected in ((out, X), (labels, y)):
+        with open(path, "rb") as fh:
+            np.lib.format.read_magic(fh)
+            np.lib.format.read_array_header_1_0(fh)
+            assert os.path.getsize(path) == fh.tell() + expected.nbytes
+        np.testing.assert_array_equal(np.load(path), expected)

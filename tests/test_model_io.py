@@ -293,3 +293,25 @@ def test_model_fitted_in_float32_keeps_float32_attributes(tmp_path, covariance_t
     for name in ("weights_", "means_", "precisions_cholesky_"):
         np.testing.assert_array_equal(getattr(loaded, name), getattr(model, name))
     np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+
+
+def test_atomic_outputs_replace_all_or_none(tmp_path):
+    """A body that fails leaves every earlier file as it was and no temporary file;
+    one that succeeds replaces them all."""
+    from emgmm._atomic import atomic_outputs
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"old a")
+    with pytest.raises(RuntimeError):
+        with atomic_outputs([a, b]) as (ta, tb):
+            with open(ta, "wb") as fh:
+                fh.write(b"new a")
+            raise RuntimeError("the second output failed")
+    assert a.read_bytes() == b"old a" and not b.exists()
+    assert sorted(os.listdir(tmp_path)) == ["a"]
+    with atomic_outputs([a, b]) as (ta, tb):
+        for tmp, content in ((ta, b"new a"), (tb, b"new b")):
+            with open(tmp, "wb") as fh:
+                fh.write(content)
+    assert a.read_bytes() == b"new a" and b.read_bytes() == b"new b"
+    assert sorted(os.listdir(tmp_path)) == ["a", "b"]
