@@ -442,6 +442,36 @@ def test_block_statistics_far_from_origin_float32(covariance_type):
     assert_allclose(got, sum_xx, rtol=4 * U32 * 1e4 * 2)
 
 
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_block_statistics_far_from_origin_float64(covariance_type):
+    """Clusters 10 apart at 1e12, unit spread, mixed responsibilities: the statistics
+    keep the accuracy of the centred sums (against a long-double oracle, relative to
+    ``sum_i r_ik |x_i - c_k|^2``), not of the offset. 'tied' summed ``R^T X - N_k
+    c_k`` and ``R c``: off by 8e-3 of the spread in ``s_k`` and 2e-7 in the second
+    moments."""
+    rng = np.random.default_rng(3)
+    n, d, K = 3000, 3, 4
+    labels = rng.integers(0, K, n)
+    centers = 1e12 + 10.0 * np.arange(K)[:, None] + rng.normal(size=(K, d))
+    X = centers[labels] + rng.normal(size=(n, d))
+    resp = 0.2 * rng.dirichlet(np.full(K, 0.3), size=n)
+    resp[np.arange(n), labels] += 0.8
+    stats = _statistics.block_statistics(*ro(X, resp, centers), covariance_type)
+    L = np.longdouble
+    R, diff = resp.astype(L), X.astype(L)[:, None, :] - centers.astype(L)[None]
+    scale = np.einsum("ik,ikj->", R, diff**2)
+    sum_x = np.einsum("ik,ikj->kj", R, diff)
+    if covariance_type in ("full", "tied"):
+        sum_xx = np.einsum("ik,ikj,ikl->kjl", R, diff, diff)
+        if covariance_type == "tied":
+            sum_xx = sum_xx.sum(axis=0)
+        got, sum_xx = np.triu(stats.sum_xx), np.triu(sum_xx)
+    else:
+        sum_xx, got = np.einsum("ik,ikj->kj", R, diff**2), stats.sum_xx
+    assert float(np.abs(stats.sum_x - sum_x).max()) <= 1e-11 * float(np.sqrt(scale))
+    assert float(np.abs(got - sum_xx).max()) <= 1e-11 * float(scale)
+
+
 def _as_tuple(stats):
     return (
         np.array(stats.nk),
