@@ -28,7 +28,7 @@ from . import demo
 from ._atomic import atomic_output, atomic_outputs, check_writable, reserve
 from ._model_io import load_model, read_header, save_model
 from ._progress import ProgressReporter, format_summary
-from ._sources import as_source, split_hdf5_spec
+from ._sources import _is_npy, as_source, split_hdf5_spec
 
 #: (flag, estimator parameter, argparse keywords) for every parameter of
 #: ``emgmm.GaussianMixture`` settable from ``emgmm fit``. ``warm_start`` is
@@ -160,6 +160,20 @@ def _check_output(path, what="output", inputs=(), outputs=()):
             )
 
 
+def _load_init_array(path, flag):
+    """The array of the .npy file ``path`` given to ``flag``; :class:`CommandError`
+    for anything else (numpy's own message for a text or HDF5 file speaks of pickled
+    data and unsafe loading)."""
+    if os.path.isfile(path) and not _is_npy(path):
+        raise CommandError(f"{flag} takes a .npy file (numpy.save); {path} is not one")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:  # object arrays, a damaged header
+        reason = ("it holds Python objects, not numbers" if "allow_pickle" in str(exc)
+                  else exc)
+        raise CommandError(f"{flag} {path}: {reason}") from None
+
+
 def _cmd_fit(args):
     from . import GaussianMixture
 
@@ -175,7 +189,7 @@ def _cmd_fit(args):
                       inputs=inputs + [("--warm-start", args.warm_start)])
     for name in _INIT_ARRAYS:
         if name in params:
-            params[name] = np.load(params[name], allow_pickle=False)
+            params[name] = _load_init_array(params[name], "--" + name.replace("_", "-"))
     if args.warm_start is not None:
         estimator = load_model(args.warm_start)
         estimator.set_params(warm_start=True, **params)

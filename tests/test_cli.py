@@ -606,3 +606,25 @@ def test_sample_outputs_hold_exactly_the_arrays(tmp_path, model_path):
             np.lib.format.read_array_header_1_0(fh)
             assert os.path.getsize(path) == fh.tell() + expected.nbytes
         np.testing.assert_array_equal(np.load(path), expected)
+
+
+@pytest.mark.parametrize("content", ["text", "hdf5", "object"])
+def test_init_flag_with_a_file_that_is_not_an_array(tmp_path, data, capsys, content):
+    """--means-init with a text file, an HDF5 file or an object array: a one-line
+    error naming the flag (numpy's message spoke of pickled data and of loading it
+    unsafely)."""
+    path = tmp_path / "means.txt"
+    if content == "text":
+        np.savetxt(path, np.zeros((3, 3)))
+    elif content == "hdf5":
+        with h5py.File(path, "w") as f:
+            f["m"] = np.zeros((3, 3))
+    else:
+        np.save(tmp_path / "means.npy", np.array([None] * 3), allow_pickle=True)
+        path = tmp_path / "means.npy"
+    assert cli.main(["fit", data[1], "-k", "3", "-o", str(tmp_path / "m.h5"),
+                     "--means-init", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "--means-init" in err and str(path) in err
+    assert "unsafe" not in err and "allow_pickle=" not in err
+    assert not (tmp_path / "m.h5").exists()
