@@ -600,6 +600,33 @@ def test_block_rows_within_budget(covariance_type):
     assert small * per_row <= 4 * 2**20
 
 
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_block_rows_follow_the_chunks(covariance_type):
+    """Blocks of an HDF5 dataset chunked by rows hold whole chunks: a multiple of the
+    chunk rows when a block holds several, one chunk when a chunk exceeds the block
+    (for 'diag' beyond its streaming working set too) but fits working_memory,
+    without a warning; beyond working_memory, a warning that gives the budget in rows
+    (the 'diag' streaming cap is not the user's working_memory)."""
+    import warnings
+
+    n, d, K = 200_000, 50, 4
+    per_row = memory.bytes_per_row(d, K, 4)
+    plain = memory.block_rows(n, d, K, 4, 1024, covariance_type=covariance_type)
+    for chunk in (max(1, plain // 3), plain + 1, 2 * plain + 7):
+        if chunk * per_row > 1024 * 2**20:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rows = memory.block_rows(n, d, K, 4, 1024, chunk_rows=chunk,
+                                     covariance_type=covariance_type)
+        assert rows % chunk == 0 and rows * per_row <= 1024 * 2**20, (chunk, rows)
+    budget = int(8 * 2**20 // per_row)
+    with pytest.warns(UserWarning, match=rf"within working_memory \({budget} rows\)"):
+        rows = memory.block_rows(n, d, K, 4, 8, chunk_rows=2 * budget,
+                                 covariance_type=covariance_type)
+    assert rows <= budget
+
+
 _RELEASE_SCRIPT = """
 import threading
 import numpy as np
