@@ -288,9 +288,27 @@ class Checkpointer:
         self.path = os.fspath(path)
         self.interval = float(interval)
         self.fingerprint = fingerprint
-        self.resume = (read_state(self.path, fingerprint)
-                       if os.path.exists(self.path) else None)
+        self._lock = _acquire_lock(self.path)
+        try:
+            self.resume = (read_state(self.path, fingerprint)
+                           if os.path.exists(self.path) else None)
+        except BaseException:
+            self.release()
+            raise
         self._last = time.monotonic()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def release(self):
+        """Let other fits use the checkpoint path (idempotent; also on leaving a
+        ``with`` block)."""
+        if self._lock is not None:
+            _release_lock(self._lock, self.path)
+            self._lock = None
 
     def saver(self, init_index, random_state, best):
         """The ``on_iteration`` hook of :func:`emgmm._em.run_em` for one initialisation.
@@ -317,11 +335,73 @@ class Checkpointer:
         return on_iteration
 
     def remove(self):
-        """Delete the checkpoint (the fit has finished)."""
+        """Delete the checkpoint (the fit has finished) and release its path."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        finally:
+            self.release()
+
+
+def _lock_path(path):
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.lock")
+
+
+def _acquire_lock(path):
+    """Hold the lock file of checkpoint ``path`` (``.<name>.lock`` in its folder, an
+    exclusive ``flock``) for one fit; ``None`` where ``fcntl`` is missing (Windows).
+
+    Raises
+    ------
+    RuntimeError
+        If another fit holds it (a fit running now, in this or another process on
+        this host): the message names its process.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    lock = _lock_path(path)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RuntimeError(
+                f"Checkpoint {path} is in use by another fit running now (process "
+                f"{holder}). Fits that run at the same time need a checkpoint path "
+                "each (clones share it: GridSearchCV(n_jobs=2) or cross_validate with "
+                "n_jobs fit several at once); use checkpoint=None there."
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # the holder before us may have removed the file after we opened it: the lock
+        # counts only on the file that the name still gives
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock))
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            return fd
+        os.close(fd)
+
+
+def _release_lock(fd, path):
+    """Remove the lock file of checkpoint ``path`` (while still holding it), then let
+    it go."""
+    try:
+        os.unlink(_lock_path(path))
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model):
@@ -342,6 +422,8 @@ def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model
     ValueError
         If an existing checkpoint at ``estimator.checkpoint`` was written for other
         data or parameters, or is not a checkpoint.
+    RuntimeError
+        If another fit running now uses the same checkpoint path.
     OSError
         If the checkpoint cannot be written there (:func:`check_writable`), before
         any pass.

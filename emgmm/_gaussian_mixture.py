@@ -3,6 +3,7 @@
 import math
 import os
 import warnings
+from contextlib import nullcontext
 from numbers import Integral, Real
 
 import numpy as np
@@ -238,7 +239,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         removed when ``fit`` completes and kept when it raises. The data are
         identified by shape, dtype and a SHA-256 of every value (one extra read of
         the data per fit). A folder where it cannot be written raises ``OSError``
-        before the first pass.
+        before the first pass. A running fit holds the path (an ``flock`` on
+        ``.<name>.lock`` beside it, removed when the fit ends): a second fit with
+        the same path at the same time, as clones under ``GridSearchCV(n_jobs=2)``
+        would be, raises ``RuntimeError`` naming the first one's process.
     checkpoint_interval : float, default=0.0
         Minimum seconds between two checkpoint writes; 0 writes after every
         iteration.
@@ -618,7 +622,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             resume = None if checkpointer is None else checkpointer.resume
             block_nbytes = block_size * bytes_per_row(
                 d, self.n_components, np.dtype(compute_dtype).itemsize)
-            with explain_worker_loss(estimate, block_nbytes, executor.n_workers), executor:
+            with explain_worker_loss(estimate, block_nbytes, executor.n_workers), \
+                    executor, checkpointer or nullcontext():
                 best, first = None, 0
                 if resume is not None:
                     first = resume.init_index
@@ -670,6 +675,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 precisions = precisions_from_cholesky(
                     best[1].model.precisions_cholesky.astype(out_dtype),
                     self.covariance_type)
+                if checkpointer is not None:
+                    checkpointer.remove()  # (while it holds the path)
         finally:
             source.close()
         score, run, labels = best
@@ -686,8 +693,6 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.lower_bound_ = score
         self.lower_bounds_ = run.lower_bounds
         self.history_ = run.history
-        if checkpointer is not None:
-            checkpointer.remove()
         return labels
 
     def _task_callback(self, done, total):

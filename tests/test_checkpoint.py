@@ -92,12 +92,15 @@ def test_sigkill_after_third_iteration_then_resume_is_exact(tmp_path, X):
     first = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert first.returncode == -signal.SIGKILL, first.stderr
     assert checkpoint.exists() and not out.exists()
-    # only the checkpoint itself: no temporary file left next to it
-    assert sorted(p.name for p in tmp_path.iterdir() if "ckpt" in p.name) == ["fit.ckpt"]
+    # the checkpoint, no temporary file next to it; the lock file of the killed fit
+    # (its lock went with the process) until the next fit that uses the path ends
+    assert sorted(p.name for p in tmp_path.iterdir()
+                  if "ckpt" in p.name) == [".fit.ckpt.lock", "fit.ckpt"]
 
     second = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
-    assert not checkpoint.exists()  # removed when the fit completes
+    # removed when the fit completes
+    assert not [p.name for p in tmp_path.iterdir() if "ckpt" in p.name]
     iters = out.with_suffix(".npz.iters").read_text().split("\n")
     # killed right after iteration 3 of the first initialisation, resumed at 4
     assert iters[:4] == ["0 1", "0 2", "0 3", "0 4"]
@@ -322,3 +325,40 @@ def test_checkpoint_folder_checked_before_any_pass(tmp_path, X, monkeypatch, cas
         est.fit(X)
     assert str(folder) in str(info.value)
     assert not passes and not hasattr(est, "means_")
+
+
+def test_a_path_used_by_a_running_fit_is_refused(tmp_path, X):
+    """A second fit with the checkpoint path of a fit running now (clones under
+    GridSearchCV(n_jobs=2) share it) is refused with a message naming the running
+    fit's process; it neither reads nor deletes the running fit's checkpoint, which
+    finishes as it would alone. The path is free again afterwards."""
+    path = tmp_path / "ck.npz"
+    refused = []
+
+    def start_another(record):
+        if record["n_iter"] == 2 and not refused:
+            other = GaussianMixture(**kwargs(n_components=4), checkpoint=path)
+            with pytest.raises(RuntimeError, match="in use by another fit") as info:
+                fit_quietly(other, X)
+            refused.append(str(info.value))
+            assert path.exists()  # the running fit's checkpoint of iteration 1
+
+    got = fit_quietly(GaussianMixture(**kwargs(), checkpoint=path,
+                                      checkpoint_interval=0, callback=start_another), X)
+    assert refused and f"process {os.getpid()}" in refused[0]
+    assert_same_model(got, fit_quietly(GaussianMixture(**kwargs()), X))
+    assert os.listdir(tmp_path) == []  # the checkpoint and its lock file removed
+    fit_quietly(GaussianMixture(**kwargs(n_components=4), checkpoint=path), X)
+
+
+def test_a_failed_fit_frees_the_path(tmp_path, X):
+    """A fit that raises keeps its checkpoint for a resume and frees the path: the
+    same fit, run again at once, resumes from it."""
+    path = tmp_path / "ck.npz"
+    with pytest.raises(Stop):
+        fit_quietly(GaussianMixture(**kwargs(), checkpoint=path,
+                                    callback=stop_at(0, 3)), X)
+    assert os.listdir(tmp_path) == ["ck.npz"]
+    resumed = fit_quietly(GaussianMixture(**kwargs(), checkpoint=path), X)
+    assert_same_model(resumed, fit_quietly(GaussianMixture(**kwargs()), X))
+    assert os.listdir(tmp_path) == []
