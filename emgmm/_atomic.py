@@ -122,19 +122,20 @@ def atomic_outputs(paths):
         raise
 
 
-def reserve(fh, nbytes, path):
-    """Allocate the first ``nbytes`` of the open file ``fh`` on disk (the file grows
+def reserve(fd, nbytes, path):
+    """Allocate the first ``nbytes`` of the open file ``fd`` on disk (the file grows
     to at least that size), so that writing them through a memory map cannot meet a
     full file system: without it, a sparse file mapped on a full one kills the process
-    with ``SIGBUS``.
+    with ``SIGBUS``. Where ``os.posix_fallocate`` is missing (not Linux), the file is
+    only extended.
 
     Parameters
     ----------
-    fh : file object
-        Open for writing.
+    fd : int
+        A file descriptor open for writing.
     nbytes : int
     path : str or os.PathLike
-        The output the user named, for the message.
+        The file the user knows it by, for the message.
 
     Raises
     ------
@@ -142,10 +143,14 @@ def reserve(fh, nbytes, path):
         If the space cannot be allocated (``ENOSPC``: the message names ``path``, the
         bytes needed and those free).
     """
-    if nbytes <= 0 or not hasattr(os, "posix_fallocate"):
+    if nbytes <= 0:
+        return
+    if not hasattr(os, "posix_fallocate"):  # pragma: no cover - not on Linux
+        if os.fstat(fd).st_size < nbytes:
+            os.ftruncate(fd, nbytes)
         return
     try:
-        os.posix_fallocate(fh.fileno(), 0, nbytes)
+        os.posix_fallocate(fd, 0, nbytes)
     except OSError as exc:
         directory = os.path.dirname(os.path.abspath(os.fspath(path)))
         free = shutil.disk_usage(directory).free

@@ -30,6 +30,7 @@ import shutil
 
 import numpy as np
 
+from ._atomic import reserve
 from ._em import Model, Worst, check_explained, smallest
 from ._estep import _logsumexp_rows, exp_flushed, weighted_log_prob
 from ._log_density import relevance_margin
@@ -51,16 +52,13 @@ class SharedBuffer:
 
     @classmethod
     def create(cls, folder, shape):
-        """Allocate the file (``posix_fallocate``, so a full disk raises ``OSError``
-        here instead of ``SIGBUS`` on a later write)."""
+        """Allocate the file (:func:`~emgmm._atomic.reserve`, so a full disk raises
+        ``OSError`` here instead of ``SIGBUS`` on a later write)."""
         path = os.path.join(folder, "log_resp.dat")
         nbytes = 8 * shape[0] * shape[1]
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, nbytes)
-            else:  # pragma: no cover - not on Linux
-                os.ftruncate(fd, nbytes)
+            reserve(fd, nbytes, path)
         finally:
             os.close(fd)
         return cls(path, shape)

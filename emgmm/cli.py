@@ -246,7 +246,7 @@ def _cmd_predict(args):
     with atomic_output(args.output) as tmp_path, _each_warning_once():
         out = open_memmap(tmp_path, mode="w+", dtype=dtype, shape=shape)
         with open(tmp_path, "rb+") as fh:  # (sparse until then)
-            reserve(fh, os.fstat(fh.fileno()).st_size, args.output)
+            reserve(fh.fileno(), os.fstat(fh.fileno()).st_size, args.output)
         with as_source(args.data) as source:
             for start, stop, block in source.blocks(rows):
                 out[start:stop] = method(block)
@@ -279,7 +279,7 @@ def _write_npy(tmp_path, array, path):
     """``array`` as a .npy file at ``tmp_path``, its space reserved first (so a full
     file system gives an error that names ``path``, not numpy's byte counts)."""
     with open(tmp_path, "rb+") as f:
-        reserve(f, array.nbytes + _NPY_HEADER_BYTES, path)
+        reserve(f.fileno(), array.nbytes + _NPY_HEADER_BYTES, path)
         np.save(f, array, allow_pickle=False)
         f.truncate()  # the unused part of the reserve
 
