@@ -64,10 +64,15 @@ def factorize(covariances, covariance_type, dtype=np.float64):
     its precision matrix would overflow ``dtype`` (a covariance within rounding of
     singular, possible with ``reg_covar=0``).
 
+    For a covariance ``Sigma = L L^T`` (``L`` lower triangular) the precision factor is
+    ``U = L^{-T}``, upper triangular, with ``U U^T = Sigma^{-1}`` (scikit-learn's
+    ``_compute_precision_cholesky``).
+
     Parameters
     ----------
     covariances : ndarray
-        sklearn's shapes, float64.
+        ``(K, d, d)`` for 'full', ``(d, d)`` for 'tied', ``(K, d)`` for 'diag',
+        ``(K,)`` for 'spherical' (scikit-learn's shapes); float64, or float32.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     dtype : numpy dtype, default=float64
         The dtype the fitted precisions are stored in.
@@ -75,9 +80,10 @@ def factorize(covariances, covariance_type, dtype=np.float64):
     Returns
     -------
     precisions_cholesky : ndarray
-        Rows of bad components are left as NaN.
+        Same shape and dtype as ``covariances``; rows of bad components are NaN.
     bad : list of int
-        For 'tied', ``[0]`` means the shared covariance failed.
+        For 'tied', ``[0]`` means the shared covariance failed. The callers raise
+        ``ValueError`` with :func:`_ill_defined_message` or re-seed them.
     """
     limit = factor_limit(covariance_type, covariances.shape[-1], dtype)
     if covariance_type in ("full", "tied"):
@@ -107,40 +113,6 @@ def factorize(covariances, covariance_type, dtype=np.float64):
     return out, [int(k) for k in np.flatnonzero(~ok)]
 
 
-def precisions_cholesky_from_covariances(covariances, covariance_type):
-    """Upper Cholesky factors of the precisions, from the covariances.
-
-    For a covariance ``Sigma = L L^T`` (``L`` lower triangular) the precision factor is
-    ``U = L^{-T}``, upper triangular, with ``U U^T = Sigma^{-1}`` (scikit-learn's
-    ``_compute_precision_cholesky``).
-
-    Parameters
-    ----------
-    covariances : ndarray
-        ``(K, d, d)`` for 'full', ``(d, d)`` for 'tied', ``(K, d)`` for 'diag',
-        ``(K,)`` for 'spherical'; float32 or float64.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
-
-    Returns
-    -------
-    precisions_cholesky : ndarray
-        Same shape and dtype as ``covariances``.
-
-    Raises
-    ------
-    ValueError
-        If a covariance is not positive definite (see :func:`factorize`); the message
-        names the component.
-    """
-    covariances = np.asarray(covariances)
-    u, bad = factorize(covariances, covariance_type, covariances.dtype)
-    if bad:
-        raise ValueError(_ill_defined_message(
-            None if covariance_type == "tied" else bad[0], covariances.dtype,
-            covariances))
-    return u
-
-
 def precisions_cholesky_from_precisions(precisions, covariance_type):
     """Upper Cholesky factors ``U`` with ``U U^T = precision``.
 
@@ -150,7 +122,7 @@ def precisions_cholesky_from_precisions(precisions, covariance_type):
     Parameters
     ----------
     precisions : ndarray
-        Shapes as in :func:`precisions_cholesky_from_covariances`.
+        Shapes as in :func:`factorize`.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
 
     Returns
@@ -186,7 +158,7 @@ def precisions_from_cholesky(precisions_cholesky, covariance_type):
     Parameters
     ----------
     precisions_cholesky : ndarray
-        Shapes as in :func:`precisions_cholesky_from_covariances`.
+        Shapes as in :func:`factorize`.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
 
     Returns
@@ -208,7 +180,7 @@ def covariances_from_cholesky(precisions_cholesky, covariance_type):
     Parameters
     ----------
     precisions_cholesky : ndarray
-        Shapes as in :func:`precisions_cholesky_from_covariances`.
+        Shapes as in :func:`factorize`.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
 
     Returns
@@ -234,7 +206,7 @@ def log_det_cholesky(precisions_cholesky, covariance_type, n_features):
     Parameters
     ----------
     precisions_cholesky : ndarray
-        Shapes as in :func:`precisions_cholesky_from_covariances`.
+        Shapes as in :func:`factorize`.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     n_features : int
 

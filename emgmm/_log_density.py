@@ -317,7 +317,7 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
         The block. It is not modified. Its dtype is the compute dtype.
     means : ndarray of shape (K, d)
     precisions_cholesky : ndarray
-        Shapes as in :func:`precisions_cholesky_from_covariances`.
+        Shapes as in :func:`~emgmm._cholesky.factorize`.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     weights : ndarray of shape (K,), optional
         Only used to choose the shift (mixture mean); uniform when omitted. Does not

@@ -30,6 +30,7 @@ float64 roundoff.
 import functools
 import operator
 import pickle
+import re
 import tracemalloc
 
 import numpy as np
@@ -862,11 +863,12 @@ def as_dense(a, covariance_type, K, d):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_precisions_cholesky_from_covariances(covariance_type, dtype):
+def test_factorize(covariance_type, dtype):
     rng = np.random.default_rng(21)
     K, d = 3, 6
     cov = dense_covs(rng, K, d, covariance_type).astype(dtype)
-    U = _cholesky.precisions_cholesky_from_covariances(ro(cov), covariance_type)
+    U, bad = _cholesky.factorize(ro(cov), covariance_type, dtype)
+    assert bad == []
     assert U.shape == cov.shape and U.dtype == dtype
     Ud = as_dense(U, covariance_type, K, d)
     Cd = as_dense(cov, covariance_type, K, d)
@@ -887,7 +889,7 @@ def test_precisions_cholesky_from_covariances(covariance_type, dtype):
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_precisions_cholesky_from_covariances_failure_names_component(covariance_type):
+def test_factorize_failure_names_component(covariance_type):
     rng = np.random.default_rng(22)
     K, d = 4, 3
     cov = dense_covs(rng, K, d, covariance_type)
@@ -903,9 +905,14 @@ def test_precisions_cholesky_from_covariances_failure_names_component(covariance
     else:
         cov[2] = -1.0
         match = r"(?i)component\W+2\b"
-    with pytest.raises(ValueError, match=match) as info:
-        _cholesky.precisions_cholesky_from_covariances(ro(cov), covariance_type)
-    assert "reg_covar" in str(info.value)
+    U, bad = _cholesky.factorize(ro(cov), covariance_type)
+    tied = covariance_type == "tied"
+    assert bad == [0 if tied else 2]
+    assert np.isnan(U if tied else U[2]).all()
+    if not tied:
+        assert np.isfinite(np.delete(U, 2, axis=0)).all()
+    message = _cholesky._ill_defined_message(None if tied else bad[0], cov.dtype, cov)
+    assert re.search(match, message) and "reg_covar" in message
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -931,7 +938,8 @@ def test_precisions_cholesky_from_precisions(covariance_type, dtype):
             C = np.linalg.inv(P)
         else:
             C = 1.0 / P
-        U2 = _cholesky.precisions_cholesky_from_covariances(ro(C), covariance_type)
+        U2, bad = _cholesky.factorize(ro(C), covariance_type)
+        assert bad == []
         assert_allclose(U2, U, rtol=1e-10, atol=1e-12)
 
 
