@@ -362,7 +362,7 @@ def test_case_c15_kernels_never_write_into_inputs(covariance_type):
     means = rng.normal(size=(K, d))
     cov = {"full": np.stack([np.eye(d) * 1.5] * K), "tied": np.eye(d) * 2.0,
            "diag": np.full((K, d), 1.5), "spherical": np.full(K, 1.5)}[covariance_type]
-    u = _cholesky.precisions_cholesky_from_covariances(cov, covariance_type)
+    u, _ = _cholesky.factorize(cov, covariance_type)
     weights = np.full(K, 1 / K)
     resp = rng.dirichlet(np.ones(K), size=n)
     inputs = [X, means, u, weights, resp, X.astype(np.float32)]
