@@ -71,8 +71,10 @@ def atomic_outputs(paths):
     ``os.replace`` is atomic). All of them are written to disk (``fsync``) before the
     first rename, and all are removed if the body raises or a write to disk fails: a
     failed run leaves no partial or stray file, and none of the outputs is replaced
-    unless all were written. Each result gets the permissions of a newly created file
-    (``0666`` less the umask).
+    unless all were written. (A rename that fails, e.g. over an immutable file, stops
+    the renames: the outputs before it are replaced, the others left as they were.)
+    Each result gets the permissions of a newly created file (``0666`` less the
+    umask).
 
     Parameters
     ----------
@@ -113,8 +115,13 @@ def atomic_outputs(paths):
         os.umask(umask)
         for tmp_path in tmp_paths:
             os.chmod(tmp_path, 0o666 & ~umask)
-        for path in paths:
-            os.replace(tmp_paths.pop(0), path)
+        for tmp_path, path in zip(list(tmp_paths), paths):
+            try:
+                os.replace(tmp_path, path)
+            except OSError as exc:  # name the user's path, not the temporary one
+                raise type(exc)(exc.errno, f"Cannot replace {path} ({exc.strerror})"
+                                ) from None
+            tmp_paths.remove(tmp_path)
     except BaseException:
         for tmp_path in tmp_paths:  # those not renamed
             with suppress(FileNotFoundError):

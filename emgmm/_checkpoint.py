@@ -285,7 +285,9 @@ class Checkpointer:
     """
 
     def __init__(self, path, interval, fingerprint):
-        self.path = os.fspath(path)
+        # absolute once: a chdir during the fit must not move the checkpoint (or the
+        # lock it holds) to another folder
+        self.path = os.path.abspath(os.fspath(path))
         self.interval = float(interval)
         self.fingerprint = fingerprint
         self._lock = _acquire_lock(self.path)
@@ -365,7 +367,14 @@ def _acquire_lock(path):
         return None
     lock = _lock_path(path)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        # (not through a link planted at the lock's name: it would truncate the target)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                         0o644)
+        except OSError as exc:
+            raise type(exc)(exc.errno, f"Cannot create the lock file {lock} of "
+                            f"checkpoint {path}: {exc.strerror} (a link there is "
+                            "refused)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -387,8 +396,13 @@ def _acquire_lock(path):
         except FileNotFoundError:
             same = False
         if same:
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
+            try:
+                os.ftruncate(fd, 0)
+                os.write(fd, str(os.getpid()).encode())
+            except OSError as exc:
+                _release_lock(fd, path)
+                raise type(exc)(exc.errno, f"Cannot write the lock file {lock} of "
+                                f"checkpoint {path}: {exc.strerror}") from None
             return fd
         os.close(fd)
 

@@ -242,7 +242,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         before the first pass. A running fit holds the path (an ``flock`` on
         ``.<name>.lock`` beside it, removed when the fit ends): a second fit with
         the same path at the same time, as clones under ``GridSearchCV(n_jobs=2)``
-        would be, raises ``RuntimeError`` naming the first one's process.
+        would be, raises ``RuntimeError`` naming the first one's process (scikit-learn's
+        searches turn it into a ``FitFailedWarning`` and a NaN score unless
+        ``error_score='raise'``: give such searches ``checkpoint=None``). A relative
+        path is taken from the working folder at the start of ``fit``.
     checkpoint_interval : float, default=0.0
         Minimum seconds between two checkpoint writes; 0 writes after every
         iteration.
@@ -622,8 +625,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             resume = None if checkpointer is None else checkpointer.resume
             block_nbytes = block_size * bytes_per_row(
                 d, self.n_components, np.dtype(compute_dtype).itemsize)
-            with explain_worker_loss(estimate, block_nbytes, executor.n_workers), \
-                    executor, checkpointer or nullcontext():
+            # (the checkpointer first: it holds its path from open_checkpointer on,
+            # and must let it go also when the executor refuses to start)
+            with checkpointer or nullcontext(), \
+                    explain_worker_loss(estimate, block_nbytes, executor.n_workers), \
+                    executor:
                 best, first = None, 0
                 if resume is not None:
                     first = resume.init_index

@@ -25,7 +25,7 @@ import os
 import h5py
 import numpy as np
 
-from ._atomic import atomic_output
+from ._atomic import atomic_output, reserve
 from ._cholesky import (
     covariances_from_cholesky,
     factor_limit,
@@ -103,34 +103,50 @@ def save_model(estimator, path):
     if estimator.covariance_type not in COVARIANCE_TYPES:
         raise ValueError(f"unknown covariance_type {estimator.covariance_type!r}")
     plain, arrays, dropped = _split_params(estimator.get_params(deep=False))
-    with atomic_output(path) as tmp_path, h5py.File(tmp_path, "w") as f:
-        f.attrs["format"] = FORMAT_NAME
-        f.attrs["format_version"] = FORMAT_VERSION
-        f.attrs["emgmm_version"] = _package_version()
-        f.attrs["covariance_type"] = estimator.covariance_type
-        f.attrs["n_components"] = weights.shape[0]
-        f.attrs["n_features_in"] = n_features
-        # the arrays are stored in float64; the attributes get their dtype back
-        f.attrs["attributes_dtype"] = np.dtype(estimator.means_.dtype).name
-        f.attrs["params"] = json.dumps(plain, sort_keys=True)
-        f.attrs["params_dropped"] = json.dumps(dropped)
-        f["weights"] = weights
-        f["means"] = means
-        f["precisions_cholesky"] = prec_chol
-        if hasattr(estimator, "feature_names_in_"):
-            names = [str(n) for n in estimator.feature_names_in_]
-            f.create_dataset(
-                "feature_names_in", data=names, dtype=h5py.string_dtype("utf-8")
-            )
-        group = f.create_group("params")
-        for name, value in arrays.items():
-            group[name] = value
-        fit = f.create_group("fit")
-        fit.attrs["n_iter"] = n_iter
-        fit.attrs["converged"] = converged
-        fit.attrs["lower_bound"] = lower_bound
-        lower_bounds = getattr(estimator, "lower_bounds_", [])
-        fit["lower_bounds"] = np.asarray(lower_bounds, dtype=np.float64)
+    sizes = [np.asarray(a).nbytes for a in (weights, means, prec_chol, *arrays.values())]
+    sizes += [len(str(name).encode()) + 16
+              for name in getattr(estimator, "feature_names_in_", [])]
+    sizes.append(8 * len(getattr(estimator, "lower_bounds_", [])))
+    nbytes = _RESERVE_SLACK_BYTES + 2 * sum(sizes)
+    with atomic_output(path) as tmp_path:
+        # Space first: HDF5 meeting a full file system mid-write crashed the process
+        # (SIGSEGV) instead of raising. A file reserved beyond its end is cut back to
+        # its data when HDF5 closes it.
+        h5py.File(tmp_path, "w").close()
+        with open(tmp_path, "rb+") as fh:
+            reserve(fh.fileno(), nbytes, path)
+        with h5py.File(tmp_path, "r+") as f:
+            f.attrs["format"] = FORMAT_NAME
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["emgmm_version"] = _package_version()
+            f.attrs["covariance_type"] = estimator.covariance_type
+            f.attrs["n_components"] = weights.shape[0]
+            f.attrs["n_features_in"] = n_features
+            # the arrays are stored in float64; the attributes get their dtype back
+            f.attrs["attributes_dtype"] = np.dtype(estimator.means_.dtype).name
+            f.attrs["params"] = json.dumps(plain, sort_keys=True)
+            f.attrs["params_dropped"] = json.dumps(dropped)
+            f["weights"] = weights
+            f["means"] = means
+            f["precisions_cholesky"] = prec_chol
+            if hasattr(estimator, "feature_names_in_"):
+                names = [str(n) for n in estimator.feature_names_in_]
+                f.create_dataset(
+                    "feature_names_in", data=names, dtype=h5py.string_dtype("utf-8")
+                )
+            group = f.create_group("params")
+            for name, value in arrays.items():
+                group[name] = value
+            fit = f.create_group("fit")
+            fit.attrs["n_iter"] = n_iter
+            fit.attrs["converged"] = converged
+            fit.attrs["lower_bound"] = lower_bound
+            lower_bounds = getattr(estimator, "lower_bounds_", [])
+            fit["lower_bounds"] = np.asarray(lower_bounds, dtype=np.float64)
+
+
+#: Bytes reserved for a model file beyond twice its contents (HDF5's metadata).
+_RESERVE_SLACK_BYTES = 2**20
 
 
 def _open(path):

@@ -362,3 +362,68 @@ def test_a_failed_fit_frees_the_path(tmp_path, X):
     resumed = fit_quietly(GaussianMixture(**kwargs(), checkpoint=path), X)
     assert_same_model(resumed, fit_quietly(GaussianMixture(**kwargs()), X))
     assert os.listdir(tmp_path) == []
+
+
+def test_the_path_is_freed_when_the_workers_refuse_to_start(tmp_path, X):
+    """An HDF5 dataset of a file open for writing is refused for worker processes
+    before any pass; the checkpoint path is free for the retry with n_jobs=1 that the
+    message suggests (the lock was taken before the executor started)."""
+    import h5py
+
+    path = tmp_path / "ck.npz"
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        ds = f.create_dataset("X", data=X)
+        with pytest.raises(ValueError, match="open for writing"):
+            fit_quietly(GaussianMixture(**kwargs(), n_jobs=2, checkpoint=path), ds)
+        assert sorted(os.listdir(tmp_path)) == ["x.h5"]
+        fit_quietly(GaussianMixture(**kwargs(), n_jobs=1, checkpoint=path), ds)
+
+
+def test_a_relative_path_stays_where_the_fit_started(tmp_path, X, monkeypatch):
+    """A relative checkpoint path names the folder of the fit's start: a chdir during
+    the fit moves neither the checkpoint nor its lock (they would overwrite, then
+    delete, another fit's files in the new folder)."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir()
+    other.mkdir()
+    (other / "ck.npz").write_bytes(b"another fit's checkpoint")
+    monkeypatch.chdir(first)
+    seen = []
+
+    def move(record):
+        os.chdir(other)
+        seen.append(sorted(os.listdir(first)))
+
+    fit_quietly(GaussianMixture(**kwargs(max_iter=3), checkpoint="ck.npz",
+                                checkpoint_interval=0, callback=move), X)
+    assert seen[-1] == [".ck.npz.lock", "ck.npz"]
+    assert os.listdir(first) == []
+    assert os.listdir(other) == ["ck.npz"]
+    assert (other / "ck.npz").read_bytes() == b"another fit's checkpoint"
+
+
+def test_a_link_at_the_lock_name_is_refused(tmp_path, X):
+    """A symbolic link planted at the lock file's name is not followed (the fit would
+    truncate its target and write its process id there)."""
+    target = tmp_path / "results.csv"
+    target.write_text("a,b\n1,2\n")
+    os.symlink(target, tmp_path / ".ck.npz.lock")
+    with pytest.raises(OSError, match="lock file .*ck.npz.lock.*link"):
+        fit_quietly(GaussianMixture(**kwargs(), checkpoint=tmp_path / "ck.npz"), X)
+    assert target.read_text() == "a,b\n1,2\n"
+
+
+def test_a_lock_file_that_cannot_be_written_frees_the_path(tmp_path, X, monkeypatch):
+    """Writing the process id into the lock file fails (a full file system): the error
+    names the lock file, and the lock is let go (a retry runs)."""
+    import errno
+
+    path = tmp_path / "ck.npz"
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+    with pytest.raises(OSError, match=r"lock file .*\.ck\.npz\.lock"):
+        fit_quietly(GaussianMixture(**kwargs(), checkpoint=path), X)
+    monkeypatch.setattr(os, "write", real)
+    assert os.listdir(tmp_path) == []
+    fit_quietly(GaussianMixture(**kwargs(), checkpoint=path), X)

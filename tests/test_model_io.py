@@ -315,3 +315,55 @@ def test_atomic_outputs_replace_all_or_none(tmp_path):
                 fh.write(content)
     assert a.read_bytes() == b"new a" and b.read_bytes() == b"new b"
     assert sorted(os.listdir(tmp_path)) == ["a", "b"]
+
+
+def test_atomic_outputs_failed_rename_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A rename that fails (an immutable file at the second path) names that path,
+    not the temporary one, stops the renames and leaves no temporary file; the first
+    output was replaced, the second is as it was."""
+    from emgmm._atomic import atomic_outputs
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    b.write_bytes(b"old b")
+    real = os.replace
+
+    def replace(src, dst):
+        if os.fspath(dst) == os.fspath(b):
+            raise PermissionError(1, "Operation not permitted", src)
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(PermissionError, match=f"Cannot replace {b} ") as info:
+        with atomic_outputs([a, b]) as tmps:
+            for tmp in tmps:
+                with open(tmp, "wb") as fh:
+                    fh.write(b"new")
+    assert ".tmp" not in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["a", "b"]
+    assert a.read_bytes() == b"new" and b.read_bytes() == b"old b"
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="no posix_fallocate")
+def test_save_model_on_a_full_file_system(tmp_path, blobs, monkeypatch):
+    """The model file's space is reserved before HDF5 writes it (HDF5 meeting a full
+    file system crashed the process): the error names the file, nothing is left; and
+    the reserve (over 1 MiB) does not stay in the file (HDF5 cuts it back on close)."""
+    import errno
+
+    gm = _fit(blobs, "full")
+    save_model(gm, tmp_path / "m.h5")
+    size = os.path.getsize(tmp_path / "m.h5")
+    arrays = gm.weights_.nbytes + gm.means_.nbytes + gm.precisions_cholesky_.nbytes
+    assert size < arrays + 64 * 1024
+    calls = []
+
+    def full(fd, offset, length):
+        calls.append(length)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    target = tmp_path / "full.h5"
+    with pytest.raises(OSError, match=f"Cannot write {target}: No space left"):
+        save_model(gm, target)
+    assert calls and calls[0] >= 2 * arrays
+    assert os.listdir(tmp_path) == ["m.h5"]
