@@ -14,6 +14,7 @@ killed at any moment leaves the previous checkpoint or the new one, never half o
 one. Only plain arrays and a JSON string are stored; loading never unpickles.
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -282,6 +283,13 @@ class Checkpointer:
     ----------
     resume : ResumeState or None
         The state read from an existing checkpoint at ``path``.
+
+    Raises
+    ------
+    RuntimeError
+        If another fit running now holds ``path`` (:func:`_acquire_lock`); this one
+        holds it from construction until :meth:`release`, :meth:`remove` or the end
+        of a ``with`` block.
     """
 
     def __init__(self, path, interval, fingerprint):
@@ -347,13 +355,15 @@ class Checkpointer:
 
 
 def _lock_path(path):
+    """``.<name>.lock`` beside checkpoint ``path``."""
     directory, name = os.path.split(os.path.abspath(path))
     return os.path.join(directory, f".{name}.lock")
 
 
 def _acquire_lock(path):
     """Hold the lock file of checkpoint ``path`` (``.<name>.lock`` in its folder, an
-    exclusive ``flock``) for one fit; ``None`` where ``fcntl`` is missing (Windows).
+    exclusive ``flock``) for one fit; ``None`` where ``fcntl`` is missing (Windows) or
+    the file system has no locks.
 
     Raises
     ------
@@ -386,6 +396,11 @@ def _acquire_lock(path):
                 "each (clones share it: GridSearchCV(n_jobs=2) or cross_validate with "
                 "n_jobs fit several at once); use checkpoint=None there."
             ) from None
+        except OSError as exc:
+            _release_lock(fd, path)
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                return None  # a file system without locks: the fit goes on without
+            raise
         except BaseException:
             os.close(fd)
             raise

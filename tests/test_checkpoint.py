@@ -427,3 +427,23 @@ def test_a_lock_file_that_cannot_be_written_frees_the_path(tmp_path, X, monkeypa
     monkeypatch.setattr(os, "write", real)
     assert os.listdir(tmp_path) == []
     fit_quietly(GaussianMixture(**kwargs(), checkpoint=path), X)
+
+
+def test_a_file_system_without_locks_still_checkpoints(tmp_path, X, monkeypatch):
+    """Where flock is not supported (ENOLCK, as on some network file systems), the fit
+    checkpoints and resumes without the lock, and leaves no lock file."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = tmp_path / "ck.npz"
+    with pytest.raises(Stop):
+        fit_quietly(GaussianMixture(**kwargs(), checkpoint=path,
+                                    callback=stop_at(0, 3)), X)
+    assert os.listdir(tmp_path) == ["ck.npz"]
+    resumed = fit_quietly(GaussianMixture(**kwargs(), checkpoint=path), X)
+    assert_same_model(resumed, fit_quietly(GaussianMixture(**kwargs()), X))
+    assert os.listdir(tmp_path) == []
