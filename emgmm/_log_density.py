@@ -65,9 +65,6 @@ _CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
 # cut-off at d ~ 90, beyond which the dense products run nearer the GEMM rate).
 _PACKED_MODEL_BYTES = 64 * 2**20
 _PACKED_MIN_ROWS = 128
-# ... and only for components whose |m_k|^T |Lambda_k| |m_k| (m_k = mu_k - shift) is
-# at most this: its float64 rounding error then stays below ~1e-10 in log N.
-_PACKED_MAX_AMPLIFICATION = 1e5
 # Bytes of one row chunk of float64 packed products (float32 chunks have as many rows).
 # Larger than _CHUNK_BYTES: the thin side of their GEMM is the K components, and more
 # rows per call amortise the packing of the (T, K) weights that each call repeats
@@ -111,12 +108,6 @@ def _packed_products(Y, out):
     out[:, off:off + d] = Y
     out[:, off + d] = 1.0
     return out
-
-
-def _packed_amplification(means_shifted, precisions):
-    """``|m_k|^T |Lambda_k| |m_k|`` per component (float64 rounding amplification)."""
-    a = np.abs(means_shifted)
-    return (np.matmul(np.abs(precisions), a[:, :, None])[:, :, 0] * a).sum(axis=1)
 
 
 def _packed_weights(precisions, means_shifted):
@@ -266,8 +257,14 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
 
 def _full_maha(X, means, precisions_cholesky, weights, out=None):
     """Squared Mahalanobis distances of every row to every 'full' component, (n, K),
-    float64: in ``out`` if given (best column-major)."""
-    n, d = X.shape
+    float64: in ``out`` if given (best column-major).
+
+    The triangular products of :func:`_full_maha_dense` for every component: their
+    rounding is linear in ``|x - g|`` and ``|mu_k - g|``. The packed products are
+    cheaper but cancel within each quadratic form; they are used only where a
+    rounding bound per pair vouches for them (:mod:`emgmm._packed_estimate`): on a
+    covariance of condition number 1e12 they were 2e-4 nats off.
+    """
     K = means.shape[0]
     g = _shift(means, weights if weights is not None else np.ones(K))
     # The rows are shifted by g in the compute dtype: shift the means by the very
@@ -276,20 +273,9 @@ def _full_maha(X, means, precisions_cholesky, weights, out=None):
     g = g.astype(X.dtype).astype(np.float64)
     means_shifted = np.asarray(means, dtype=np.float64) - g
     u64 = np.asarray(precisions_cholesky, dtype=np.float64)
-    maha = np.empty((n, K)) if out is None else out
-    dense = np.arange(K)
-    if X.dtype == np.float64 and _use_packed(d, K) and n * K > 0:
-        precisions = np.matmul(u64, np.swapaxes(u64, 1, 2))
-        ok = _packed_amplification(means_shifted, precisions) <= _PACKED_MAX_AMPLIFICATION
-        if ok.all():
-            return _full_maha_packed(X, g, _packed_weights(precisions, means_shifted),
-                                     maha)
-        if ok.sum() * 2 > K:
-            packed = np.flatnonzero(ok)
-            W = _packed_weights(precisions[packed], means_shifted[packed])
-            maha[:, packed] = _full_maha_packed(X, g, W, np.empty((n, packed.size)))
-            dense = np.flatnonzero(~ok)
-    return _full_maha_dense(X, g.astype(X.dtype), means_shifted, u64, dense, maha)
+    maha = np.empty((X.shape[0], K)) if out is None else out
+    return _full_maha_dense(X, g.astype(X.dtype), means_shifted, u64, np.arange(K),
+                            maha)
 
 
 def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=None):
@@ -298,14 +284,13 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     ``log N(x | mu_k, Lambda_k) = -d/2 log(2 pi) + sum_j log U_k[j, j]
     - 1/2 ||(x - mu_k) U_k||^2`` (Bishop eq. 2.43 with ``Lambda_k = U_k U_k^T``).
 
-    For 'full' in float64 the squared distances are, per chunk of rows, one matrix
-    product of the packed products ``[y_j y_l (j <= l), y, 1]`` of ``y = x - g`` (``g``
-    the mixture mean) with the packed precisions: ``n K d^2`` flops at the GEMM rate.
-    Components whose mean lies so far from ``g`` (in their own metric) that this
-    expansion would lose more than ~1e-10 in ``log N``, and float32 data, use instead
-    ``(x - mu_k) U_k`` by column blocks of the triangular ``U_k``, batched over several
-    components at once (:func:`_full_maha_dense`), whose rounding is linear in
-    ``|x - g|`` and ``|mu_k - g|``.
+    For 'full' the squared distances are ``||(y - m_k) U_k||^2`` with ``y = x - g``
+    and ``m_k = mu_k - g`` around the mixture mean ``g``, by column blocks of the
+    triangular ``U_k``, batched over several components at once
+    (:func:`_full_maha_dense`): their rounding is linear in ``|y|`` and ``|m_k|``.
+    (The cheaper packed products, whose rounding can cancel within each quadratic
+    form, serve only the refined E step of :mod:`emgmm._packed_estimate`, which
+    bounds their error per pair.)
     For 'tied', 'diag' and 'spherical' the squared distances are expanded around the
     same shift so that the work is a few matrix products, in float64; a component
     whose expansion may lose more than ``_REFINE_TOL`` (far from the shift relative
