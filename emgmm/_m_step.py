@@ -105,12 +105,11 @@ def m_step(stats, centers, reg_covar, covariance_type, overwrite=False):
         cov[np.arange(d), np.arange(d)] += reg_covar
     else:
         # A variance around the new mean is >= 0: clip the rounding below it.
-        # scikit-learn computes E[x^2] - mu^2 with the regularised N_k, which
-        # exceeds the centred variance by mu^2 * 10 eps / N_k; add that term too so
-        # both agree when N_k is about one sample (one-hot initialisations).
+        # (scikit-learn's E[x^2] - mu^2 with the regularised N_k exceeds this by
+        # ~mu^2 * 10 eps / N_k, which grows with the distance from the origin: not
+        # copied, so the variances do not change when the data are shifted.)
         cov = np.maximum(stats.sum_xx / nk[:, None] - shift**2, 0.0)
-        mean_sk = (stats.sum_x + stats.nk[:, None] * np.asarray(centers, np.float64)) / nk[:, None]
-        cov += mean_sk**2 * ((nk - stats.nk) / nk)[:, None] + reg_covar
+        cov += reg_covar
         if covariance_type == "spherical":
             cov = cov.mean(axis=1)
     return weights, means, cov

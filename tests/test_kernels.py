@@ -813,6 +813,26 @@ def test_m_step(covariance_type, dtype):
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_m_step_covariances_do_not_change_when_the_data_are_shifted(covariance_type):
+    """A five-point component of spread 0.01 beside a large one, then everything moved
+    by 1e6: the covariances must stay those of the unshifted data (to the rounding of
+    the shifted values, ~1e-10 absolute on deviations of ~1e-2). 'diag' and
+    'spherical' once added scikit-learn's ``mu^2 * 10 eps / N_k``, computed as
+    ``mu^2 (N_k + 10 eps - N_k) / N_k``: 5x the variance at the shift 1e6."""
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(size=(500, 2)), 50 + 0.01 * rng.normal(size=(5, 2))])
+    resp = np.zeros((505, 2))
+    resp[:500, 0] = resp[500:, 1] = 1.0
+    covs = []
+    for offset in (0.0, 1e6):
+        Y = X + offset
+        centers = np.array([[0.0, 0.0], [50.0, 50.0]]) + offset
+        stats = _statistics.block_statistics(*ro(Y, resp, centers), covariance_type)
+        covs.append(_m_step.m_step(stats, centers, 0.0, covariance_type)[2])
+    assert_allclose(covs[1], covs[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_m_step_empty_component_keeps_its_centre(covariance_type):
     """A component with no responsibility: mean = its centre (c + 0 / (10 eps)), covariance
     = reg_covar, weight ~ 0, all finite."""
