@@ -103,6 +103,17 @@ class RefinedEstimate:
         ``y_norm``, if given, receives ``||x - g||`` per row (for the bounds)."""
         raise NotImplementedError
 
+    def row_norms(self, X):
+        """``||x - g||`` per row of ``X`` (n,), float64, in row chunks: what
+        :meth:`weighted_refined` compares with ``y_limit``."""
+        n, d = X.shape
+        norms = np.empty(n)
+        rows = _chunk_rows(d, 8, n)
+        for r0 in range(0, n, rows):
+            y = np.subtract(X[r0:r0 + rows], self.g)
+            np.sqrt(np.einsum("ij,ij->i", y, y), out=norms[r0:r0 + rows])
+        return norms
+
     def _bounds(self, w, k, y, out=None):
         """Error bounds of the pairs of estimates ``w``, components ``k`` (an index
         array, or ``_EACH_COMPONENT`` for a ``(K, 1)`` column) and row norms ``y``
@@ -216,8 +227,8 @@ class RefinedEstimate:
         Raises
         ------
         BeyondRange
-            When a row lies so far from ``g`` (``y_limit``) that the products could
-            overflow: the block is for the plain path.
+            When a row lies so far from ``g`` (``y_limit``, :meth:`row_norms`) that
+            the products could overflow: such rows are for the plain path.
         """
         # column-major: the GEMM writes it directly, and the softmax of
         # estimate_resp reduces over contiguous memory
@@ -429,11 +440,7 @@ class TriangularEstimate(RefinedEstimate):
         _full_maha_dense(X, self.g.astype(X.dtype), self.means_shifted, self.u,
                          np.arange(K), out)
         if y_norm is not None:
-            n, d = X.shape
-            rows = _chunk_rows(d, 8, n)
-            for r0 in range(0, n, rows):
-                y = np.subtract(X[r0:r0 + rows], self.g)
-                np.sqrt(np.einsum("ij,ij->i", y, y), out=y_norm[r0:r0 + rows])
+            y_norm[:] = self.row_norms(X)
         out *= -0.5
         out += self.offset
         return out
@@ -485,9 +492,9 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
 
     Where every estimate refuses a block (too many pairs to recompute), float32
     data take the plain path in float64. Where float32's range falls short (the
-    refusals above, or a row too far for the products: :class:`BeyondRange`),
-    float32 compute takes the plain float32 path, and its check refuses what
-    overflows there.
+    refusals above, or rows too far for the products: :class:`BeyondRange`, and
+    then only those rows), float32 compute takes the plain float32 path, and its
+    check refuses what overflows there.
     """
     K, d = np.shape(means)
     if covariance_type != "full":

@@ -582,19 +582,21 @@ def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, "float32", np.dtype(np.float32)])
-def test_float32_estimate_left_for_a_block_with_a_row_too_far_for_its_products(
+def test_float32_estimate_leaves_only_the_rows_too_far_for_its_products(
         dtype, monkeypatch):
     """A row so far from the mixture mean that its float32 products could overflow
-    (``y_limit``) sends its block to the plain path, which stays finite, without
-    trying the float64 estimate: float32 compute treats such rows alike for every
-    number of features (the plain path's check refuses them in a fit)."""
+    (``y_limit``) takes the plain path alone, which stays finite, without trying
+    the float64 estimate: float32 compute treats such rows alike for every number
+    of features (the plain path's check refuses them in a fit). The block's other
+    rows keep the refined estimate: they are what they are without that row (the
+    whole block once took the plain float32 path, 9e-4 nats off)."""
     rng = np.random.default_rng(4)
     weights, means, U = separated_model(rng, 3, 2, 20.0, 10.0)
     X32 = sample(rng, weights, means, U, 600).astype(np.float32)
     margin = _log_density.relevance_margin(1e-20)
     prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", dtype)
     assert [np.dtype(e.dtype) for e in prepared] == [np.float32, np.float64]
-    assert prepared[0].weighted_refined(X32, margin) is not None
+    alone = np.delete(prepared[0].weighted_refined(X32, margin), 550, axis=0)
     X32[550] = 1e30  # within float32's range; its square is not
     with pytest.raises(_packed_estimate.BeyondRange):
         prepared[0].weighted_refined(X32, margin)
@@ -603,10 +605,14 @@ def test_float32_estimate_left_for_a_block_with_a_row_too_far_for_its_products(
     refined = _packed_estimate.PackedEstimate.weighted_refined
     monkeypatch.setattr(_packed_estimate.PackedEstimate, "weighted_refined",
                         lambda self, *a: tried.append(self.dtype) or refined(self, *a))
+    weighted = _estep.weighted_log_prob(X32, weights, means, U, "full", margin,
+                                        prepared)
+    assert set(tried) == {prepared[0].dtype}
+    assert_allclose(np.delete(weighted, 550, axis=0), alone, rtol=1e-6)
     log_norm, _ = _estep.estimate_log_prob_resp(X32, weights, means, U, "full",
                                                  margin, prepared)
-    assert tried == [prepared[0].dtype]
-    assert np.isfinite(log_norm[:550]).all() and log_norm[550] < -1e50
+    assert_allclose(np.delete(log_norm, 550), logsumexp(alone, axis=1), rtol=1e-13)
+    assert log_norm[550] < -1e50
 
 
 def test_relevance_margin():
