@@ -4,7 +4,10 @@ File layout (format ``"emgmm.GaussianMixture"``, version 1)::
 
     /                        attributes: format, format_version, emgmm_version,
                              covariance_type, n_components, n_features_in,
-                             params (JSON of the constructor parameters)
+                             attributes_dtype (float64 or float32: the dtype
+                             of the fitted attributes; the arrays are float64),
+                             params (JSON of the constructor parameters),
+                             params_dropped (JSON list of names)
     /weights                 (n_components,)
     /means                   (n_components, n_features)
     /precisions_cholesky     sklearn's shape for the covariance type
@@ -16,7 +19,9 @@ File layout (format ``"emgmm.GaussianMixture"``, version 1)::
 
 Constructor parameters that cannot be written without pickle (a ``callback``
 function, a ``numpy.random.RandomState`` as ``random_state``) are stored as
-``None``; their names are listed in the ``params_dropped`` attribute.
+``None``; their names are listed in the ``params_dropped`` attribute. The
+``checkpoint`` path belongs to the fit that wrote the model, not to the model: it is
+stored as ``None`` (a warm start from the file checkpoints only where asked).
 """
 
 import json
@@ -102,7 +107,9 @@ def save_model(estimator, path):
         raise ValueError(f"cannot save an unfitted estimator ({exc})") from None
     if estimator.covariance_type not in COVARIANCE_TYPES:
         raise ValueError(f"unknown covariance_type {estimator.covariance_type!r}")
-    plain, arrays, dropped = _split_params(estimator.get_params(deep=False))
+    params = estimator.get_params(deep=False)
+    params["checkpoint"] = None  # the fit's, not the model's (see the module docstring)
+    plain, arrays, dropped = _split_params(params)
     sizes = [np.asarray(a).nbytes for a in (weights, means, prec_chol, *arrays.values())]
     sizes += [len(str(name).encode()) + 16
               for name in getattr(estimator, "feature_names_in_", [])]

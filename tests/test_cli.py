@@ -102,8 +102,12 @@ def test_every_estimator_parameter_has_a_flag():
     assert params - {"callback"} <= dests
 
 
-def test_fit_flags_reach_the_estimator(tmp_path, data):
+def test_fit_flags_reach_the_estimator(tmp_path, data, monkeypatch):
     X, npy, _ = data
+    fitted = []
+    save = cli.save_model
+    monkeypatch.setattr(cli, "save_model",
+                        lambda est, path: fitted.append(est.get_params()) or save(est, path))
     means_init = tmp_path / "means.npy"
     np.save(means_init, X[[0, 100, 200]])
     out = tmp_path / "m.h5"
@@ -123,9 +127,12 @@ def test_fit_flags_reach_the_estimator(tmp_path, data):
                     init_max_samples=1000, compute_dtype="float64", memory_limit=4096.0,
                     resp_threshold=1e-12, schedule="rows", on_degenerate="raise",
                     checkpoint=str(tmp_path / "ckpt.npz"), checkpoint_interval=0.0)
-    params = model.get_params()
+    params = fitted[0]
     assert {k: params[k] for k in expected} == expected
-    np.testing.assert_array_equal(params["means_init"], X[[0, 100, 200]])
+    # the model file keeps them all but the fit's checkpoint path
+    stored = model.get_params()
+    np.testing.assert_array_equal(stored.pop("means_init"), params.pop("means_init"))
+    assert stored == dict(params, checkpoint=None)
     assert not (tmp_path / "ckpt.npz").exists()  # removed when the fit completes
     ref = _reference(X, **dict(expected, checkpoint=None), means_init=X[[0, 100, 200]])
     np.testing.assert_allclose(model.means_, ref.means_, rtol=1e-12)

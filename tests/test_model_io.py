@@ -106,6 +106,22 @@ def test_unpicklable_params_are_dropped_and_listed(tmp_path, blobs):
     assert load_model(tmp_path / "m.h5").callback is None
 
 
+def test_checkpoint_path_is_not_stored(tmp_path, blobs):
+    """The checkpoint belongs to the fit: a model file that kept it made a later
+    warm start checkpoint into the old folder, or fail once that folder was gone."""
+    run = tmp_path / "run1"
+    run.mkdir()
+    model = _fit(blobs, "diag", checkpoint=str(run / "ck.npz"))
+    save_model(model, tmp_path / "m.h5")
+    assert model.checkpoint == str(run / "ck.npz")  # the estimator is not changed
+    assert read_header(tmp_path / "m.h5")["params"]["checkpoint"] is None
+    run.rmdir()
+    loaded = load_model(tmp_path / "m.h5")
+    assert loaded.checkpoint is None
+    loaded.set_params(warm_start=True, max_iter=2).fit(blobs)
+    assert not run.exists()
+
+
 def test_failed_save_keeps_existing_file_and_leaves_no_temp(tmp_path, blobs):
     path = tmp_path / "m.h5"
     path.write_bytes(b"previous content")
