@@ -681,12 +681,13 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 precisions = precisions_from_cholesky(
                     best[1].model.precisions_cholesky.astype(out_dtype),
                     self.covariance_type)
+                # (before the checkpoint goes: it is kept when fit raises)
+                _check_attributes_hold(best[1].model, precisions, out_dtype)
                 if checkpointer is not None:
                     checkpointer.remove()  # (while it holds the path)
         finally:
             source.close()
         score, run, labels = best
-        _check_attributes_hold(run.model, precisions, out_dtype)
         if not run.converged and self.max_iter > 0:
             warnings.warn(
                 "Best performing initialization did not converge. Try different init "
