@@ -449,8 +449,8 @@ def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model
     Raises
     ------
     ValueError
-        If an existing checkpoint at ``estimator.checkpoint`` was written for other
-        data or parameters, or is not a checkpoint.
+        If ``estimator.checkpoint`` is the data file, or an existing checkpoint
+        there was written for other data or parameters, or is not a checkpoint.
     RuntimeError
         If another fit running now uses the same checkpoint path.
     OSError
@@ -459,6 +459,12 @@ def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model
     """
     if estimator.checkpoint is None:
         return None
+    data_file = getattr(source, "filename", None)
+    if (data_file is not None and os.path.exists(estimator.checkpoint)
+            and os.path.samefile(estimator.checkpoint, data_file)):
+        raise ValueError(f"checkpoint {os.fspath(estimator.checkpoint)} is the data "
+                         f"file ({source.description}): give the checkpoint a path "
+                         "of its own")
     check_writable(estimator.checkpoint, "checkpoint")
     fingerprint = {
         "data": data_fingerprint(source),

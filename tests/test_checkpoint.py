@@ -8,11 +8,12 @@ import sys
 import textwrap
 import warnings
 
+import h5py
 import numpy as np
 import pytest
 from sklearn.utils._param_validation import InvalidParameterError
 
-from conftest import make_blobs_data
+from conftest import file_fingerprint, make_blobs_data
 from emgmm import GaussianMixture
 from emgmm._checkpoint import read_state
 
@@ -226,6 +227,29 @@ def test_not_a_checkpoint(tmp_path, X):
     np.savez(path, meta=np.array("{}"))
     with pytest.raises(ValueError, match="not a readable emgmm checkpoint"):
         GaussianMixture(**kwargs(), checkpoint=path).fit(X)
+
+
+@pytest.mark.parametrize("kind", ["npy", "memmap", "h5"])
+def test_the_data_file_as_checkpoint_is_refused(tmp_path, X, kind):
+    """A checkpoint path that is the data file itself is refused as such, and the
+    file is left as it was (the error once called it 'not a readable emgmm
+    checkpoint' and advised removing it)."""
+    npy = tmp_path / "X.npy"
+    np.save(npy, X)
+    if kind == "npy":
+        data, path = str(npy), npy
+    elif kind == "memmap":
+        data, path = np.load(npy, mmap_mode="r"), npy
+    else:
+        path = tmp_path / "X.h5"
+        with h5py.File(path, "w") as f:
+            f["X"] = X
+        data = f"{path}:/X"
+    before = file_fingerprint(path)
+    with pytest.raises(ValueError, match=r"checkpoint .* is the data file .*path of "
+                                         r"its own"):
+        GaussianMixture(**kwargs(), checkpoint=path).fit(data)
+    assert file_fingerprint(path) == before
 
 
 def test_no_pickle_in_the_file(tmp_path, X):
