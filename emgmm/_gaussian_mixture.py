@@ -304,7 +304,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         "warm_start": ["boolean"],
         "verbose": ["verbose"],
         "verbose_interval": [Interval(Integral, 1, None, closed="left")],
-        "n_jobs": [Integral, None],
+        # joblib gives 0 no meaning ("n_jobs == 0 in Parallel has no meaning")
+        "n_jobs": [Interval(Integral, None, -1, closed="right"),
+                   Interval(Integral, 1, None, closed="left"), None],
         "working_memory": [Interval(Real, 0, None, closed="neither"), None],
         "block_size": [Interval(Integral, 1, None, closed="left"), None],
         "memory_limit": [Interval(Real, 0, None, closed="neither"), None],

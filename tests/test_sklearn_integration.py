@@ -134,6 +134,17 @@ def test_invalid_parameters_rejected_like_sklearn(X):
         assert not hasattr(gm, "means_")
 
 
+def test_n_jobs_zero_is_refused_naming_the_parameter(X):
+    """joblib refuses n_jobs=0 mid-fit ("n_jobs == 0 in Parallel has no meaning"),
+    without naming the estimator's parameter; emgmm refuses it up front."""
+    gm = GaussianMixture(2, n_jobs=0)
+    with pytest.raises(ValueError, match=r"'n_jobs' parameter of GaussianMixture must "
+                                         r"be .*Got 0 instead"):
+        gm.fit(X)
+    assert not hasattr(gm, "means_")
+    assert GaussianMixture(2, n_jobs=-2, random_state=0).fit(X).n_iter_ >= 1
+
+
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_pickle_and_joblib_round_trips(X, tmp_path, covariance_type):
     gm = GaussianMixture(n_components=3, covariance_type=covariance_type, random_state=0).fit(X)
