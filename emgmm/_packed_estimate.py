@@ -304,25 +304,19 @@ class PackedEstimate(RefinedEstimate):
     recomputed by :meth:`refine` are computed in float64 whatever ``dtype`` is.
 
     A dataclass of arrays, so that a pass can build it once and share it with its
-    workers (:meth:`build`).
+    workers (:meth:`build_all`).
     """
 
     W: np.ndarray
 
     @classmethod
-    def build(cls, weights, means, precisions_cholesky, dtype=np.float64):
-        """The estimate's work on the model: ``K d^3`` flops for the precisions.
-        ``dtype`` (float64 or float32) is that of the estimate's products; ``None``
-        when it cannot hold the packed weights (:func:`_representable`)."""
-        built = cls.build_all(weights, means, precisions_cholesky, (dtype,))
-        return None if built is None else built[0]
-
-    @classmethod
     def build_all(cls, weights, means, precisions_cholesky, dtypes):
-        """:meth:`build` for each of ``dtypes``, sharing the work on the model (and
-        the shift ``g``, rounded to the narrowest of them); ``None`` when the
-        narrowest cannot hold the packed weights (the wider ones then serve no
-        purpose to its data)."""
+        """The estimates for each of ``dtypes`` (float64 or float32: that of the
+        estimate's products), sharing the work on the model (``K d^3`` flops for
+        the precisions) and the shift ``g``, rounded to the narrowest of them;
+        ``None`` when the narrowest cannot hold the packed weights
+        (:func:`_representable`; the wider ones then serve no purpose to its
+        data)."""
         dtypes = [np.dtype(t) for t in dtypes]
         means = np.asarray(means, dtype=np.float64)
         u = np.asarray(precisions_cholesky, dtype=np.float64)

@@ -81,8 +81,6 @@ class SufficientStatistics:
             self.n_samples + other.n_samples,
         )
 
-    merge = __add__
-
     def __getstate__(self):
         """'full' second moments travel (pickled, e.g. from a worker process) as their
         upper triangles only: half the bytes; :meth:`__setstate__` unpacks them."""

@@ -1100,59 +1100,6 @@ def test_tight_component_far_from_shift_is_exact(covariance_type, margin):
     assert_array_equal(stats.sum_x[0], 0.0)
 
 
-def longdouble_weighted_log_prob(X, weights, means, U):
-    """``log w_k + log N(x | mu_k, U_k U_k^T)`` from ``||(x - mu_k) U_k||^2`` in long
-    double (x87: 11 more bits than float64), ``U`` of shape (K, d, d)."""
-    Xl = np.asarray(X, dtype=np.longdouble)
-    d = X.shape[1]
-    out = np.empty((X.shape[0], len(means)))
-    for k, (m, u) in enumerate(zip(means, U)):
-        z = (Xl - np.asarray(m, dtype=np.longdouble)) @ np.asarray(u, dtype=np.longdouble)
-        maha = (z * z).sum(axis=1)
-        log_det = np.log(np.abs(np.diag(np.asarray(u, dtype=np.longdouble)))).sum()
-        out[:, k] = (np.log(np.longdouble(weights[k])) + log_det
-                     - np.longdouble(d) / 2 * np.log(2 * np.pi * np.longdouble(1))
-                     - maha / 2)
-    return out
-
-
-@pytest.mark.skipif(np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps,
-                    reason="long double is float64 here")
-@pytest.mark.parametrize("margin", [None, 48.0, _estep.SCORE_MARGIN])
-@pytest.mark.parametrize("condition", [1e8, 1e12])
-@pytest.mark.parametrize("covariance_type", ["full", "tied"])
-def test_ill_conditioned_precisions_are_exact(covariance_type, condition, margin):
-    """Covariances of condition number up to 1e12 whose axes lie at 45 degrees: in
-    ``y^T Lambda y``, terms ~1e12 cancel to ~1, while ``(x - mu) U`` stays accurate.
-    Every pair within the margin (or with a responsibility above float64's underflow)
-    must match a long-double oracle to 1e-9 nats: the plain 'full' path once expanded such forms into packed products and
-    was 2e-4 nats off at 1e12 (2e-6 at 1e10), in the exact mode too."""
-    rng = np.random.default_rng(5)
-    R = np.array([[1.0, 1.0], [-1.0, 1.0]]) / np.sqrt(2.0)
-    cov = R @ np.diag([np.sqrt(condition), 1.0 / np.sqrt(condition)]) @ R.T
-    covs = np.stack([cov, 2.0 * cov])
-    means = np.array([[0.0, 0.0], [3.0, -1.0]])
-    weights = np.array([0.4, 0.6])
-    X = rng.multivariate_normal([0.0, 0.0], cov, size=2000)
-    if covariance_type == "tied":
-        covs = np.stack([cov, cov])
-    U = np.stack([np.linalg.inv(np.linalg.cholesky(c)).T for c in covs])
-    factor = U[0] if covariance_type == "tied" else U
-    got = _estep.weighted_log_prob(*ro(X, weights, means, factor), covariance_type,
-                                   margin)
-    expected = longdouble_weighted_log_prob(X, weights, means, U)
-    # margin None: every pair with a responsibility above float64's underflow; the
-    # far ones (~5e5 nats down, terms ~1e12 in (x - mu) U) to their own rounding
-    relevant = expected >= expected.max(axis=1, keepdims=True) - (
-        _log_density._LOG_RANGE if margin is None else margin)
-    assert_allclose(got[relevant], expected[relevant], rtol=1e-15, atol=1e-9)
-    if margin is None:
-        assert_allclose(got[~relevant], expected[~relevant], rtol=1e-12)
-    log_prob_norm, _ = _estep.estimate_resp(*ro(X, weights, means, factor),
-                                            covariance_type, margin)
-    assert_allclose(log_prob_norm, logsumexp(expected, axis=1), rtol=0, atol=1e-9)
-
-
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_statistics_pickle_round_trip(covariance_type):
     """Statistics sent from a worker ('full': upper triangles only) give the same M

@@ -34,6 +34,12 @@ needs_extended = pytest.mark.skipif(
     reason="np.longdouble is no wider than float64 on this platform")
 
 
+def packed_estimate(weights, means, U, dtype=np.float64):
+    """The :class:`PackedEstimate` of one dtype, or ``None`` (``build_all``)."""
+    built = _packed_estimate.PackedEstimate.build_all(weights, means, U, (dtype,))
+    return None if built is None else built[0]
+
+
 def upper_factor(precision):
     L = np.linalg.cholesky(np.linalg.inv(precision))
     return np.linalg.inv(L).T
@@ -125,7 +131,7 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     weights, means, U = separated_model(rng, 30, 12, 6.0, 10.0)
     X = sample(rng, weights, means, U, 2000)
     margin = _log_density.relevance_margin(1e-20)
-    estimate = _packed_estimate.PackedEstimate.build(weights, means, U)
+    estimate = packed_estimate(weights, means, U)
     assert estimate.weighted_refined(X, margin) is not None
     # 30 coinciding components with a thin direction (variance 1e-6): every pair is
     # relevant and the bound of the expansion (lambda_k ~ 1e6) exceeds the tolerance, so
@@ -135,7 +141,7 @@ def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     thin = np.stack([upper_factor(np.linalg.inv(cov))] * 30)
     centre = rng.normal(size=(30, 12)) * 1e-9
     Xt = rng.multivariate_normal(np.zeros(12), cov, size=2000)
-    estimate = _packed_estimate.PackedEstimate.build(weights, centre, thin)
+    estimate = packed_estimate(weights, centre, thin)
     assert estimate.weighted_refined(Xt, margin) is None
     # and the result is then the plain (all-exact) one
     got = _estep.estimate_log_prob_resp(Xt, weights, centre, thin, "full", margin)
@@ -155,7 +161,7 @@ def test_packed_estimate_error_within_its_bound(case, dtype):
     weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
                                         c["offset"])
     X = sample(rng, weights, means, U, 1500).astype(dtype)
-    est = _packed_estimate.PackedEstimate.build(weights, means, U, dtype)
+    est = packed_estimate(weights, means, U, dtype)
     assert est.W.dtype == dtype
     y_norm = np.empty(len(X))
     approx = est.weighted(X, np.empty((len(X), len(means))), y_norm)
@@ -186,7 +192,7 @@ def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
         monkeypatch.setattr(_packed_estimate, "_BOUND_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(13)
     weights, means, U = separated_model(rng, 40, 3, 6.0, 10.0)
-    est = _packed_estimate.PackedEstimate.build(weights, means, U)
+    est = packed_estimate(weights, means, U)
     n, K = 1500, 40
     est = dataclasses.replace(
         est, error_coef=10.0 ** rng.uniform(-16, np.log10(largest_coef), K),
@@ -223,7 +229,7 @@ def test_pairs_to_refine_reach_twice_the_uniform_bound_below_the_best(gap):
     the second ``margin + gap E`` below the first. By the definition it is kept while
     ``w_2 + e >= w_1 - e - margin``, i.e. for gap <= 2 (a candidate limit of
     ``margin + E`` would drop it at 1.9)."""
-    base = _packed_estimate.PackedEstimate.build(np.full(2, 0.5), np.zeros((2, 2)),
+    base = packed_estimate(np.full(2, 0.5), np.zeros((2, 2)),
                                         np.tile(np.eye(2), (2, 1, 1)))
     c, y, margin = 1e-2, 2.0, 3.0
     est = dataclasses.replace(base, error_coef=np.full(2, c), m_norm=np.full(2, y))
@@ -244,7 +250,7 @@ def test_pairs_to_refine_of_broad_components_take_memory_of_the_pairs_kept(inexa
     the 200 components, whose pairs are kept."""
     rng = np.random.default_rng(3)
     weights, means, U = separated_model(rng, 200, 3, 6.0, 10.0)
-    est = _packed_estimate.PackedEstimate.build(weights, means, U)
+    est = packed_estimate(weights, means, U)
     n, K = 10_000, 200
     coef = np.full(K, 1e-14)
     coef[rng.choice(K, inexact, replace=False)] = 1e-3
@@ -298,7 +304,7 @@ def test_packed_estimate_error_coefficient_uses_the_spectral_bound():
     for dtype, m in ((np.float64, T + 3), (np.float32, T + 4)):
         u = np.finfo(dtype).eps / 2
         g64 = (2 * d + 2) * 2.0**-53
-        est = _packed_estimate.PackedEstimate.build(weights, means, U, dtype)
+        est = packed_estimate(weights, means, U, dtype)
         expected = 0.5 * (m * u * radius + g64 * (radius + rho))
         assert_allclose(est.error_coef, expected, rtol=0.02)
         assert np.all(radius < rho)
@@ -315,7 +321,7 @@ def test_float32_refined_estep_matches_oracle_where_it_matters(case):
                                         c["offset"])
     X32 = sample(rng, weights, means, U, 3000).astype(np.float32)
     margin = _log_density.relevance_margin(1e-20)
-    est = _packed_estimate.PackedEstimate.build(weights, means, U, np.float32)
+    est = packed_estimate(weights, means, U, np.float32)
     refined = est.weighted_refined(X32, margin)
     assert refined is not None  # the probe keeps the packed path
     weighted = oracle_weighted(X32.astype(np.float64), weights, means, U)
@@ -383,7 +389,7 @@ def test_float32_two_components_take_the_refined_path():
     weights, means, U = separated_model(rng, 2, 3, 20.0, 10.0)
     X32 = sample(rng, weights, means, U, 2000).astype(np.float32)
     margin = _log_density.relevance_margin(1e-20)
-    refined = _packed_estimate.PackedEstimate.build(weights, means, U, np.float32) \
+    refined = packed_estimate(weights, means, U, np.float32) \
         .weighted_refined(X32, margin)
     assert refined is not None
     weighted = oracle_weighted(X32.astype(np.float64), weights, means, U)
@@ -649,3 +655,40 @@ def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,
     assert_allclose(resp, np.exp(log_resp), rtol=1e-12, atol=1e-300)
     assert_allclose(resp.sum(axis=1), 1.0, rtol=1e-14)
     assert np.all(resp[:, 2] == 0.0)
+
+
+@needs_extended
+@pytest.mark.parametrize("margin", [None, 48.0, _estep.SCORE_MARGIN])
+@pytest.mark.parametrize("condition", [1e8, 1e12])
+@pytest.mark.parametrize("covariance_type", ["full", "tied"])
+def test_ill_conditioned_precisions_are_exact(covariance_type, condition, margin):
+    """Covariances of condition number up to 1e12 whose axes lie at 45 degrees: in
+    ``y^T Lambda y``, terms ~1e12 cancel to ~1, while ``(x - mu) U`` stays accurate.
+    Every pair within the margin (or with a responsibility above float64's
+    underflow) must match a long-double oracle to 1e-9 nats: the plain 'full' path
+    once expanded such forms into packed products and was 2e-4 nats off at 1e12
+    (2e-6 at 1e10), in the exact mode too."""
+    rng = np.random.default_rng(5)
+    R = np.array([[1.0, 1.0], [-1.0, 1.0]]) / np.sqrt(2.0)
+    cov = R @ np.diag([np.sqrt(condition), 1.0 / np.sqrt(condition)]) @ R.T
+    covs = np.stack([cov, 2.0 * cov])
+    means = np.array([[0.0, 0.0], [3.0, -1.0]])
+    weights = np.array([0.4, 0.6])
+    X = rng.multivariate_normal([0.0, 0.0], cov, size=2000)
+    if covariance_type == "tied":
+        covs = np.stack([cov, cov])
+    U = np.stack([np.linalg.inv(np.linalg.cholesky(c)).T for c in covs])
+    factor = U[0] if covariance_type == "tied" else U
+    got = _estep.weighted_log_prob(X, weights, means, factor, covariance_type,
+                                   margin)
+    expected = oracle_weighted(X, weights, means, U)
+    # margin None: every pair with a responsibility above float64's underflow; the
+    # far ones (~5e5 nats down, terms ~1e12 in (x - mu) U) to their own rounding
+    relevant = expected >= expected.max(axis=1, keepdims=True) - (
+        _log_density._LOG_RANGE if margin is None else margin)
+    assert_allclose(got[relevant], expected[relevant], rtol=1e-15, atol=1e-9)
+    if margin is None:
+        assert_allclose(got[~relevant], expected[~relevant], rtol=1e-12)
+    log_prob_norm, _ = _estep.estimate_resp(X, weights, means, factor,
+                                            covariance_type, margin)
+    assert_allclose(log_prob_norm, logsumexp(expected, axis=1), rtol=0, atol=1e-9)
