@@ -466,7 +466,8 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
         # components whose expanded terms are far larger than the result (a tight
         # component far from the shift) lose digits: recompute them centred
         scale = G[:, :d] + nk[:, None] * cg**2
-        redo = np.flatnonzero((scale > _PACKED_MAX_CANCELLATION * sum_xx).any(axis=1))
+        # (scaled down, not sum_xx up: at data scales ~1e150 that would overflow)
+        redo = np.flatnonzero((scale / _PACKED_MAX_CANCELLATION > sum_xx).any(axis=1))
         for k in redo:
             rows = np.flatnonzero(resp[:, k] > resp_threshold)
             diff = np.subtract(X[rows], centers[k], dtype=np.float64)

@@ -32,6 +32,7 @@ import operator
 import pickle
 import re
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -471,6 +472,23 @@ def test_block_statistics_far_from_origin_float64(covariance_type):
         sum_xx, got = np.einsum("ik,ikj->kj", R, diff**2), stats.sum_xx
     assert float(np.abs(stats.sum_x - sum_x).max()) <= 1e-11 * float(np.sqrt(scale))
     assert float(np.abs(got - sum_xx).max()) <= 1e-11 * float(scale)
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+def test_block_statistics_of_data_at_1e150_do_not_overflow(covariance_type):
+    """Data of scale 1e150 (squares ~1e300): the cancellation test of the expanded
+    'diag' sums compared ``1e6 * sum_xx``, which overflowed (RuntimeWarnings from
+    the workers); the statistics must be finite and match the centred sums
+    (features from 24 on: the sparse path's threshold too)."""
+    rng = np.random.default_rng(8)
+    n, d, K = 400, 30, 3
+    X = (rng.normal(size=(n, d)) + 5.0 * rng.integers(K, size=(n, 1))) * 1e150
+    resp = random_resp(rng, n, K)
+    centers = rng.normal(size=(K, d)) * 1e150
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        stats = _statistics.block_statistics(*ro(X, resp, centers), covariance_type)
+    assert_stats_match(stats, X, resp, centers, covariance_type)
 
 
 def _as_tuple(stats):
