@@ -220,7 +220,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         The lower bound may decrease after an iteration that re-seeded. A component
         whose initial covariance is not positive definite starts, under 'reinit',
         from the mean covariance of the others. When no component is healthy, or
-        the 'tied' covariance is not positive definite, both policies raise.
+        the 'tied' covariance is not positive definite, or a component re-seeded
+        ``MAX_RESEEDS`` (10) times is not positive definite once more (a flat
+        cluster without ``reg_covar`` takes every re-seed back), both policies
+        raise.
     callback : callable or None, default=None
         Called after every EM iteration with a dict (``event='iteration'``,
         ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,
