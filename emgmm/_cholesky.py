@@ -36,6 +36,27 @@ def _ill_defined_message(component, dtype, covariances=None):
     return msg
 
 
+def entry_below_diagonal(factors):
+    """``(k, i, j)`` of the first nonzero entry below the diagonal of ``factors``
+    (K, d, d), or ``None`` when every factor is upper triangular. One component at
+    a time: no ``(K, d, d)`` temporary."""
+    rows, cols = np.tril_indices(factors.shape[-1], -1)
+    for k, u in enumerate(factors):
+        below = np.flatnonzero(u[rows, cols])
+        if below.size:
+            return k, int(rows[below[0]]), int(cols[below[0]])
+    return None
+
+
+def not_upper_triangular_message(name, entry, value):
+    """Error text for a factor ``name`` with ``value`` at ``entry`` (i, j) below its
+    diagonal."""
+    i, j = entry
+    return (f"{name} is not upper triangular: entry [{i}, {j}] below the diagonal is "
+            f"{value:.6g} (the factor is upper triangular U with U @ U.T == "
+            "precisions_, as scikit-learn's precisions_cholesky_)")
+
+
 def factor_limit(covariance_type, n_features, dtype=np.float64):
     """The bound on ``|U_ij|`` below which every precision formed from the factors is
     finite in ``dtype``.

@@ -18,6 +18,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._checkpoint import open_checkpointer
 from ._cholesky import (
     covariances_from_cholesky,
+    entry_below_diagonal,
+    not_upper_triangular_message,
     precisions_cholesky_from_precisions,
     precisions_from_cholesky,
 )
@@ -516,12 +518,30 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return self._fitted_model()
 
     def _fitted_model(self):
-        """The fitted attributes as a float64 :class:`Model`."""
+        """The fitted attributes as a float64 :class:`Model`.
+
+        Raises
+        ------
+        ValueError
+            If ``precisions_cholesky_`` ('full', 'tied') is not upper triangular,
+            e.g. set by hand to ``numpy.linalg.cholesky(precisions)`` (lower): the
+            triangular kernels read the upper triangle only.
+        """
+        factors = np.asarray(self.precisions_cholesky_, dtype=np.float64)
+        if self.covariance_type in ("full", "tied"):
+            square = factors.reshape((-1,) + factors.shape[-2:])
+            below = entry_below_diagonal(square)
+            if below is not None:
+                k, i, j = below
+                name = ("precisions_cholesky_" if self.covariance_type == "tied"
+                        else f"precisions_cholesky_[{k}]")
+                raise ValueError(not_upper_triangular_message(name, (i, j),
+                                                              square[k, i, j]))
         return Model(
             np.asarray(self.weights_, dtype=np.float64),
             np.asarray(self.means_, dtype=np.float64),
             np.asarray(self.covariances_, dtype=np.float64),
-            np.asarray(self.precisions_cholesky_, dtype=np.float64),
+            factors,
             self.covariance_type,
         )
 

@@ -33,7 +33,9 @@ import numpy as np
 from ._atomic import atomic_output, reserve
 from ._cholesky import (
     covariances_from_cholesky,
+    entry_below_diagonal,
     factor_limit,
+    not_upper_triangular_message,
     precisions_from_cholesky,
 )
 
@@ -283,14 +285,11 @@ def _invalid_parameters(weights, means, precisions_cholesky, covariance_type):
         k = int(np.flatnonzero(~ok)[0])
         return (f"{_factor_name(k, covariance_type)} must be finite with a "
                 "positive diagonal")
-    if square:
-        below = np.argwhere(np.tril(stack, -1) != 0)
-        if below.size:
-            k, i, j = (int(v) for v in below[0])
-            return (f"{_factor_name(k, covariance_type)} is not upper triangular: "
-                    f"entry [{i}, {j}] below the diagonal is {stack[k, i, j]:.6g} "
-                    "(the factor is upper triangular U with U @ U.T == precisions_, "
-                    "as scikit-learn's precisions_cholesky_)")
+    below = entry_below_diagonal(stack) if square else None
+    if below is not None:
+        k, i, j = below
+        return not_upper_triangular_message(_factor_name(k, covariance_type), (i, j),
+                                            stack[k, i, j])
     limit = factor_limit(covariance_type, means.shape[1], np.float64)
     big = np.abs(flat).max(axis=1) >= limit
     if big.any():

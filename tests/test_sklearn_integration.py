@@ -6,6 +6,7 @@ import pickle
 import re
 
 import joblib
+import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.base import clone
@@ -132,6 +133,42 @@ def test_invalid_parameters_rejected_like_sklearn(X):
         # follows the set's iteration order (not part of the message's meaning)
         assert _normalise(str(em_info.value)) == _normalise(str(sk_info.value))
         assert not hasattr(gm, "means_")
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied"])
+@pytest.mark.parametrize("d", [3, 128])
+def test_a_lower_factor_set_by_hand_is_refused(covariance_type, d):
+    """Parameters set as attributes, scikit-learn style, with the lower factor of
+    ``numpy.linalg.cholesky(precisions)``: scikit-learn's products take any ``L``
+    with ``L L^T`` the precisions, emgmm's triangular ones read the upper triangle
+    only (25 nats off at d=128); refused naming the component and the entry, and
+    the upper factor of the same precisions scores as scikit-learn does."""
+    rng = np.random.default_rng(0)
+    Q = rng.normal(size=(2, d, d))
+    P = Q @ Q.transpose(0, 2, 1) / d + 0.1 * np.eye(d)
+    if covariance_type == "tied":
+        P = P[:1]
+    Z = rng.normal(size=(50, d))
+    means = rng.normal(size=(2, d)) * 0.1
+    models = []
+    for cls in (GaussianMixture, SkGaussianMixture):
+        gm = cls(2, covariance_type=covariance_type).fit(rng.normal(size=(20 * d, d)))
+        gm.weights_, gm.means_ = np.array([0.5, 0.5]), means
+        gm.precisions_ = P[0] if covariance_type == "tied" else P
+        gm.covariances_ = np.linalg.inv(gm.precisions_)
+        models.append(gm)
+    lower = np.linalg.cholesky(models[0].precisions_)
+    models[0].precisions_cholesky_ = lower
+    which = "precisions_cholesky_" + ("" if covariance_type == "tied" else r"\[0\]")
+    for method in ("score_samples", "predict", "predict_proba"):
+        with pytest.raises(ValueError, match=which + r" is not upper triangular: entry "
+                                                     r"\[1, 0\]"):
+            getattr(models[0], method)(Z)
+    flip = lambda a: a[..., ::-1, ::-1]  # noqa: E731 (the upper factor: U U^T = P)
+    upper = flip(np.linalg.cholesky(flip(models[0].precisions_)))
+    models[0].precisions_cholesky_ = upper
+    models[1].precisions_cholesky_ = upper
+    assert_allclose(models[0].score_samples(Z), models[1].score_samples(Z), rtol=1e-10)
 
 
 def test_n_jobs_zero_is_refused_naming_the_parameter(X):
