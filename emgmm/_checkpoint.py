@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._atomic import atomic_output, check_writable
+from ._atomic import atomic_output, check_writable, reserve
 from ._em import Model, RunResult
 
 FORMAT = "emgmm-checkpoint"
@@ -31,6 +31,9 @@ FORMAT = "emgmm-checkpoint"
 VERSION = 2
 #: Bytes per block of the data fingerprint's read.
 _FINGERPRINT_BLOCK_BYTES = 16 * 2**20
+# Bytes reserved per array of a checkpoint beyond its data: its .npy header and zip
+# entries (ZIP64 local header and central directory record, ~250 bytes with the name)
+_NPZ_SLACK_BYTES = 1024
 _MODEL_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
 
 
@@ -189,7 +192,8 @@ def write_state(path, state, fingerprint):
     Raises
     ------
     OSError
-        If the folder is not writable or full; the temporary file is removed.
+        If the folder is not writable or full (the message names ``path`` and the
+        MiB it needs); the temporary file is removed.
     """
     _, keys, pos, has_gauss, cached = state.rng_state
     arrays = _run_arrays("run_", state.run)
@@ -207,8 +211,12 @@ def write_state(path, state, fingerprint):
     if state.best_run is not None:
         arrays.update(_run_arrays("best_", state.best_run))
     arrays["meta"] = np.array(json.dumps(meta))
-    with atomic_output(path) as tmp, open(tmp, "wb") as fh:
+    # the space first, so that a full disk names the checkpoint and the MiB it needs
+    nbytes = sum(a.nbytes for a in arrays.values()) + _NPZ_SLACK_BYTES * len(arrays)
+    with atomic_output(path) as tmp, open(tmp, "r+b") as fh:
+        reserve(fh.fileno(), nbytes, path)
         np.savez(fh, **arrays)
+        fh.truncate()  # the unused part of the reserve, after the archive's end
 
 
 def read_state(path, fingerprint):

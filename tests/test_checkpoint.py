@@ -302,6 +302,36 @@ def test_write_is_atomic(tmp_path, X, monkeypatch):
     assert state.run.n_iter == 2
 
 
+def test_a_full_disk_names_the_checkpoint_and_keeps_the_last_one(tmp_path, X,
+                                                                  monkeypatch):
+    """A checkpoint's space is reserved before numpy writes it: on a full disk the
+    error names the checkpoint and the MiB it needs (it was a bare 'No space left on
+    device'), the previous checkpoint stays and resumes; and the reserve does not stay
+    in a checkpoint (cut at the archive's end)."""
+    import errno
+
+    path = tmp_path / "ck.npz"
+    real = os.posix_fallocate
+    calls = []
+
+    def fills_up(fd, offset, length):
+        calls.append(length)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", fills_up)
+    with pytest.raises(OSError, match=rf"Cannot write {path}: No space left on device "
+                                      r"\(it needs [\d.]+ MiB"):
+        GaussianMixture(**kwargs(), checkpoint=path).fit(X)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.npz"]
+    assert os.path.getsize(path) < calls[1]  # the archive, not the reserve
+    assert read_state(path, read_fingerprint(path)).run.n_iter == 2
+    resumed = GaussianMixture(**kwargs(), checkpoint=path).fit(X)
+    assert_same_model(resumed, GaussianMixture(**kwargs()).fit(X))
+
+
 @pytest.mark.parametrize("bad", [{"checkpoint_interval": -1.0},
                                  {"checkpoint_interval": "often"},
                                  {"checkpoint": 3}])
