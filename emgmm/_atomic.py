@@ -25,13 +25,22 @@ def check_writable(path, what="output"):
         If that folder is not writable.
     IsADirectoryError
         If ``path`` is a folder.
+    ValueError
+        If ``path`` is empty, or names something other than a regular file (a
+        device such as ``/dev/null``, a pipe or a socket), which the output would
+        replace.
     """
     path = os.fspath(path)
+    if path == "":
+        raise ValueError(f"{what} path is empty")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{what} directory does not exist: {directory}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{what} path is a directory: {path}")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{what} path {path} is not a regular file (a device, pipe "
+                         "or socket): give the path of a file")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise PermissionError(f"{what} directory is not writable: {directory} "
                               f"(permissions or a read-only file system; {what} "

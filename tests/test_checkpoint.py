@@ -360,6 +360,22 @@ def test_warm_start_fingerprint(tmp_path, X):
         other.set_params(checkpoint=path).fit(X)
 
 
+@pytest.mark.parametrize("case", ["empty", "device"])
+def test_checkpoint_that_is_no_file_path_is_refused(X, case):
+    """An empty path, or a device, is refused as such before the first pass (both
+    were called 'not a readable emgmm checkpoint', with the advice to remove them:
+    the working directory, /dev/null)."""
+    path = {"empty": "", "device": os.devnull}[case]
+    message = {"empty": "checkpoint path is empty",
+               "device": "checkpoint path /dev/null is not a regular file"}[case]
+    passes = []
+    est = GaussianMixture(3, random_state=0, checkpoint=path, callback=passes.append)
+    with pytest.raises(ValueError, match=message):
+        est.fit(X)
+    assert not passes and not hasattr(est, "means_")
+    assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
+
+
 @pytest.mark.parametrize("case", ["missing", "read_only"])
 def test_checkpoint_folder_checked_before_any_pass(tmp_path, X, monkeypatch, case):
     """A checkpoint that cannot be written is refused before the first pass (not
