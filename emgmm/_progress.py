@@ -49,7 +49,8 @@ class ProgressReporter:
     history : list of dict
         Every iteration dict received from the estimator, in order.
     bar_after : float
-        Seconds into an iteration after which a bar over its blocks is drawn.
+        Seconds into an iteration after which a bar over its blocks is drawn (on a
+        terminal only: none into files and pipes).
     """
 
     bar_after = 2.0
@@ -113,6 +114,9 @@ class ProgressReporter:
     def _draw_bar(self, done, total):
         if self.quiet or time.perf_counter() - self._iteration_start < self.bar_after:
             return
+        stream = self.stream or sys.stderr
+        if not getattr(stream, "isatty", lambda: False)():
+            return  # a log file would keep every redraw (carriage returns, ESC[K)
         width = 30
         filled = width * done // max(total, 1)
         print(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} blocks",

@@ -54,8 +54,13 @@ def test_progress_events_with_workers_arrive_in_order():
     assert done == list(range(1, total + 1)) * 4
 
 
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
 def test_reporter_draws_a_bar_and_clears_it():
-    out = io.StringIO()
+    out = Terminal()
     reporter = ProgressReporter(3, stream=out)
     reporter.bar_after = 0.0
     gm = _fit(reporter)
@@ -64,6 +69,18 @@ def test_reporter_draws_a_bar_and_clears_it():
     assert len(reporter.history) == 3  # bars are not iterations
     reporter.summary(gm)
     assert out.getvalue().endswith("\r\033[K")
+
+
+def test_reporter_draws_no_bar_into_a_file():
+    """Redirected to a file or a pipe, the log gets the iteration lines only (the
+    bar's carriage returns and ESC[K filled the demo's and the CLI's logs)."""
+    out = io.StringIO()
+    reporter = ProgressReporter(3, stream=out)
+    reporter.bar_after = 0.0
+    _fit(reporter)
+    text = out.getvalue()
+    assert " blocks" not in text and "\r" not in text and "\033" not in text
+    assert text.count("lower bound") == 3
 
 
 def test_quiet_reporter_draws_nothing():
