@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from ._atomic import atomic_output
+from ._atomic import atomic_output, check_writable
 from ._progress import ProgressReporter, format_seconds
 
 SUMMARY = "fit a patch prior to scikit-learn's sample images; compare with scikit-learn"
@@ -366,16 +366,20 @@ def run(args):
     ------
     ValueError
         If a size option is not positive.
-    FileNotFoundError
-        If ``--output-dir`` does not exist.
+    FileNotFoundError, PermissionError
+        If ``--output-dir`` does not exist, or cannot be written (before any work).
     """
     for name in ("n_patches", "n_test", "n_components", "max_iter",
                  "sklearn_max_iter"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    if not os.path.isdir(args.output_dir):
-        raise FileNotFoundError(f"output directory does not exist: {args.output_dir}")
+    # the picture's folder before minutes of fitting, not after them
+    check_writable(_png_path(args), "output")
     return _run(args)
+
+
+def _png_path(args):
+    return os.path.join(args.output_dir, "emgmm_demo_components.png")
 
 
 def _say(args, message):
@@ -408,7 +412,7 @@ def _run(args):
     sk_model, seconds = _fit_sklearn(train, init, args, n_iter, 0.0)
     fits["sklearn"] = _fit_result(sk_model, seconds, test)
 
-    png = os.path.join(args.output_dir, "emgmm_demo_components.png")
+    png = _png_path(args)
     picture = components_image(model.weights_, model.means_, model.covariances_)
     with atomic_output(png) as tmp_path:
         picture.save(tmp_path, format="PNG")

@@ -78,9 +78,17 @@ def test_demo_failure_removes_temporary_files(tmp_path, private_tmp, monkeypatch
     assert [p for p in os.listdir(tmp_path) if p != "tmp"] == []  # no PNG
 
 
-def test_demo_bad_options(tmp_path, capsys):
+def test_demo_bad_options(tmp_path, capsys, monkeypatch):
     assert cli.main(SMALL + ["--output-dir", str(tmp_path / "missing")]) == 1
     assert "output directory does not exist" in capsys.readouterr().err
+    # a folder it cannot write: refused before any fit (it failed after all of them)
+    monkeypatch.setattr(demo, "_run", lambda args: pytest.fail("the demo ran"))
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+        False if os.path.abspath(path) == str(tmp_path) else access(path, mode, **kw)))
+    assert cli.main(SMALL + ["--output-dir", str(tmp_path)]) == 1
+    assert f"output directory is not writable: {tmp_path}" in capsys.readouterr().err
+    monkeypatch.undo()
     assert cli.main(["demo", "-k", "0", "--output-dir", str(tmp_path)]) == 1
     assert "--n-components must be at least 1" in capsys.readouterr().err
 
