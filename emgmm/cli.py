@@ -164,6 +164,8 @@ def _load_init_array(path, flag):
     """The array of the .npy file ``path`` given to ``flag``; :class:`CommandError`
     for anything else (numpy's own message for a text or HDF5 file speaks of pickled
     data and unsafe loading)."""
+    if not os.path.exists(path):
+        raise CommandError(f"{flag} {path}: no such file")
     if os.path.isfile(path) and not _is_npy(path):
         raise CommandError(f"{flag} takes a .npy file (numpy.save); {path} is not one")
     try:
@@ -192,6 +194,13 @@ def _cmd_fit(args):
             params[name] = _load_init_array(params[name], "--" + name.replace("_", "-"))
     if args.warm_start is not None:
         estimator = load_model(args.warm_start)
+        for name, flag in (("n_components", "-k"),
+                           ("covariance_type", "--covariance-type")):
+            if name in params and params[name] != getattr(estimator, name):
+                raise CommandError(
+                    f"--warm-start {args.warm_start} continues a model with "
+                    f"{name}={getattr(estimator, name)!r}, not {params[name]!r}: "
+                    f"drop {flag} to continue it, or --warm-start to fit a new model")
         estimator.set_params(warm_start=True, **params)
         _data_shape(args.data, estimator.n_features_in_)
     else:

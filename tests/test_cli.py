@@ -615,13 +615,30 @@ def test_sample_outputs_hold_exactly_the_arrays(tmp_path, model_path):
         np.testing.assert_array_equal(np.load(path), expected)
 
 
-@pytest.mark.parametrize("content", ["text", "hdf5", "object"])
+@pytest.mark.parametrize("flags", [["-k", "7"], ["--covariance-type", "diag"]])
+def test_warm_start_with_another_shape_names_the_flags(tmp_path, data, model_path,
+                                                       capsys, flags):
+    """--warm-start MODEL with -k or --covariance-type that MODEL does not have: the
+    error speaks of the flags (it said 'Set warm_start=False', which the CLI has
+    not), before any work."""
+    out = tmp_path / "m.h5"
+    assert cli.main(["fit", data[1], "--warm-start", model_path, "-o", str(out), "-q"]
+                    + flags) == 1
+    err = capsys.readouterr().err
+    assert f"--warm-start {model_path} continues a model with" in err
+    assert f"drop {flags[0]} to continue it, or --warm-start to fit a new model" in err
+    assert "warm_start=False" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("content", ["text", "hdf5", "object", "missing"])
 def test_init_flag_with_a_file_that_is_not_an_array(tmp_path, data, capsys, content):
-    """--means-init with a text file, an HDF5 file or an object array: a one-line
-    error naming the flag (numpy's message spoke of pickled data and of loading it
-    unsafely)."""
+    """--means-init with a text file, an HDF5 file, an object array or no file: a
+    one-line error naming the flag (numpy's message spoke of pickled data and of
+    loading it unsafely; a missing file gave a bare '[Errno 2]')."""
     path = tmp_path / "means.txt"
-    if content == "text":
+    if content == "missing":
+        path = tmp_path / "none.npy"
+    elif content == "text":
         np.savetxt(path, np.zeros((3, 3)))
     elif content == "hdf5":
         with h5py.File(path, "w") as f:
