@@ -148,8 +148,8 @@ def make_temp_folder(parent, nbytes, what, advice=_HOW_TO_MOVE):
             from None
     if free < nbytes + 2**20:
         raise OSError(
-            f"Temporary folder {parent} has {free / 2**20:,.0f} MiB free; {what} "
-            f"needs {nbytes / 2**20:,.0f} MiB. {advice}"
+            f"Temporary folder {parent} has {free / 2**20:,.1f} MiB free; {what} "
+            f"needs {nbytes / 2**20:,.1f} MiB and 1 MiB to spare. {advice}"
         )
     folder = os.path.join(
         parent, f"{TEMP_PREFIX}{os.getpid()}-{_process_space()}-{uuid.uuid4().hex[:12]}")

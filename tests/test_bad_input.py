@@ -417,6 +417,24 @@ def test_init_max_samples_below_n_components_names_the_parameter():
         GaussianMixture(3, init_max_samples=2, random_state=0).fit(X)
 
 
+def test_temp_folder_short_of_space_gives_both_sizes_and_the_spare(tmp_path,
+                                                                    monkeypatch):
+    """1.6 MB to write into a folder with 2 MiB free: the message read '2 MiB free;
+    ... needs 2 MiB' (whole MiB, the 1 MiB kept to spare unsaid)."""
+    import shutil
+
+    from emgmm import _parallel
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda path: usage._replace(free=2 * 2**20))
+    with pytest.raises(OSError, match=r"has 2\.0 MiB free; sharing X with the workers "
+                                      r"needs 1\.6 MiB and 1 MiB to spare"):
+        _parallel.make_temp_folder(str(tmp_path), int(1.6 * 2**20),
+                                   "sharing X with the workers")
+    assert os.listdir(tmp_path) == []
+
+
 def test_temp_folder_that_is_a_file_says_so(tmp_path):
     """joblib's temp_folder naming a file: an OSError naming that folder and how to
     choose another, not a bare errno on an internal path."""
