@@ -276,7 +276,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     lower_bound_ : float
         Mean log-likelihood of the training data under the returned parameters
         (equals ``score(X)`` up to the order of the sum, ~1e-16 relative; for
-        float32 data, the parameters as rounded to float32). scikit-learn reports the value before the last M step.
+        float32 data, the parameters as rounded to float32). scikit-learn reports
+        the value before the last M step.
     lower_bounds_ : list of float
         ``lower_bounds_[i]`` is the mean log-likelihood computed in the E step of
         iteration ``i + 1`` of the kept run, i.e. of the parameters entering it
