@@ -380,7 +380,8 @@ def load_model(path):
         problem = _singular_factor(covariances, prec_chol, cov_type)
     if problem is not None:
         raise ModelFileError(f"{os.fspath(path)} holds no valid mixture: {problem}")
-    params = dict(header["params"], **arrays)
+    # (files written before checkpoint was stored as null still carry the path)
+    params = dict(header["params"], **arrays, checkpoint=None)
     for name in header["params_dropped"]:
         params.pop(name, None)
     estimator = GaussianMixture()

@@ -120,6 +120,11 @@ def test_checkpoint_path_is_not_stored(tmp_path, blobs):
     assert loaded.checkpoint is None
     loaded.set_params(warm_start=True, max_iter=2).fit(blobs)
     assert not run.exists()
+    # a file written before, with the path stored: not restored either
+    with h5py.File(tmp_path / "m.h5", "r+") as f:
+        params = json.loads(f.attrs["params"])
+        f.attrs["params"] = json.dumps(dict(params, checkpoint=str(run / "ck.npz")))
+    assert load_model(tmp_path / "m.h5").checkpoint is None
 
 
 def test_failed_save_keeps_existing_file_and_leaves_no_temp(tmp_path, blobs):
