@@ -68,7 +68,7 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
                 # log-likelihood were seen).
                 X = X.astype(np.float64)
         except BeyondRange:
-            far = ~(estimate.row_norms(X) <= estimate.y_limit)
+            far = estimate.beyond_range(X)
             if far.any() and not far.all():
                 # only the far rows take the plain path (in float32, its check
                 # refuses an overflow): with them, the whole block's float32

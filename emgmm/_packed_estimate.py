@@ -44,6 +44,9 @@ _REFINE_MAX_DENSITY = 0.3
 # components, nearly every pair a candidate) took 96 MB per block for them.
 _UNIFORM_BOUND = 1.0
 _BOUND_CHUNK_BYTES = 2**20
+# RefinedEstimate.beyond_range: relative room between the float64 norm of x - g and
+# the estimate's own (float32 x - g is within 2^-24 relative per feature)
+_BEYOND_RANGE_ROOM = 1e-6
 # RefinedEstimate._bounds: every component, as a (K, 1) column
 _EACH_COMPONENT = (slice(None), None)
 _U64 = np.finfo(np.float64).eps / 2
@@ -104,8 +107,8 @@ class RefinedEstimate:
         raise NotImplementedError
 
     def row_norms(self, X):
-        """``||x - g||`` per row of ``X`` (n,), float64, in row chunks: what
-        :meth:`weighted_refined` compares with ``y_limit``."""
+        """``||x - g||`` per row of ``X`` (n,), float64 (``x - g`` in float64), in
+        row chunks."""
         n, d = X.shape
         norms = np.empty(n)
         rows = _chunk_rows(d, 8, n)
@@ -113,6 +116,13 @@ class RefinedEstimate:
             y = np.subtract(X[r0:r0 + rows], self.g)
             np.sqrt(np.einsum("ij,ij->i", y, y), out=norms[r0:r0 + rows])
         return norms
+
+    def beyond_range(self, X):
+        """The rows of ``X`` (bool, (n,)) for which :meth:`weighted_refined` may
+        raise :class:`BeyondRange`: ``||x - g||`` above ``y_limit``, with room for
+        the estimate forming ``x - g`` in its own dtype (float32: within ~1e-7
+        relative), so that the other rows never raise it."""
+        return ~(self.row_norms(X) <= self.y_limit * (1.0 - _BEYOND_RANGE_ROOM))
 
     def _bounds(self, w, k, y, out=None):
         """Error bounds of the pairs of estimates ``w``, components ``k`` (an index
@@ -227,7 +237,7 @@ class RefinedEstimate:
         Raises
         ------
         BeyondRange
-            When a row lies so far from ``g`` (``y_limit``, :meth:`row_norms`) that
+            When a row lies so far from ``g`` (``y_limit``, :meth:`beyond_range`) that
             the products could overflow: such rows are for the plain path.
         """
         # column-major: the GEMM writes it directly, and the softmax of

@@ -621,6 +621,37 @@ def test_float32_estimate_leaves_only_the_rows_too_far_for_its_products(
     assert log_norm[550] < -1e50
 
 
+def test_a_row_at_the_range_limit_takes_the_plain_path_alone(monkeypatch):
+    """A row whose float32 ``x - g`` lies beyond ``y_limit`` while its float64 one
+    does not (built at the limit): the rows sent to the plain path are found with
+    room for the estimate's own rounding, so it goes there alone, not with its
+    whole block (which the float64 norm alone missed)."""
+    limit = float(np.sqrt(np.float64(np.finfo(np.float32).max) / 4.0))
+    x = np.float32(limit - 1e13)
+    b = 1e6
+    a = float(limit - np.float64(x) + b / 2)  # y_limit = x - 10 (rho = 1)
+    means = np.array([[a + b, 0.0], [-a + b, 0.0], [b, 3.0]])
+    weights = np.array([0.25, 0.25, 0.5])
+    U = np.stack([np.eye(2)] * 3)
+    prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
+    rng = np.random.default_rng(0)
+    X = (means[2] + rng.normal(size=(600, 2))).astype(np.float32)
+    X[550] = [x, 0.0]
+    assert prepared[0].row_norms(X[550:551])[0] <= prepared[0].y_limit
+    with pytest.raises(_packed_estimate.BeyondRange):
+        prepared[0].weighted_refined(X, 48.0)
+    plain = []
+    log_prob = _estep._log_prob
+    monkeypatch.setattr(_estep, "_log_prob",
+                        lambda X, *a, **k: plain.append(len(X)) or log_prob(X, *a, **k))
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = _estep.weighted_log_prob(X, weights, means, U, "full", 48.0, prepared)
+    assert plain == [1]
+    alone = _estep.weighted_log_prob(np.delete(X, 550, axis=0), weights, means, U,
+                                     "full", 48.0, prepared)
+    assert_array_equal(np.delete(got, 550, axis=0), alone)
+
+
 def test_relevance_margin():
     assert _log_density.relevance_margin(0.0) is None
     assert _log_density.relevance_margin(1e-20) == pytest.approx(np.log(1e20) + 2.0)
