@@ -241,7 +241,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         existing checkpoint for the same data and parameters resumes from it and
         ends with the same model as an uninterrupted fit; a checkpoint of other data
         or parameters raises ``ValueError`` saying what differs. The file is
-        removed when ``fit`` completes and kept when it raises. The data are
+        removed when ``fit`` completes, also when the model it completed cannot be
+        returned in float32 attributes (a resumed fit would end the same way, and
+        the retry with ``compute_dtype='float64'`` that the error suggests has
+        other parameters), and kept when it raises otherwise. The data are
         identified by shape, dtype and a SHA-256 of every value (one extra read of
         the data per fit). A folder where it cannot be written raises ``OSError``
         before the first pass. A running fit holds the path (an ``flock`` on
@@ -707,13 +710,13 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 precisions = precisions_from_cholesky(
                     best[1].model.precisions_cholesky.astype(out_dtype),
                     self.covariance_type)
-                # (before the checkpoint goes: it is kept when fit raises)
-                _check_attributes_hold(best[1].model, precisions, out_dtype)
                 if checkpointer is not None:
                     checkpointer.remove()  # (while it holds the path)
         finally:
             source.close()
         score, run, labels = best
+        # (the checkpoint is gone: resuming would end in this error again)
+        _check_attributes_hold(run.model, precisions, out_dtype)
         if not run.converged and self.max_iter > 0:
             warnings.warn(
                 "Best performing initialization did not converge. Try different init "
