@@ -1,5 +1,6 @@
 """Outputs written atomically: a temporary name in the same folder, then a rename."""
 
+import errno
 import os
 import shutil
 import tempfile
@@ -142,8 +143,8 @@ def reserve(fd, nbytes, path):
     """Allocate the first ``nbytes`` of the open file ``fd`` on disk (the file grows
     to at least that size), so that writing them through a memory map cannot meet a
     full file system: without it, a sparse file mapped on a full one kills the process
-    with ``SIGBUS``. Where ``os.posix_fallocate`` is missing (not Linux), the file is
-    only extended.
+    with ``SIGBUS``. Where ``os.posix_fallocate`` is missing (not Linux) or refused
+    by the file system (``EOPNOTSUPP``, ``ENOSYS``), the file is only extended.
 
     Parameters
     ----------
@@ -168,6 +169,11 @@ def reserve(fd, nbytes, path):
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
+            # a C library that does not emulate it on such a file system (musl)
+            if os.fstat(fd).st_size < nbytes:
+                os.ftruncate(fd, nbytes)
+            return
         directory = os.path.dirname(os.path.abspath(os.fspath(path)))
         free = shutil.disk_usage(directory).free
         raise type(exc)(exc.errno, f"Cannot write {os.fspath(path)}: {exc.strerror} "

@@ -332,6 +332,22 @@ def test_a_full_disk_names_the_checkpoint_and_keeps_the_last_one(tmp_path, X,
     assert_same_model(resumed, GaussianMixture(**kwargs()).fit(X))
 
 
+def test_a_file_system_without_fallocate_still_checkpoints(tmp_path, X, monkeypatch):
+    """Where the C library refuses posix_fallocate on the file system (EOPNOTSUPP,
+    as musl does without emulation), the space is not reserved but the checkpoint
+    is written (and valid) all the same."""
+    import errno
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    path = tmp_path / "ck.npz"
+    with pytest.raises(Stop):
+        GaussianMixture(**kwargs(), checkpoint=path, callback=stop_at(0, 2)).fit(X)
+    assert read_state(path, read_fingerprint(path)).run.n_iter == 2
+
+
 @pytest.mark.parametrize("bad", [{"checkpoint_interval": -1.0},
                                  {"checkpoint_interval": "often"},
                                  {"checkpoint": 3}])
