@@ -437,9 +437,10 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
         # a component re-seeded before that starves again is kept, as scikit-learn
         # keeps it (its covariance is positive definite; re-seeding it on every
         # iteration would keep the fit from converging, e.g. K close to n)
-        seeded_before = {k for record in state.history for k in record["reseeded"]}
+        seeds = collections.Counter(k for record in state.history
+                                    for k in record["reseeded"])
         starved = [int(k) for k in np.flatnonzero(stats.nk < min_count)
-                   if int(k) not in seeded_before]
+                   if int(k) not in seeds]
         reseeded = []
         if on_degenerate == "raise" or (ct == "tied" and bad):
             if bad:
@@ -448,8 +449,6 @@ def run_em(executor, tasks, block_size, model, n_samples, *, max_iter, tol, reg_
         elif bad or starved:
             # a component that collapses on every re-seed (a flat cluster without
             # reg_covar: every other iteration) would be re-seeded to the end
-            seeds = collections.Counter(k for record in state.history
-                                        for k in record["reseeded"])
             again = [k for k in bad if seeds[k] >= MAX_RESEEDS]
             if again:
                 raise ValueError(
