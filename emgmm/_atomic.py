@@ -162,20 +162,29 @@ def reserve(fd, nbytes, path):
     """
     if nbytes <= 0:
         return
-    if not hasattr(os, "posix_fallocate"):  # pragma: no cover - not on Linux
-        if os.fstat(fd).st_size < nbytes:
-            os.ftruncate(fd, nbytes)
-        return
     try:
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
-            # a C library that does not emulate it on such a file system (musl)
-            if os.fstat(fd).st_size < nbytes:
-                os.ftruncate(fd, nbytes)
+        if hasattr(os, "posix_fallocate"):  # (not on every platform)
+            os.posix_fallocate(fd, 0, nbytes)
             return
-        directory = os.path.dirname(os.path.abspath(os.fspath(path)))
-        free = shutil.disk_usage(directory).free
-        raise type(exc)(exc.errno, f"Cannot write {os.fspath(path)}: {exc.strerror} "
-                        f"(it needs {nbytes / 2**20:.1f} MiB; {free / 2**20:.1f} MiB "
-                        f"free in {directory})") from None
+    except OSError as exc:
+        # EOPNOTSUPP, ENOSYS: a C library that does not emulate it on such a file
+        # system (musl); the file is extended below
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+            directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+            free = shutil.disk_usage(directory).free
+            raise type(exc)(exc.errno, f"Cannot write {os.fspath(path)}: "
+                            f"{exc.strerror} (it needs {nbytes / 2**20:.1f} MiB; "
+                            f"{free / 2**20:.1f} MiB free in {directory})") from None
+    if os.fstat(fd).st_size < nbytes:
+        os.ftruncate(fd, nbytes)
+
+
+@contextmanager
+def reserved_file(tmp_path, nbytes, path):
+    """``tmp_path`` open for writing (binary) from its start, its first ``nbytes``
+    reserved (:func:`reserve`; errors name ``path``); on leaving, the file is cut at
+    the position written to, so the unused part of the reserve does not stay."""
+    with open(tmp_path, "r+b") as fh:
+        reserve(fh.fileno(), nbytes, path)
+        yield fh
+        fh.truncate()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._atomic import atomic_output, check_writable, reserve
+from ._atomic import atomic_output, check_writable, reserved_file
 from ._em import Model, RunResult
 
 FORMAT = "emgmm-checkpoint"
@@ -213,10 +213,8 @@ def write_state(path, state, fingerprint):
     arrays["meta"] = np.array(json.dumps(meta))
     # the space first, so that a full disk names the checkpoint and the MiB it needs
     nbytes = sum(a.nbytes for a in arrays.values()) + _NPZ_SLACK_BYTES * len(arrays)
-    with atomic_output(path) as tmp, open(tmp, "r+b") as fh:
-        reserve(fh.fileno(), nbytes, path)
+    with atomic_output(path) as tmp, reserved_file(tmp, nbytes, path) as fh:
         np.savez(fh, **arrays)
-        fh.truncate()  # the unused part of the reserve, after the archive's end
 
 
 def read_state(path, fingerprint):

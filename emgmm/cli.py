@@ -25,7 +25,13 @@ from numpy.lib.format import open_memmap
 from sklearn import get_config
 
 from . import demo
-from ._atomic import atomic_output, atomic_outputs, check_writable, reserve
+from ._atomic import (
+    atomic_output,
+    atomic_outputs,
+    check_writable,
+    reserve,
+    reserved_file,
+)
 from ._model_io import load_model, read_header, save_model
 from ._progress import ProgressReporter, format_summary
 from ._sources import _is_npy, as_source, split_hdf5_spec
@@ -287,10 +293,8 @@ def _each_warning_once():
 def _write_npy(tmp_path, array, path):
     """``array`` as a .npy file at ``tmp_path``, its space reserved first (so a full
     file system gives an error that names ``path``, not numpy's byte counts)."""
-    with open(tmp_path, "rb+") as f:
-        reserve(f.fileno(), array.nbytes + _NPY_HEADER_BYTES, path)
+    with reserved_file(tmp_path, array.nbytes + _NPY_HEADER_BYTES, path) as f:
         np.save(f, array, allow_pickle=False)
-        f.truncate()  # the unused part of the reserve
 
 
 # more than a .npy header of a 1-d or 2-d array takes (format versions 1.0-3.0)
