@@ -4,7 +4,7 @@ A drop-in for :class:`sklearn.mixture.GaussianMixture` that fits data in memory,
 ``np.memmap`` or ``.npy`` files and in HDF5 datasets, in row blocks, on joblib workers.
 
 The public names are imported on first use (PEP 562), so that a worker process
-which only unpickles the task functions of ``emgmm._em`` does not import
+which only unpickles the task functions of ``emgmm.engine`` does not import
 scikit-learn.
 """
 
@@ -13,11 +13,11 @@ import importlib
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "GaussianMixture": "._gaussian_mixture",
-    "ModelFileError": "._model_io",
-    "load_model": "._model_io",
-    "save_model": "._model_io",
-    "as_source": "._sources",
+    "GaussianMixture": ".mixture.gaussian_mixture",
+    "ModelFileError": ".io.model_file",
+    "load_model": ".io.model_file",
+    "save_model": ".io.model_file",
+    "as_source": ".io.sources",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -19,7 +19,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from conftest import COVARIANCE_TYPES, random_spd
 from emgmm import GaussianMixture
-from emgmm import _log_density
+from emgmm.covariance import log_density as _log_density
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -456,7 +456,7 @@ def test_tied_initial_covariance_against_oracle(offset, kind):
     scikit-learn's value. Inputs are not modified."""
     from sklearn.mixture._gaussian_mixture import _estimate_gaussian_covariances_tied
 
-    from emgmm._init import parameters_from_responsibilities
+    from emgmm.mixture.initialization import parameters_from_responsibilities
 
     X, labels = _far_apart_clusters(offset)
     rng = np.random.default_rng(1)

@@ -22,11 +22,15 @@ from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.model_selection import GridSearchCV
 from threadpoolctl import threadpool_info, threadpool_limits
 
-import emgmm._gaussian_mixture as gm_module
-import emgmm._parallel as parallel
+import emgmm.mixture.gaussian_mixture as gm_module
+import emgmm.runtime.executor as parallel
 from conftest import make_blobs_data
-from emgmm import GaussianMixture, _cholesky, _estep, _log_density, _statistics
-from emgmm._sources import ArraySource, MemmapSource, as_source
+from emgmm import GaussianMixture
+from emgmm.covariance import cholesky as _cholesky
+from emgmm.engine import estep as _estep
+from emgmm.covariance import log_density as _log_density
+from emgmm.covariance import statistics as _statistics
+from emgmm.io.sources import ArraySource, MemmapSource, as_source
 
 STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 CORES = joblib.cpu_count()

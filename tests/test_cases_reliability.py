@@ -17,7 +17,7 @@ import pytest
 
 from conftest import COVARIANCE_TYPES
 from emgmm import GaussianMixture
-from emgmm._parallel import TEMP_PREFIX
+from emgmm.runtime.executor import TEMP_PREFIX
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -276,8 +276,8 @@ def test_starting_model_and_statistics_are_freed_after_their_iteration(monkeypat
     memory: the starting model and the statistics of the iteration before are freed,
     not held through the next pass (for 'full' each is K d^2 float64 values,
     gigabytes at d = 900)."""
-    from emgmm import _em
-    from emgmm import _gaussian_mixture as gaussian_mixture
+    from emgmm.engine import em as _em
+    from emgmm.mixture import gaussian_mixture
 
     refs = {"model": [], "stats": []}
     initial_model = GaussianMixture._initial_model
@@ -429,7 +429,7 @@ def test_case_c20_stray_folders_removed_only_in_their_own_host_and_namespace(tmp
     """A dead process's folder is removed only when it was made on this host and in
     this PID namespace: in a container sharing the folder, the same pid number is
     another process (whose live folder an earlier version deleted)."""
-    from emgmm import _parallel
+    from emgmm.runtime import executor as _parallel
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -510,7 +510,7 @@ def test_case_c21_worker_killed_for_memory(tmp_path, monkeypatch, memory):
     it names the likelier causes.
     """
     if memory == "tight":
-        monkeypatch.setattr("emgmm._em.available_memory", lambda: 2**20)
+        monkeypatch.setattr("emgmm.engine.em.available_memory", lambda: 2**20)
     temp = tmp_path / "joblib-temp"
     temp.mkdir()
     monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(temp))

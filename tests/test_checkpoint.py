@@ -15,7 +15,7 @@ from sklearn.utils._param_validation import InvalidParameterError
 
 from conftest import file_fingerprint, make_blobs_data
 from emgmm import GaussianMixture
-from emgmm._checkpoint import read_state
+from emgmm.io.checkpoint import read_state
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -263,7 +263,7 @@ def test_no_pickle_in_the_file(tmp_path, X):
 
 
 def test_interval_limits_writes(tmp_path, X, monkeypatch):
-    from emgmm import _checkpoint
+    from emgmm.io import checkpoint as _checkpoint
 
     writes = []
     real = _checkpoint.write_state
@@ -291,7 +291,7 @@ def test_write_is_atomic(tmp_path, X, monkeypatch):
         return real_savez(fh, **arrays)
 
     real_savez = np.savez
-    from emgmm import _checkpoint
+    from emgmm.io import checkpoint as _checkpoint
 
     monkeypatch.setattr(_checkpoint.np, "savez", failing_savez)
     with pytest.raises(OSError, match="No space"):

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import emgmm
-from emgmm import cli
-from emgmm._model_io import load_model
+from emgmm.cli import command as cli
+from emgmm.io.model_file import load_model
 
 from conftest import file_fingerprint, make_blobs_data
 

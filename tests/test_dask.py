@@ -16,8 +16,8 @@ from numpy.testing import assert_allclose, assert_array_equal
 
 from conftest import make_blobs_data
 from emgmm import GaussianMixture
-from emgmm._parallel import Executor
-from emgmm._sources import as_source
+from emgmm.runtime.executor import Executor
+from emgmm.io.sources import as_source
 
 distributed = pytest.importorskip("distributed")
 dask = pytest.importorskip("dask")

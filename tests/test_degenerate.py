@@ -8,8 +8,8 @@ from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from conftest import COVARIANCE_TYPES
 from emgmm import GaussianMixture
-from emgmm._em import Worst, initial_factors, reseed, smallest
-from emgmm._cholesky import factorize
+from emgmm.engine.em import Worst, initial_factors, reseed, smallest
+from emgmm.covariance.cholesky import factorize
 from test_cases_reliability import assert_bound_monotone, assert_valid_model
 
 DUPLICATES = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0)

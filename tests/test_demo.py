@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from emgmm import cli, demo
+from emgmm.cli import command as cli
+from emgmm.cli import demo
 
 SMALL = ["demo", "--n-patches", "800", "--n-test", "300", "-k", "4", "--max-iter", "4",
          "--sklearn-max-iter", "2", "--tol", "0", "--n-jobs", "1", "--quiet"]

@@ -1,4 +1,4 @@
-"""The pure kernels (``emgmm._cholesky``, ``_log_density``, ``_estep``, ``_statistics``,
+"""The pure kernels (``emgmm.covariance.cholesky``, ``_log_density``, ``_estep``, ``_statistics``,
 ``_m_step``) against independent oracles.
 
 Oracles:
@@ -42,7 +42,11 @@ from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
-from emgmm import _cholesky, _estep, _log_density, _m_step, _statistics
+from emgmm.covariance import cholesky as _cholesky
+from emgmm.engine import estep as _estep
+from emgmm.covariance import log_density as _log_density
+from emgmm.covariance import m_step as _m_step
+from emgmm.covariance import statistics as _statistics
 
 from conftest import COVARIANCE_TYPES, random_spd
 

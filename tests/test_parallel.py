@@ -25,10 +25,10 @@ from threadpoolctl import threadpool_limits
 
 from conftest import COVARIANCE_TYPES, make_blobs_data
 from emgmm import GaussianMixture
-import emgmm._blas as blas
-import emgmm._em as em
-import emgmm._memory as memory
-import emgmm._parallel as parallel
+import emgmm.runtime.blas as blas
+import emgmm.engine.em as em
+import emgmm.runtime.memory as memory
+import emgmm.runtime.executor as parallel
 
 STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -389,7 +389,7 @@ def test_blas_limit_restored_after_executors_closing_out_of_order(X, tmp_path):
     the limit B found while A was open)."""
     from threadpoolctl import threadpool_limits
 
-    from emgmm._sources import MemmapSource
+    from emgmm.io.sources import MemmapSource
 
     np.save(tmp_path / "x.npy", X)
     source = MemmapSource.from_npy(tmp_path / "x.npy")
@@ -507,7 +507,8 @@ def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
     one under a process-wide limit of one thread."""
     from contextlib import contextmanager
 
-    from emgmm import _packed_estimate, _statistics
+    from emgmm.covariance import packed_estimate as _packed_estimate
+    from emgmm.covariance import statistics as _statistics
 
     seen = {"loops": [], "callback": set()}
     single = _statistics.single_blas_thread
@@ -630,7 +631,7 @@ def test_block_rows_follow_the_chunks(covariance_type):
 _RELEASE_SCRIPT = """
 import threading
 import numpy as np
-from emgmm import _memory
+from emgmm.runtime import memory as _memory
 
 def resident():
     with open("/proc/self/status") as fh:

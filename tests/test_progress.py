@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 
 from emgmm import GaussianMixture
-from emgmm._progress import ProgressReporter
+from emgmm.cli.progress import ProgressReporter
 
 
 def _fit(callback, n_jobs=None):

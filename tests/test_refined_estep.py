@@ -23,7 +23,9 @@ from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
-from emgmm import _estep, _log_density, _packed_estimate
+from emgmm.engine import estep as _estep
+from emgmm.covariance import log_density as _log_density
+from emgmm.covariance import packed_estimate as _packed_estimate
 
 from conftest import random_spd
 

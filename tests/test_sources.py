@@ -20,8 +20,8 @@ from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from conftest import COVARIANCE_TYPES, FILE_KINDS, SOURCE_KINDS, file_fingerprint, make_blobs_data
 from emgmm import GaussianMixture
-from emgmm import _sources
-from emgmm._sources import MemmapSource, as_source
+from emgmm.io import sources as _sources
+from emgmm.io.sources import MemmapSource, as_source
 
 N = 200  # 7 and 64 do not divide 200
 BLOCK_SIZES = (1, 7, 64, N)

@@ -1,4 +1,4 @@
-"""The per-thread work buffers (emgmm._workspace): lending rules, and fits that reuse
+"""The per-thread work buffers (emgmm.runtime.workspace): lending rules, and fits that reuse
 buffers holding stale values equal fits that allocate every array afresh, bitwise."""
 
 import threading
@@ -11,7 +11,7 @@ from numpy.testing import assert_array_equal
 
 from conftest import make_blobs_data
 from emgmm import GaussianMixture
-import emgmm._workspace as workspace
+import emgmm.runtime.workspace as workspace
 
 
 def test_borrow_without_a_workspace_lends_fresh_arrays():
@@ -100,7 +100,7 @@ def test_fits_over_reused_buffers_equal_fresh_arrays_bitwise(compute_dtype,
     monkeypatch.setattr(workspace.Workspace, "borrow", _poisoned)
     reused = _fit(X, **params)
     monkeypatch.setattr(workspace, "per_thread", lambda func: func)
-    monkeypatch.setattr("emgmm._parallel.per_thread", lambda func: func)
+    monkeypatch.setattr("emgmm.runtime.executor.per_thread", lambda func: func)
     fresh = _fit(X, **params)
     for name in ("weights_", "means_", "precisions_cholesky_", "lower_bounds_"):
         assert_array_equal(getattr(reused[0], name), getattr(fresh[0], name), name)

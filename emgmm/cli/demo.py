@@ -29,8 +29,8 @@ import h5py
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from ._atomic import atomic_output, check_writable
-from ._progress import ProgressReporter, format_seconds
+from ..io.atomic import atomic_output, check_writable
+from .progress import ProgressReporter, format_seconds
 
 SUMMARY = "fit a patch prior to scikit-learn's sample images; compare with scikit-learn"
 
@@ -280,7 +280,7 @@ def _fit_result(model, seconds, test):
 def _fit_emgmm(train, init, args, max_iter, tol, *, quiet):
     from sklearn.exceptions import ConvergenceWarning
 
-    from . import GaussianMixture
+    from .. import GaussianMixture
 
     weights, means, precisions = init
     with tempfile.TemporaryDirectory(prefix="emgmm-demo-") as tmp:

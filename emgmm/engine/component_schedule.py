@@ -2,7 +2,7 @@
 
 A task is a slice of components and a range of rows; a worker holds only its slice's
 means, factors and statistics, never the whole model. The rows are processed in
-ranges of whole blocks (:func:`emgmm._memory.buffer_rows`) so that the shared buffer
+ranges of whole blocks (:func:`emgmm.runtime.memory.buffer_rows`) so that the shared buffer
 holds ``range rows x K`` float64 values whatever ``n``. For every range:
 
 1. *log-probabilities*: each (slice, rows) task writes ``log N(x_i | mu_k,
@@ -30,14 +30,14 @@ import shutil
 
 import numpy as np
 
-from ._atomic import reserve
-from ._em import Model, Worst, check_explained, smallest
-from ._estep import _logsumexp_rows, exp_flushed, weighted_log_prob
-from ._log_density import relevance_margin
-from ._statistics import SufficientStatistics, block_statistics
-from ._memory import buffer_rows, component_slices, range_pieces
-from ._blas import limit_blas
-from ._parallel import joblib_temp_folder, make_temp_folder
+from ..io.atomic import reserve
+from .em import Model, Worst, check_explained, smallest
+from .estep import _logsumexp_rows, exp_flushed, weighted_log_prob
+from ..covariance.log_density import relevance_margin
+from ..covariance.statistics import SufficientStatistics, block_statistics
+from ..runtime.memory import buffer_rows, component_slices, range_pieces
+from ..runtime.blas import limit_blas
+from ..runtime.executor import joblib_temp_folder, make_temp_folder
 
 
 class SharedBuffer:
@@ -52,7 +52,7 @@ class SharedBuffer:
 
     @classmethod
     def create(cls, folder, shape):
-        """Allocate the file (:func:`~emgmm._atomic.reserve`, so a full disk raises
+        """Allocate the file (:func:`~emgmm.io.atomic.reserve`, so a full disk raises
         ``OSError`` here instead of ``SIGBUS`` on a later write)."""
         path = os.path.join(folder, "log_resp.dat")
         nbytes = 8 * shape[0] * shape[1]
@@ -79,7 +79,7 @@ def _slice_model(model, k0, k1):
 def log_prob_task(source, r0, start, stop, block_size, model, k0, buffer, compute_dtype,
                   margin, *, blas_threads):
     """Write ``log N + log w`` of components ``k0:k1`` for rows ``start:stop``
-    (:func:`~emgmm._estep.weighted_log_prob` with ``margin`` and the slice's
+    (:func:`~emgmm.engine.estep.weighted_log_prob` with ``margin`` and the slice's
     prepared estimates)."""
     with limit_blas(blas_threads):
         buf = buffer.open(writable=True)
@@ -178,7 +178,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                               resp_threshold, n_worst, centers=None):
     """Component-sharded schedule of one statistics pass (see the module notes).
 
-    Same signature, semantics and result as :func:`emgmm._em.rows_statistics_pass`:
+    Same signature, semantics and result as :func:`emgmm.engine.em.rows_statistics_pass`:
     the statistics are centred on ``centers`` (default ``model.means``), the
     log-likelihood is the sum over
     all rows, and ``worst`` holds the ``n_worst`` rows of lowest log-likelihood.

@@ -11,8 +11,8 @@ for it, so every ``init_params`` gives exactly scikit-learn's initialisation.
 import numpy as np
 from sklearn.cluster import KMeans, kmeans_plusplus
 
-from ._m_step import m_step
-from ._statistics import block_statistics
+from ..covariance.m_step import m_step
+from ..covariance.statistics import block_statistics
 
 #: Rows per chunk of the pooled 'tied' scatter (see _tied_covariance).
 _CHUNK_ROWS = 8192
@@ -82,7 +82,7 @@ def _tied_covariance(X, resp, means, nk, reg_covar):
     if a component had collapsed). The same value is
     ``sum_k sum_i r_ik (x_i - mu_k)(x_i - mu_k)^T / sum_k N_k`` over rows whose
     responsibilities sum to one (k-means, random; up to rounding), formed here
-    centred on each component's mean (:func:`~emgmm._statistics.block_statistics`'
+    centred on each component's mean (:func:`~emgmm.covariance.statistics.block_statistics`'
     'tied' second moments: no large terms cancel), plus ``x_i x_i^T`` for rows
     without responsibility (all but ``K`` rows for k-means++ and random_from_data),
     which scikit-learn's formula counts uncentred.

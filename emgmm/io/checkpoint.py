@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._atomic import atomic_output, check_writable, reserved_file
-from ._em import Model, RunResult
+from .atomic import atomic_output, check_writable, reserved_file
+from ..engine.em import Model, RunResult
 
 FORMAT = "emgmm-checkpoint"
 #: 2: the data fingerprint hashes every row (version 1 hashed 16 rows).

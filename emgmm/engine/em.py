@@ -17,20 +17,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._cholesky import _ill_defined_message, factorize
-from ._estep import SCORE_MARGIN, estimate_log_prob_resp, estimate_resp
-from ._log_density import centred_products, relevance_margin
-from ._m_step import m_step, needs_recentring
-from ._packed_estimate import prepare_log_prob
-from ._statistics import block_statistics
-from ._memory import (
+from ..covariance.cholesky import _ill_defined_message, factorize
+from .estep import SCORE_MARGIN, estimate_log_prob_resp, estimate_resp
+from ..covariance.log_density import centred_products, relevance_margin
+from ..covariance.m_step import m_step, needs_recentring
+from ..covariance.packed_estimate import prepare_log_prob
+from ..covariance.statistics import block_statistics
+from ..runtime.memory import (
     RELEASE_MIN_BYTES,
     available_memory,
     bytes_per_row,
     release_free_memory,
 )
-from ._blas import limit_blas
-from ._workspace import borrow
+from ..runtime.blas import limit_blas
+from ..runtime.workspace import borrow
 
 _MIB = 2**20
 #: Re-seeds of one component after which its collapsing once more (a covariance not
@@ -48,7 +48,7 @@ class Model:
     """Mixture parameters in scikit-learn's shapes (covariances may be ``None``).
 
     ``prepared`` holds the work on the parameters that every block of a pass shares
-    (:func:`emgmm._packed_estimate.prepare_log_prob`), built once by :meth:`prepare`; the
+    (:func:`emgmm.covariance.packed_estimate.prepare_log_prob`), built once by :meth:`prepare`; the
     parent builds it before a pass so that the workers receive it (as memory maps,
     like the parameters) instead of each rebuilding it.
     """
@@ -62,7 +62,7 @@ class Model:
     prepared_for: str = field(default=None, repr=False, compare=False)
 
     def prepare(self, compute_dtype):
-        """:func:`~emgmm._packed_estimate.prepare_log_prob` for ``compute_dtype``,
+        """:func:`~emgmm.covariance.packed_estimate.prepare_log_prob` for ``compute_dtype``,
         kept (also when it is ``None``)."""
         key = np.dtype(compute_dtype).str
         if self.prepared_for != key:
@@ -176,7 +176,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
 def release_after_pass(model, compute_dtype, block_rows):
     """After a pass whose blocks took at least ``RELEASE_MIN_BYTES`` each, hand the
     free pages they left in the allocator's arenas back to the system
-    (:func:`~emgmm._memory.release_free_memory`), between the passes, when no task
+    (:func:`~emgmm.runtime.memory.release_free_memory`), between the passes, when no task
     allocates: every row thread's arena would otherwise keep its own high-water mark
     resident (on [100k, 64], K=200 'full': 241-250 MiB above the data against
     155-180 MiB with the release, at the same speed; releasing after every task

@@ -25,9 +25,9 @@ from joblib._parallel_backends import LokyBackend, MultiprocessingBackend
 from joblib.parallel import get_active_backend
 from threadpoolctl import threadpool_info
 
-from ._blas import hold_process_limit, release_process_limit
-from ._sources import ArraySource, MemmapSource
-from ._workspace import per_thread
+from .blas import hold_process_limit, release_process_limit
+from ..io.sources import ArraySource, MemmapSource
+from .workspace import per_thread
 
 TEMP_PREFIX = "emgmm-"
 

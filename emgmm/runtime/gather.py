@@ -4,7 +4,7 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
-from ._workspace import borrow
+from .workspace import borrow
 
 
 class GatherBuffers:
@@ -20,7 +20,7 @@ class GatherBuffers:
     @contextmanager
     def borrowed(cls, X, size):
         """The buffers for up to ``size`` rows of ``X``, borrowed from the thread's
-        workspace (:func:`~emgmm._workspace.borrow`) for the ``with`` block."""
+        workspace (:func:`~emgmm.runtime.workspace.borrow`) for the ``with`` block."""
         shape = (size, X.shape[1])
         with borrow("gather", shape) as buf, \
                 (nullcontext(buf) if X.dtype == np.float64

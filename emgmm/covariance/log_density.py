@@ -2,7 +2,7 @@
 E step.
 
 Pure functions of one block of rows and the model parameters they are given: none keeps
-state, reads files or starts workers (the orchestration lives in :mod:`emgmm._em`).
+state, reads files or starts workers (the orchestration lives in :mod:`emgmm.engine.em`).
 
 Notation (Bishop, *Pattern Recognition and Machine Learning*, 2006, section 9.2):
 ``X`` is a block of ``n`` rows and ``d`` features, ``K`` the number of components,
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._cholesky import log_det_cholesky
-from ._workspace import borrow
+from .cholesky import log_det_cholesky
+from ..runtime.workspace import borrow
 
 _LOG_2PI = np.log(2.0 * np.pi)
 # log(1 / smallest subnormal float64): exp() of anything lower is exactly zero
@@ -132,7 +132,7 @@ def _packed_weights(precisions, means_shifted):
 def _representable(W, dtype):
     """Whether float64 values ``W`` (the packed weights, or a triangular estimate's
     factors and the bounds of its shifts) keep the error bound of their estimate
-    (:mod:`emgmm._packed_estimate`) in ``dtype``: finite, and every nonzero entry a
+    (:mod:`emgmm.covariance.packed_estimate`) in ``dtype``: finite, and every nonzero entry a
     normal number of ``dtype`` (below that, rounding is absolute, not relative) and
     at most ``max * eps`` (so that a product underflowing to zero, off by at most
     ``tiny * u``, moves a term by less than 1e-13). A model beyond float32's range
@@ -262,7 +262,7 @@ def _full_maha(X, means, precisions_cholesky, weights, out=None):
     The triangular products of :func:`_full_maha_dense` for every component: their
     rounding is linear in ``|x - g|`` and ``|mu_k - g|``. The packed products are
     cheaper but cancel within each quadratic form; they are used only where a
-    rounding bound per pair vouches for them (:mod:`emgmm._packed_estimate`): on a
+    rounding bound per pair vouches for them (:mod:`emgmm.covariance.packed_estimate`): on a
     covariance of condition number 1e12 they were 2e-4 nats off.
     """
     K = means.shape[0]
@@ -289,7 +289,7 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     triangular ``U_k``, batched over several components at once
     (:func:`_full_maha_dense`): their rounding is linear in ``|y|`` and ``|m_k|``.
     (The cheaper packed products, whose rounding can cancel within each quadratic
-    form, serve only the refined E step of :mod:`emgmm._packed_estimate`, which
+    form, serve only the refined E step of :mod:`emgmm.covariance.packed_estimate`, which
     bounds their error per pair.)
     For 'tied', 'diag' and 'spherical' the squared distances are expanded around the
     same shift so that the work is a few matrix products, in float64; a component
@@ -302,7 +302,7 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
         The block. It is not modified. Its dtype is the compute dtype.
     means : ndarray of shape (K, d)
     precisions_cholesky : ndarray
-        Shapes as in :func:`~emgmm._cholesky.factorize`.
+        Shapes as in :func:`~emgmm.covariance.cholesky.factorize`.
     covariance_type : {'full', 'tied', 'diag', 'spherical'}
     weights : ndarray of shape (K,), optional
         Only used to choose the shift (mixture mean); uniform when omitted. Does not

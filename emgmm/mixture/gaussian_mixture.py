@@ -15,16 +15,16 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._checkpoint import open_checkpointer
-from ._cholesky import (
+from ..io.checkpoint import open_checkpointer
+from ..covariance.cholesky import (
     covariances_from_cholesky,
     entry_below_diagonal,
     not_upper_triangular_message,
     precisions_cholesky_from_precisions,
     precisions_from_cholesky,
 )
-from ._component_schedule import component_statistics_pass
-from ._em import (
+from ..engine.component_schedule import component_statistics_pass
+from ..engine.em import (
     Model,
     check_explained,
     explain_worker_loss,
@@ -33,9 +33,9 @@ from ._em import (
     run_em,
     score_pass,
 )
-from ._estep import SCORE_MARGIN, estimate_log_prob_resp
-from ._init import initial_responsibilities, parameters_from_responsibilities, subsample_indices
-from ._memory import (
+from ..engine.estep import SCORE_MARGIN, estimate_log_prob_resp
+from .initialization import initial_responsibilities, parameters_from_responsibilities, subsample_indices
+from ..runtime.memory import (
     block_rows,
     bytes_per_row,
     choose_schedule,
@@ -43,8 +43,8 @@ from ._memory import (
     row_threads_worthwhile,
     tasks_are_tiny,
 )
-from ._parallel import Executor
-from ._sources import ArraySource, as_source, is_file_backed
+from ..runtime.executor import Executor
+from ..io.sources import ArraySource, as_source, is_file_backed
 
 
 def _as_stored(model, dtype):
@@ -172,7 +172,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         folder (``X`` read twice per iteration). 'auto' picks 'components' when
         there are several workers and one task's statistics,
         ``K d (d + 1) / 2 * 8`` bytes for 'full', exceed 64 MiB, or when only it
-        fits ``memory_limit`` (see ``emgmm._memory.choose_schedule``). Both give
+        fits ``memory_limit`` (see ``emgmm.runtime.memory.choose_schedule``). Both give
         the same model to 1e-12 relative.
     init_max_samples : int, default=100_000
         Rows in the initialisation subsample.
@@ -198,7 +198,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         more than it saves; gathered rows or a sparse product when few are kept), and
         for 'full' the E step computes exactly only the pairs that may exceed it;
         the others are estimated within a first-order rounding-error bound (see
-        ``emgmm._packed_estimate.RefinedEstimate``). A pair left out moves
+        ``emgmm.covariance.packed_estimate.RefinedEstimate``). A pair left out moves
         ``N_k`` by ``r_ik`` and ``S_k``, in the metric of component ``k``, by at
         most ``r_ik Q_ik`` (``Q_ik`` its squared Mahalanobis distance, about
         ``2 log(1 / r_ik)``): about 1e-18 at the default, below float64 rounding.

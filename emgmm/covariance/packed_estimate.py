@@ -3,17 +3,17 @@ rigorous rounding bound, and the exact recomputation of the pairs that matter.
 
 Pure functions of one block of rows and the model parameters they are given: none
 keeps state, reads files or starts workers (the orchestration lives in
-:mod:`emgmm._em`). Notation as in :mod:`emgmm._log_density`.
+:mod:`emgmm.engine.em`). Notation as in :mod:`emgmm.covariance.log_density`.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._blas import single_blas_thread
-from ._cholesky import log_det_cholesky
-from ._gather import GatherBuffers
-from ._log_density import (
+from ..runtime.blas import single_blas_thread
+from .cholesky import log_det_cholesky
+from ..runtime.gather import GatherBuffers
+from .log_density import (
     _LOG_2PI,
     _REFINE_TOL,
     _TRIANGLE_BLOCK,
@@ -26,7 +26,7 @@ from ._log_density import (
     _shift,
     _use_packed,
 )
-from ._workspace import borrow
+from ..runtime.workspace import borrow
 
 # The refined E step probes this many rows first; if more than _REFINE_MAX_DENSITY of
 # their pairs, beyond one per row, would need the exact recomputation (broad
@@ -481,7 +481,7 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
     """Work on the model that every block of a pass shares, or ``None``.
 
     For 'full', the estimates (:class:`RefinedEstimate`) that
-    :func:`~emgmm._estep.weighted_log_prob` tries in this order, each refined where it
+    :func:`~emgmm.engine.estep.weighted_log_prob` tries in this order, each refined where it
     matters, before its plain path:
 
     * small ``d`` (packed products, ``K d^3`` flops here): for float32 data the

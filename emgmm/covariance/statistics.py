@@ -3,7 +3,7 @@ summed around fixed centres, skipping the negligible responsibilities.
 
 Pure functions of one block of rows and the model parameters they are given: none
 keeps state, reads files or starts workers (the orchestration lives in
-:mod:`emgmm._em`). Notation as in :mod:`emgmm._log_density`.
+:mod:`emgmm.engine.em`). Notation as in :mod:`emgmm.covariance.log_density`.
 """
 
 from dataclasses import dataclass
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse
 
-from ._blas import single_blas_thread
-from ._gather import GatherBuffers
-from ._log_density import (
+from ..runtime.blas import single_blas_thread
+from ..runtime.gather import GatherBuffers
+from .log_density import (
     _packed_chunks,
     _packed_index,
     _shift,
@@ -21,7 +21,7 @@ from ._log_density import (
     centred_products,
     packed_chunk_rows,
 )
-from ._workspace import borrow
+from ..runtime.workspace import borrow
 
 
 def _pack_upper(S):

@@ -3,13 +3,13 @@ responsibilities (Bishop 2006, eq. 9.23 and 9.28).
 
 Pure functions of one block of rows and the model parameters they are given: none
 keeps state, reads files or starts workers (the orchestration lives in
-:mod:`emgmm._em`). Notation as in :mod:`emgmm._log_density`.
+:mod:`emgmm.engine.em`). Notation as in :mod:`emgmm.covariance.log_density`.
 """
 
 import numpy as np
 
-from ._log_density import _chunk_rows, _log_prob
-from ._packed_estimate import BeyondRange, prepare_log_prob
+from ..covariance.log_density import _chunk_rows, _log_prob
+from ..covariance.packed_estimate import BeyondRange, prepare_log_prob
 
 #: Margin (nats) of the scoring passes: the pairs left estimated change a row's
 #: log-likelihood by less than exp(-50) ~ 2e-22 relative, and never hold its argmax.
@@ -34,7 +34,7 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
         'diag' and 'spherical', only the pairs within ``margin`` nats of their row's
         best component are computed exactly; the others are estimated to within a
         (first-order) rounding-error bound and have ``r_ik < exp(-margin)`` (see
-        :meth:`~emgmm._packed_estimate.RefinedEstimate.weighted_refined`).
+        :meth:`~emgmm.covariance.packed_estimate.RefinedEstimate.weighted_refined`).
     prepared : object or None, default=None
         :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
         its work between the blocks of a pass.

@@ -25,16 +25,16 @@ from numpy.lib.format import open_memmap
 from sklearn import get_config
 
 from . import demo
-from ._atomic import (
+from ..io.atomic import (
     atomic_output,
     atomic_outputs,
     check_writable,
     reserve,
     reserved_file,
 )
-from ._model_io import load_model, read_header, save_model
-from ._progress import ProgressReporter, format_summary
-from ._sources import _is_npy, as_source, split_hdf5_spec
+from ..io.model_file import load_model, read_header, save_model
+from .progress import ProgressReporter, format_summary
+from ..io.sources import _is_npy, as_source, split_hdf5_spec
 
 #: (flag, estimator parameter, argparse keywords) for every parameter of
 #: ``emgmm.GaussianMixture`` settable from ``emgmm fit``. ``warm_start`` is
@@ -183,7 +183,7 @@ def _load_init_array(path, flag):
 
 
 def _cmd_fit(args):
-    from . import GaussianMixture
+    from .. import GaussianMixture
 
     params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
     inputs = [("DATA", args.data)]
@@ -357,7 +357,7 @@ def build_parser():
     -------
     parser : argparse.ArgumentParser
     """
-    from . import GaussianMixture
+    from .. import GaussianMixture
 
     defaults = GaussianMixture().get_params()
     parser = argparse.ArgumentParser(

@@ -30,8 +30,8 @@ import os
 import h5py
 import numpy as np
 
-from ._atomic import atomic_output, reserve
-from ._cholesky import (
+from .atomic import atomic_output, reserve
+from ..covariance.cholesky import (
     covariances_from_cholesky,
     entry_below_diagonal,
     factor_limit,
@@ -50,7 +50,7 @@ class ModelFileError(ValueError):
 
 
 def _package_version():
-    from . import __version__
+    from .. import __version__
 
     return __version__
 
@@ -349,7 +349,7 @@ def load_model(path):
         component: not finite, no positive diagonal, not upper triangular, or
         precisions or covariances that overflow float64).
     """
-    from . import GaussianMixture
+    from .. import GaussianMixture
 
     header = read_header(path)
     with _open(path) as f:

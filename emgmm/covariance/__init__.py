@@ -1,0 +1,1 @@
+"""The covariance types: parameterisation, log-density and statistics kernels, M step."""

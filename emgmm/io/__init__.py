@@ -1,0 +1,1 @@
+"""Inputs and outputs: data sources, model files, checkpoints, atomic writes."""

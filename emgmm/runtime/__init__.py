@@ -1,0 +1,1 @@
+"""The runtime: the executor over joblib, BLAS limits, work buffers, the memory model."""
