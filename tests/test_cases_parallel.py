@@ -22,7 +22,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.model_selection import GridSearchCV
 from threadpoolctl import threadpool_info, threadpool_limits
 
-import emgmm.mixture.gaussian_mixture as gm_module
+import emgmm.mixture.base as gm_module
 import emgmm.runtime.executor as parallel
 from conftest import make_blobs_data
 from emgmm import GaussianMixture

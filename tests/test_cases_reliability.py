@@ -276,8 +276,8 @@ def test_starting_model_and_statistics_are_freed_after_their_iteration(monkeypat
     memory: the starting model and the statistics of the iteration before are freed,
     not held through the next pass (for 'full' each is K d^2 float64 values,
     gigabytes at d = 900)."""
-    from emgmm.engine import em as _em
-    from emgmm.mixture import gaussian_mixture
+    from emgmm.engine import update as _em
+    from emgmm.mixture import base as gaussian_mixture
 
     refs = {"model": [], "stats": []}
     initial_model = GaussianMixture._initial_model
@@ -510,7 +510,7 @@ def test_case_c21_worker_killed_for_memory(tmp_path, monkeypatch, memory):
     it names the likelier causes.
     """
     if memory == "tight":
-        monkeypatch.setattr("emgmm.engine.em.available_memory", lambda: 2**20)
+        monkeypatch.setattr("emgmm.runtime.worker_loss.available_memory", lambda: 2**20)
     temp = tmp_path / "joblib-temp"
     temp.mkdir()
     monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(temp))

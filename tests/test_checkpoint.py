@@ -11,7 +11,7 @@ import warnings
 import h5py
 import numpy as np
 import pytest
-from sklearn.utils._param_validation import InvalidParameterError
+from emgmm.mixture.validation import InvalidParameterError
 
 from conftest import file_fingerprint, make_blobs_data
 from emgmm import GaussianMixture

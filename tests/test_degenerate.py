@@ -8,7 +8,8 @@ from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from conftest import COVARIANCE_TYPES
 from emgmm import GaussianMixture
-from emgmm.engine.em import Worst, initial_factors, reseed, smallest
+from emgmm.engine.degenerate import initial_factors, reseed
+from emgmm.engine.passes import Worst, smallest
 from emgmm.covariance.cholesky import factorize
 from test_cases_reliability import assert_bound_monotone, assert_valid_model
 

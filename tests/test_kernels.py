@@ -953,7 +953,7 @@ def test_factorize_failure_names_component(covariance_type):
     assert np.isnan(U if tied else U[2]).all()
     if not tied:
         assert np.isfinite(np.delete(U, 2, axis=0)).all()
-    message = _cholesky._ill_defined_message(None if tied else bad[0], cov.dtype, cov)
+    message = _cholesky.ill_defined_message(None if tied else bad[0], cov.dtype, cov)
     assert re.search(match, message) and "reg_covar" in message
 
 

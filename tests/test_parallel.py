@@ -26,7 +26,8 @@ from threadpoolctl import threadpool_limits
 from conftest import COVARIANCE_TYPES, make_blobs_data
 from emgmm import GaussianMixture
 import emgmm.runtime.blas as blas
-import emgmm.engine.em as em
+import emgmm.engine.model as em
+import emgmm.engine.passes as passes
 import emgmm.runtime.memory as memory
 import emgmm.runtime.executor as parallel
 
@@ -681,8 +682,8 @@ def test_passes_release_memory_after_large_blocks_only(monkeypatch, threshold,
     once its blocks took RELEASE_MIN_BYTES; passes over small blocks do not (the
     release and the page faults after it would cost more than they give back)."""
     calls = []
-    monkeypatch.setattr(em, "RELEASE_MIN_BYTES", threshold)
-    monkeypatch.setattr(em, "release_free_memory", lambda: calls.append(1))
+    monkeypatch.setattr(passes, "RELEASE_MIN_BYTES", threshold)
+    monkeypatch.setattr(passes, "release_free_memory", lambda: calls.append(1))
     X = make_blobs_data(1500)
     fit(X, max_iter=3)
     assert len(calls) == expected

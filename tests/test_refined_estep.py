@@ -418,7 +418,7 @@ def test_float32_data_take_the_float64_estimate_where_float32_bounds_are_too_coa
     def plain(*args, **kwargs):
         raise AssertionError("the plain path was taken")
 
-    monkeypatch.setattr(_estep, "_log_prob", plain)
+    monkeypatch.setattr(_estep, "log_prob", plain)
     weighted = _estep.weighted_log_prob(X32, weights, means, U, "full", margin,
                                          prepared)
     exact = oracle_weighted(X32.astype(np.float64), weights, means, U)
@@ -643,8 +643,8 @@ def test_a_row_at_the_range_limit_takes_the_plain_path_alone(monkeypatch):
     with pytest.raises(_packed_estimate.BeyondRange):
         prepared[0].weighted_refined(X, 48.0)
     plain = []
-    log_prob = _estep._log_prob
-    monkeypatch.setattr(_estep, "_log_prob",
+    log_prob = _estep.log_prob
+    monkeypatch.setattr(_estep, "log_prob",
                         lambda X, *a, **k: plain.append(len(X)) or log_prob(X, *a, **k))
     with np.errstate(over="ignore", invalid="ignore"):
         got = _estep.weighted_log_prob(X, weights, means, U, "full", 48.0, prepared)

@@ -25,6 +25,7 @@ from numpy.lib.format import open_memmap
 from sklearn import get_config
 
 from . import demo
+from ..covariance import REGISTRY
 from ..io.atomic import (
     atomic_output,
     atomic_outputs,
@@ -34,7 +35,7 @@ from ..io.atomic import (
 )
 from ..io.model_file import load_model, read_header, save_model
 from .progress import ProgressReporter, format_summary
-from ..io.sources import _is_npy, as_source, split_hdf5_spec
+from ..io.sources import is_npy, as_source, split_hdf5_spec
 
 #: (flag, estimator parameter, argparse keywords) for every parameter of
 #: ``emgmm.GaussianMixture`` settable from ``emgmm fit``. ``warm_start`` is
@@ -44,7 +45,7 @@ _ESTIMATOR_FLAGS = [
     (
         ("--covariance-type",),
         "covariance_type",
-        dict(choices=["full", "tied", "diag", "spherical"]),
+        dict(choices=list(REGISTRY)),
     ),
     (("--tol",), "tol", dict(type=float)),
     (("--reg-covar",), "reg_covar", dict(type=float)),
@@ -172,7 +173,7 @@ def _load_init_array(path, flag):
     data and unsafe loading)."""
     if not os.path.exists(path):
         raise CommandError(f"{flag} {path}: no such file")
-    if os.path.isfile(path) and not _is_npy(path):
+    if os.path.isfile(path) and not is_npy(path):
         raise CommandError(f"{flag} takes a .npy file (numpy.save); {path} is not one")
     try:
         return np.load(path, allow_pickle=False)

@@ -1,1 +1,22 @@
-"""The covariance types: parameterisation, log-density and statistics kernels, M step."""
+"""The covariance types behind one protocol (:class:`CovarianceType`).
+
+:data:`REGISTRY` maps each ``covariance_type`` value to its type; the engine, the
+estimators, the memory model and the model files ask it. A new type is a module
+with a :class:`CovarianceType` subclass and one line here.
+"""
+
+from .base import CovarianceType, get_covariance_type
+from .diag import DiagCovariance
+from .full import FullCovariance
+from .spherical import SphericalCovariance
+from .tied import TiedCovariance
+
+#: ``covariance_type`` -> its :class:`CovarianceType` (scikit-learn's order).
+REGISTRY = {
+    "full": FullCovariance(),
+    "tied": TiedCovariance(),
+    "diag": DiagCovariance(),
+    "spherical": SphericalCovariance(),
+}
+
+__all__ = ["REGISTRY", "CovarianceType", "get_covariance_type"]

@@ -1,6 +1,9 @@
 """Parameterisation of the components: precision Cholesky factors, precisions,
 covariances and log-determinants, in scikit-learn's conventions.
 
+The functions taking a ``covariance_type`` ask its :class:`CovarianceType`; the
+kernels over stacks of ``(d, d)`` matrices below serve 'full' and 'tied'.
+
 ``U_k`` is the upper-triangular factor with ``U_k @ U_k.T == Lambda_k``, the precision
 matrix (scikit-learn's ``precisions_cholesky_``); 'tied' has one ``(d, d)`` factor,
 'diag' ``(K, d)`` and 'spherical' ``(K,)`` square roots of the precisions.
@@ -9,8 +12,10 @@ matrix (scikit-learn's ``precisions_cholesky_``); 'tied' has one ``(d, d)`` fact
 import numpy as np
 from scipy import linalg
 
+from .base import get_covariance_type
 
-def _ill_defined_message(component, dtype, covariances=None):
+
+def ill_defined_message(component, dtype, covariances=None):
     """Error text for a covariance that is not positive definite (sklearn's wording),
     or, when ``covariances`` shows it is not finite, for variances that overflow."""
     if covariances is not None:
@@ -66,7 +71,7 @@ def factor_limit(covariance_type, n_features, dtype=np.float64):
 
     Parameters
     ----------
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str or CovarianceType
     n_features : int
     dtype : numpy dtype, default=float64
 
@@ -74,8 +79,7 @@ def factor_limit(covariance_type, n_features, dtype=np.float64):
     -------
     numpy scalar of ``dtype``
     """
-    d = 1 if covariance_type == "spherical" else n_features
-    return np.sqrt(np.finfo(dtype).max / d)
+    return get_covariance_type(covariance_type).factor_limit(n_features, dtype)
 
 
 def factorize(covariances, covariance_type, dtype=np.float64):
@@ -94,7 +98,7 @@ def factorize(covariances, covariance_type, dtype=np.float64):
     covariances : ndarray
         ``(K, d, d)`` for 'full', ``(d, d)`` for 'tied', ``(K, d)`` for 'diag',
         ``(K,)`` for 'spherical' (scikit-learn's shapes); float64, or float32.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str or CovarianceType
     dtype : numpy dtype, default=float64
         The dtype the fitted precisions are stored in.
 
@@ -104,47 +108,19 @@ def factorize(covariances, covariance_type, dtype=np.float64):
         Same shape and dtype as ``covariances``; rows of bad components are NaN.
     bad : list of int
         For 'tied', ``[0]`` means the shared covariance failed. The callers raise
-        ``ValueError`` with :func:`_ill_defined_message` or re-seed them.
+        ``ValueError`` with :func:`ill_defined_message` or re-seed them.
     """
-    limit = factor_limit(covariance_type, covariances.shape[-1], dtype)
-    if covariance_type in ("full", "tied"):
-        stack = covariances if covariance_type == "full" else covariances[np.newaxis]
-        out = np.full_like(stack, np.nan)
-        eye = np.eye(stack.shape[-1])
-        bad = []
-        for k, cov in enumerate(stack):
-            try:
-                chol = linalg.cholesky(cov, lower=True, check_finite=True)
-            except (linalg.LinAlgError, ValueError):
-                bad.append(k)
-                continue
-            u = linalg.solve_triangular(chol, eye, lower=True).T
-            if not np.all(np.abs(u) < limit):
-                bad.append(k)
-                continue
-            out[k] = u
-        return (out if covariance_type == "full" else out[0]), bad
-    with np.errstate(divide="ignore", invalid="ignore"):
-        u = 1.0 / np.sqrt(covariances)
-    ok = (covariances > 0.0) & (u < limit)
-    if covariance_type == "diag":
-        ok = ok.all(axis=1)
-    out = np.full_like(covariances, np.nan)
-    out[ok] = u[ok]
-    return out, [int(k) for k in np.flatnonzero(~ok)]
+    return get_covariance_type(covariance_type).factorize(covariances, dtype)
 
 
 def precisions_cholesky_from_precisions(precisions, covariance_type):
     """Upper Cholesky factors ``U`` with ``U U^T = precision``.
 
-    The upper factor of ``Lambda`` is ``J chol(J Lambda J) J`` with ``J`` the exchange
-    matrix (scikit-learn issue #26415).
-
     Parameters
     ----------
     precisions : ndarray
         Shapes as in :func:`factorize`.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str or CovarianceType
 
     Returns
     -------
@@ -156,69 +132,22 @@ def precisions_cholesky_from_precisions(precisions, covariance_type):
     ValueError
         If a precision matrix is not positive definite; names the component.
     """
-    precisions = np.asarray(precisions)
-    if covariance_type in ("full", "tied"):
-        stack = precisions if covariance_type == "full" else precisions[np.newaxis]
-        out = np.empty_like(stack)
-        for k, prec in enumerate(stack):
-            try:
-                lower = linalg.cholesky(prec[::-1, ::-1], lower=True)
-            except linalg.LinAlgError:
-                raise ValueError(
-                    f"'{covariance_type} precision' of component {k} is not "
-                    "positive definite"
-                ) from None
-            out[k] = lower[::-1, ::-1]
-        return out if covariance_type == "full" else out[0]
-    return np.sqrt(precisions)
+    return get_covariance_type(covariance_type).precisions_cholesky_from_precisions(
+        np.asarray(precisions))
 
 
 def precisions_from_cholesky(precisions_cholesky, covariance_type):
-    """Precisions ``U U^T`` from their upper Cholesky factors.
-
-    Parameters
-    ----------
-    precisions_cholesky : ndarray
-        Shapes as in :func:`factorize`.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
-
-    Returns
-    -------
-    precisions : ndarray
-        Same shape and dtype.
-    """
-    u = np.asarray(precisions_cholesky)
-    if covariance_type == "full":
-        return np.matmul(u, np.swapaxes(u, 1, 2))
-    if covariance_type == "tied":
-        return u @ u.T
-    return u**2
+    """Precisions ``U U^T`` from their upper Cholesky factors (same shape and dtype;
+    shapes as in :func:`factorize`)."""
+    return get_covariance_type(covariance_type).precisions_from_cholesky(
+        np.asarray(precisions_cholesky))
 
 
 def covariances_from_cholesky(precisions_cholesky, covariance_type):
-    """Covariances ``(U U^T)^{-1} = U^{-T} U^{-1}`` from the precision factors.
-
-    Parameters
-    ----------
-    precisions_cholesky : ndarray
-        Shapes as in :func:`factorize`.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
-
-    Returns
-    -------
-    covariances : ndarray
-        Same shape and dtype.
-    """
-    u = np.asarray(precisions_cholesky)
-    if covariance_type in ("full", "tied"):
-        stack = u if covariance_type == "full" else u[np.newaxis]
-        eye = np.eye(stack.shape[-1], dtype=u.dtype)
-        out = np.empty_like(stack)
-        for k, uk in enumerate(stack):
-            u_inv = linalg.solve_triangular(uk, eye, lower=False)
-            out[k] = u_inv.T @ u_inv
-        return out if covariance_type == "full" else out[0]
-    return 1.0 / u**2
+    """Covariances ``(U U^T)^{-1} = U^{-T} U^{-1}`` from the precision factors (same
+    shape and dtype; shapes as in :func:`factorize`)."""
+    return get_covariance_type(covariance_type).covariances_from_cholesky(
+        np.asarray(precisions_cholesky))
 
 
 def log_det_cholesky(precisions_cholesky, covariance_type, n_features):
@@ -228,7 +157,7 @@ def log_det_cholesky(precisions_cholesky, covariance_type, n_features):
     ----------
     precisions_cholesky : ndarray
         Shapes as in :func:`factorize`.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str or CovarianceType
     n_features : int
 
     Returns
@@ -236,14 +165,71 @@ def log_det_cholesky(precisions_cholesky, covariance_type, n_features):
     log_det : ndarray of shape (K,) for 'full', 'diag', 'spherical', or a float64
         scalar for 'tied'.
     """
-    u = np.asarray(precisions_cholesky, dtype=np.float64)
-    if covariance_type == "full":
-        return np.log(np.diagonal(u, axis1=1, axis2=2)).sum(axis=1)
-    if covariance_type == "tied":
-        return np.log(np.diag(u)).sum()
-    if covariance_type == "diag":
-        return np.log(u).sum(axis=1)
-    return n_features * np.log(u)
+    return get_covariance_type(covariance_type).log_det_cholesky(precisions_cholesky,
+                                                                 n_features)
 
 
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------ kernels over stacks of matrices
+
+
+def cholesky_factors(stack, limit):
+    """Precision factors ``U = L^{-T}`` of the covariances ``stack`` (K, d, d) and
+    the components whose covariance is not positive definite or whose factor
+    reaches ``limit`` (their factors NaN)."""
+    out = np.full_like(stack, np.nan)
+    eye = np.eye(stack.shape[-1])
+    bad = []
+    for k, cov in enumerate(stack):
+        try:
+            chol = linalg.cholesky(cov, lower=True, check_finite=True)
+        except (linalg.LinAlgError, ValueError):
+            bad.append(k)
+            continue
+        u = linalg.solve_triangular(chol, eye, lower=True).T
+        if not np.all(np.abs(u) < limit):
+            bad.append(k)
+            continue
+        out[k] = u
+    return out, bad
+
+
+def upper_factors_of_precisions(stack, covariance_type):
+    """Upper factors of the precisions ``stack`` (K, d, d): ``J chol(J Lambda J) J``
+    with ``J`` the exchange matrix (scikit-learn issue #26415). Raises
+    ``ValueError`` naming the first component that is not positive definite."""
+    out = np.empty_like(stack)
+    for k, prec in enumerate(stack):
+        try:
+            lower = linalg.cholesky(prec[::-1, ::-1], lower=True)
+        except linalg.LinAlgError:
+            raise ValueError(
+                f"'{covariance_type} precision' of component {k} is not "
+                "positive definite"
+            ) from None
+        out[k] = lower[::-1, ::-1]
+    return out
+
+
+def covariances_of_factors(stack):
+    """``U^{-T} U^{-1}`` for the upper factors ``stack`` (K, d, d)."""
+    eye = np.eye(stack.shape[-1], dtype=stack.dtype)
+    out = np.empty_like(stack)
+    for k, uk in enumerate(stack):
+        u_inv = linalg.solve_triangular(uk, eye, lower=False)
+        out[k] = u_inv.T @ u_inv
+    return out
+
+
+def check_precision_matrix(precision, covariance_type):
+    """Raise ``ValueError`` (scikit-learn's wording) unless ``precision`` (d, d) is
+    symmetric (``np.isclose``) and positive definite (``eigvalsh``)."""
+    if not (np.all(np.isclose(precision, precision.T))
+            and np.all(np.linalg.eigvalsh(precision) > 0.0)):
+        raise ValueError(
+            f"'{covariance_type} precision' should be symmetric, positive-definite")
+
+
+def check_precision_positivity(precision, covariance_type):
+    """Raise ``ValueError`` (scikit-learn's wording) unless every entry is > 0."""
+    if np.any(np.less_equal(precision, 0.0)):
+        raise ValueError(f"'{covariance_type} precision' should be positive")

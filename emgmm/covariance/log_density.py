@@ -2,7 +2,7 @@
 E step.
 
 Pure functions of one block of rows and the model parameters they are given: none keeps
-state, reads files or starts workers (the orchestration lives in :mod:`emgmm.engine.em`).
+state, reads files or starts workers (the orchestration lives in :mod:`emgmm.engine`).
 
 Notation (Bishop, *Pattern Recognition and Machine Learning*, 2006, section 9.2):
 ``X`` is a block of ``n`` rows and ``d`` features, ``K`` the number of components,
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cholesky import log_det_cholesky
 from ..runtime.workspace import borrow
+from .base import get_covariance_type
 
 _LOG_2PI = np.log(2.0 * np.pi)
 # log(1 / smallest subnormal float64): exp() of anything lower is exactly zero
@@ -75,7 +75,7 @@ _PACKED_MIN_ROWS = 128
 _PACKED_CHUNK_BYTES = 16 * 2**20
 
 
-def _chunk_rows(n_columns, itemsize, n_rows, nbytes=None):
+def chunk_rows(n_columns, itemsize, n_rows, nbytes=None):
     """Rows per chunk so that a ``(rows, n_columns)`` buffer holds ``nbytes`` (default
     ``_CHUNK_BYTES``)."""
     rows = (_CHUNK_BYTES if nbytes is None else nbytes) // max(1, n_columns * itemsize)
@@ -147,7 +147,7 @@ def _representable(W, dtype):
 
 def packed_chunk_rows(n, d):
     """Rows per chunk of :func:`_packed_chunks` for ``n`` rows of ``d`` features."""
-    return _chunk_rows(d * (d + 1) // 2 + d + 1, 8, n, _PACKED_CHUNK_BYTES)
+    return chunk_rows(d * (d + 1) // 2 + d + 1, 8, n, _PACKED_CHUNK_BYTES)
 
 
 def _packed_chunks(X, g, dtype=np.float64):
@@ -217,7 +217,7 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     dtype = X.dtype
     h = min(d, _TRIANGLE_BLOCK)
     kb = max(1, min(len(components), _GEMM_COLUMNS // h))
-    rows = _chunk_rows(kb * h, dtype.itemsize, n)
+    rows = chunk_rows(kb * h, dtype.itemsize, n)
     Y = np.subtract(X, g, dtype=dtype, casting="same_kind")
     Z = np.empty(rows * kb * h, dtype=dtype)
     part = np.empty((rows, kb), dtype=dtype)
@@ -255,9 +255,9 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     return out
 
 
-def _full_maha(X, means, precisions_cholesky, weights, out=None):
+def full_mahalanobis(X, means, precisions_cholesky, g, out=None):
     """Squared Mahalanobis distances of every row to every 'full' component, (n, K),
-    float64: in ``out`` if given (best column-major).
+    float64: in ``out`` if given (best column-major), around the shift ``g`` (d,).
 
     The triangular products of :func:`_full_maha_dense` for every component: their
     rounding is linear in ``|x - g|`` and ``|mu_k - g|``. The packed products are
@@ -266,11 +266,10 @@ def _full_maha(X, means, precisions_cholesky, weights, out=None):
     covariance of condition number 1e12 they were 2e-4 nats off.
     """
     K = means.shape[0]
-    g = _shift(means, weights if weights is not None else np.ones(K))
     # The rows are shifted by g in the compute dtype: shift the means by the very
     # same (rounded) g, or float32 data far from the origin sees every component
     # displaced by the rounding of g (up to half an ulp of |g|).
-    g = g.astype(X.dtype).astype(np.float64)
+    g = np.asarray(g).astype(X.dtype).astype(np.float64)
     means_shifted = np.asarray(means, dtype=np.float64) - g
     u64 = np.asarray(precisions_cholesky, dtype=np.float64)
     maha = np.empty((X.shape[0], K)) if out is None else out
@@ -303,7 +302,7 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     means : ndarray of shape (K, d)
     precisions_cholesky : ndarray
         Shapes as in :func:`~emgmm.covariance.cholesky.factorize`.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str or CovarianceType
     weights : ndarray of shape (K,), optional
         Only used to choose the shift (mixture mean); uniform when omitted. Does not
         change the result beyond rounding.
@@ -312,7 +311,7 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     -------
     log_prob : ndarray of shape (n, K), float64
     """
-    return _log_prob(X, means, precisions_cholesky, covariance_type, weights, False)
+    return log_prob(X, means, precisions_cholesky, covariance_type, weights, False)
 
 
 @dataclass
@@ -328,8 +327,12 @@ class CentredProducts:
 def centred_products(X, means, weights):
     """:class:`CentredProducts` of ``X`` (n, d) around the mixture mean
     ``g = sum_k w_k mu_k / sum_k w_k`` of ``means`` (K, d) and ``weights`` (K,)."""
+    return centred_products_around(X, _shift(means, weights))
+
+
+def centred_products_around(X, g):
+    """:class:`CentredProducts` of ``X`` (n, d) around the shift ``g`` (d,)."""
     n, d = X.shape
-    g = _shift(means, weights)
     Z = np.empty((n, 2 * d + 1))
     Y = Z[:, d:2 * d]
     np.subtract(X, g, out=Y, dtype=np.float64)
@@ -338,37 +341,41 @@ def centred_products(X, means, weights):
     return CentredProducts(Z, g)
 
 
-def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_weights,
-              products=None, margin=None, out=None):
+def log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_weights,
+             products=None, margin=None, out=None):
     """:func:`log_gaussian_prob`, plus ``log w_k`` if ``add_log_weights``; 'diag' and
     'spherical' use ``products`` (:func:`centred_products` of ``X``) if given, and
     with a ``margin`` recompute only the pairs that may lie within it of their row's
-    best (see :func:`weighted_log_prob`). 'full' writes into ``out`` if given."""
+    best (see :func:`~emgmm.engine.estep.weighted_log_prob`). 'full' writes into
+    ``out`` if given. The shift of the expanded distances is the mixture mean of
+    ``weights`` (uniform when ``None``), or the shift of ``products``."""
+    kind = get_covariance_type(covariance_type)
     X = np.asarray(X)
-    n, d = X.shape
+    d = X.shape[1]
     K = means.shape[0]
-    offset = log_det_cholesky(precisions_cholesky, covariance_type, d) - 0.5 * d * _LOG_2PI
+    offset = kind.log_det_cholesky(precisions_cholesky, d) - 0.5 * d * _LOG_2PI
     if add_log_weights:
         with np.errstate(divide="ignore"):
             offset = offset + np.log(np.asarray(weights, dtype=np.float64))
-    if covariance_type == "full":
-        out = _full_maha(X, means, precisions_cholesky, weights, out)
-        out *= -0.5
-        out += offset
-        return out
-    # Few products around one shift, in float64: the expansion cancels, so it must
-    # not run in float32.
-    if covariance_type == "tied":
-        return _tied_log_prob(X, means, precisions_cholesky, weights, offset, margin)
-    # 'diag' and 'spherical': one product of [y^2, y, 1] with the coefficients of
-    # log w_k - 1/2 log|2 pi Sigma_k| - 1/2 (y - m_k)^T Lambda_k (y - m_k)
+    if products is not None:
+        g = products.shift
+    else:
+        g = _shift(means, np.ones(K) if weights is None else weights)
+    return kind.log_prob(X, means, precisions_cholesky, g, offset, margin, products,
+                         out)
+
+
+def expanded_log_prob(X, means, precisions, g, offset, margin=None, products=None):
+    """'diag' and 'spherical': one product of ``[y^2, y, 1]`` (``y = x - g``, the
+    ``products`` if given) with the coefficients of ``offset_k - 1/2 (y - m_k)^T
+    Lambda_k (y - m_k)``, in float64 (the expansion cancels, so it must not run in
+    float32); ``precisions`` (K, d) are the diagonals of ``Lambda_k``. A component
+    whose expansion may lose more than ``_REFINE_TOL`` is recomputed directly."""
+    n, d = X.shape
     if products is None:
-        products = centred_products(X, means, np.full(K, 1.0 / K) if weights is None
-                                    else weights)
+        products = centred_products_around(X, g)
     M = np.asarray(means, dtype=np.float64) - products.shift
-    prec = np.asarray(precisions_cholesky, dtype=np.float64) ** 2
-    if covariance_type == "spherical":
-        prec = np.repeat(prec[:, None], d, axis=1)
+    prec = precisions
     A = np.concatenate([-0.5 * prec.T, (M * prec).T,
                         (offset - 0.5 * (M**2 * prec).sum(axis=1))[None, :]])
     # (K, n) C-ordered, returned as its (n, K) transpose: the row-wise softmax then
@@ -398,7 +405,7 @@ def _log_prob(X, means, precisions_cholesky, covariance_type, weights, add_log_w
     return out
 
 
-def _tied_log_prob(X, means, precisions_cholesky, weights, offset, margin):
+def tied_log_prob(X, means, precisions_cholesky, g, offset, margin=None):
     """'tied': ``offset_k - 1/2 ||(x - mu_k) U||^2`` expanded around the shift ``g``,
     ``||y U||^2 - 2 (y U) . (m_k U) + ||m_k U||^2`` with ``y = x - g`` and ``m_k = mu_k
     - g`` (two products for every pair), and recomputed directly where that may lose
@@ -415,7 +422,6 @@ def _tied_log_prob(X, means, precisions_cholesky, weights, offset, margin):
     n, d = X.shape
     K = means.shape[0]
     offset = np.broadcast_to(offset, (K,))  # a scalar without the log-weights
-    g = _shift(means, np.full(K, 1.0 / K) if weights is None else weights)
     M = np.asarray(means, dtype=np.float64) - g
     u = np.asarray(precisions_cholesky, dtype=np.float64)
     Y = np.subtract(X, g, dtype=np.float64)

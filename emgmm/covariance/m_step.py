@@ -4,6 +4,8 @@ test for the cancellation it can suffer.
 
 import numpy as np
 
+from .base import get_covariance_type
+
 
 # A covariance left by subtracting the squared shift of the mean from second moments
 # around the previous centre loses about log10(shift^2 / variance) digits; beyond
@@ -30,7 +32,7 @@ def needs_recentring(stats, means, covariances, covariance_type):
     stats : SufficientStatistics
     means, covariances : ndarray
         :func:`m_step`'s result for ``stats`` (scikit-learn's shapes).
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str or CovarianceType
 
     Returns
     -------
@@ -39,14 +41,7 @@ def needs_recentring(stats, means, covariances, covariance_type):
     nk = stats.nk
     shift = np.abs(stats.sum_x / (nk + 10 * np.finfo(np.float64).eps)[:, None])
     moved = shift * (shift + 2.0 * np.abs(means))
-    if covariance_type == "full":
-        var = np.diagonal(covariances, axis1=1, axis2=2)
-    elif covariance_type == "tied":
-        var = np.diagonal(covariances)[None, :]
-    elif covariance_type == "diag":
-        var = covariances
-    else:
-        var = covariances[:, None]
+    var = get_covariance_type(covariance_type).feature_variances(covariances)
     lost = (moved > _RECENTRE_RATIO * np.maximum(var, 0.0)) & (moved > 0.0)
     return lost.any(axis=1) & (nk > 0.0)
 
@@ -67,7 +62,7 @@ def m_step(stats, centers, reg_covar, covariance_type, overwrite=False):
         The centres the statistics were accumulated around.
     reg_covar : float
         Added to the diagonal of every covariance.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str or CovarianceType
     overwrite : bool, default=False
         For 'full', form the covariances in the memory of ``stats.sum_xx`` (which
         is then the returned array): one ``(K, d, d)`` array less at the M step, for
@@ -85,31 +80,48 @@ def m_step(stats, centers, reg_covar, covariance_type, overwrite=False):
     weights = nk / nk.sum()
     shift = stats.sum_x / nk[:, None]
     means = np.asarray(centers, dtype=np.float64) + shift
-    d = means.shape[1]
-    if covariance_type == "full":
-        # from the upper triangle of the statistics, with cache-sized temporaries
-        # (the model may be gigabytes: K d^2 float64 per array)
-        cov = np.divide(stats.sum_xx, nk[:, None, None],
-                        out=stats.sum_xx if overwrite else None)
-        lower = np.tril(np.ones((d, d), dtype=bool), -1)
-        step = max(1, 2**16 // (d * d))
-        for k0 in range(0, len(cov), step):
-            c, delta = cov[k0:k0 + step], shift[k0:k0 + step]
-            c -= delta[:, :, None] * delta[:, None, :]
-            np.copyto(c, np.swapaxes(c, 1, 2), where=lower)
-        cov[:, np.arange(d), np.arange(d)] += reg_covar
-    elif covariance_type == "tied":
-        cov = stats.sum_xx - (shift.T * nk) @ shift
-        cov /= nk.sum()
-        cov = 0.5 * (cov + cov.T)
-        cov[np.arange(d), np.arange(d)] += reg_covar
-    else:
-        # A variance around the new mean is >= 0: clip the rounding below it.
-        # (scikit-learn's E[x^2] - mu^2 with the regularised N_k exceeds this by
-        # ~mu^2 * 10 eps / N_k, which grows with the distance from the origin: not
-        # copied, so the variances do not change when the data are shifted.)
-        cov = np.maximum(stats.sum_xx / nk[:, None] - shift**2, 0.0)
-        cov += reg_covar
-        if covariance_type == "spherical":
-            cov = cov.mean(axis=1)
-    return weights, means, cov
+    covariances = get_covariance_type(covariance_type).m_step_covariances(
+        stats, nk, shift, reg_covar, overwrite)
+    return weights, means, covariances
+
+
+def full_covariances(stats, nk, shift, reg_covar, overwrite=False):
+    """'full': ``S_k / N_k - delta_k delta_k^T + reg_covar I`` from the upper
+    triangles of ``stats.sum_xx``, with cache-sized temporaries (the model may be
+    gigabytes: K d^2 float64 per array); in the memory of ``stats.sum_xx`` if
+    ``overwrite``."""
+    d = shift.shape[1]
+    cov = np.divide(stats.sum_xx, nk[:, None, None],
+                    out=stats.sum_xx if overwrite else None)
+    lower = np.tril(np.ones((d, d), dtype=bool), -1)
+    step = max(1, 2**16 // (d * d))
+    for k0 in range(0, len(cov), step):
+        c, delta = cov[k0:k0 + step], shift[k0:k0 + step]
+        c -= delta[:, :, None] * delta[:, None, :]
+        np.copyto(c, np.swapaxes(c, 1, 2), where=lower)
+    cov[:, np.arange(d), np.arange(d)] += reg_covar
+    return cov
+
+
+def tied_covariance(stats, nk, shift, reg_covar):
+    """'tied': ``sum_k (S_k - s_k s_k^T / N_k) / sum_k N_k + reg_covar I``,
+    symmetrised."""
+    d = shift.shape[1]
+    cov = stats.sum_xx - (shift.T * nk) @ shift
+    cov /= nk.sum()
+    cov = 0.5 * (cov + cov.T)
+    cov[np.arange(d), np.arange(d)] += reg_covar
+    return cov
+
+
+def diagonal_variances(stats, nk, shift, reg_covar):
+    """'diag': ``S_kj / N_k - delta_kj^2 + reg_covar`` per feature.
+
+    A variance around the new mean is >= 0: the rounding below it is clipped.
+    (scikit-learn's E[x^2] - mu^2 with the regularised N_k exceeds this by
+    ~mu^2 * 10 eps / N_k, which grows with the distance from the origin: not
+    copied, so the variances do not change when the data are shifted.)
+    """
+    cov = np.maximum(stats.sum_xx / nk[:, None] - shift**2, 0.0)
+    cov += reg_covar
+    return cov

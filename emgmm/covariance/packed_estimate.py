@@ -3,7 +3,7 @@ rigorous rounding bound, and the exact recomputation of the pairs that matter.
 
 Pure functions of one block of rows and the model parameters they are given: none
 keeps state, reads files or starts workers (the orchestration lives in
-:mod:`emgmm.engine.em`). Notation as in :mod:`emgmm.covariance.log_density`.
+:mod:`emgmm.engine`). Notation as in :mod:`emgmm.covariance.log_density`.
 """
 
 from dataclasses import dataclass
@@ -17,7 +17,7 @@ from .log_density import (
     _LOG_2PI,
     _REFINE_TOL,
     _TRIANGLE_BLOCK,
-    _chunk_rows,
+    chunk_rows,
     _full_maha_dense,
     _full_maha_packed,
     _gamma,
@@ -27,6 +27,7 @@ from .log_density import (
     _use_packed,
 )
 from ..runtime.workspace import borrow
+from .base import get_covariance_type
 
 # The refined E step probes this many rows first; if more than _REFINE_MAX_DENSITY of
 # their pairs, beyond one per row, would need the exact recomputation (broad
@@ -111,7 +112,7 @@ class RefinedEstimate:
         row chunks."""
         n, d = X.shape
         norms = np.empty(n)
-        rows = _chunk_rows(d, 8, n)
+        rows = chunk_rows(d, 8, n)
         for r0 in range(0, n, rows):
             y = np.subtract(X[r0:r0 + rows], self.g)
             np.sqrt(np.einsum("ij,ij->i", y, y), out=norms[r0:r0 + rows])
@@ -200,7 +201,7 @@ class RefinedEstimate:
         max(w - e) - margin`` over their row, every bound evaluated (row chunks of
         ``_BOUND_CHUNK_BYTES``)."""
         K, n = est.shape
-        rows = _chunk_rows(K, 8, n, _BOUND_CHUNK_BYTES)
+        rows = chunk_rows(K, 8, n, _BOUND_CHUNK_BYTES)
         e_buf, t_buf = np.empty((K, rows)), np.empty((K, rows))
         for r0 in range(0, n, rows):
             r1 = min(r0 + rows, n)
@@ -478,9 +479,15 @@ class BeyondRange(Exception):
 
 
 def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype):
-    """Work on the model that every block of a pass shares, or ``None``.
+    """Work on the model that every block of a pass shares, or ``None``: the
+    covariance type's (for 'full', :func:`prepare_full_log_prob`; the others have
+    none)."""
+    return get_covariance_type(covariance_type).prepare_log_prob(
+        weights, means, precisions_cholesky, dtype)
 
-    For 'full', the estimates (:class:`RefinedEstimate`) that
+
+def prepare_full_log_prob(weights, means, precisions_cholesky, dtype):
+    """The estimates (:class:`RefinedEstimate`) that
     :func:`~emgmm.engine.estep.weighted_log_prob` tries in this order, each refined where it
     matters, before its plain path:
 
@@ -501,8 +508,6 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
     check refuses what overflows there.
     """
     K, d = np.shape(means)
-    if covariance_type != "full":
-        return None
     float32 = np.dtype(dtype) == np.float32
     with np.errstate(over="ignore", invalid="ignore"):
         if _use_packed(d, K):

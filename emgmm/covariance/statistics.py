@@ -3,7 +3,7 @@ summed around fixed centres, skipping the negligible responsibilities.
 
 Pure functions of one block of rows and the model parameters they are given: none
 keeps state, reads files or starts workers (the orchestration lives in
-:mod:`emgmm.engine.em`). Notation as in :mod:`emgmm.covariance.log_density`.
+:mod:`emgmm.engine`). Notation as in :mod:`emgmm.covariance.log_density`.
 """
 
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from .log_density import (
     packed_chunk_rows,
 )
 from ..runtime.workspace import borrow
+from .base import get_covariance_type
 
 
 def _pack_upper(S):
@@ -414,9 +415,9 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
     ``N_k = sum_i r_ik``, ``s_k = sum_i r_ik (x_i - c_k)`` and
     ``S_k = sum_i r_ik (x_i - c_k)(x_i - c_k)^T`` (Bishop eq. 9.24-9.27 rewritten
     around ``c_k``; centring keeps float32 data clear of the ``E[x^2] - mu^2``
-    cancellation). For 'full', see :func:`_full_statistics`; for 'tied',
-    :func:`_tied_moments`. 'diag' and 'spherical' use matrix products around
-    a common shift, in float64.
+    cancellation), by the covariance type's kernel: for 'full'
+    :func:`full_block_statistics`, for 'tied' :func:`tied_block_statistics`, for
+    'diag' and 'spherical' :func:`expanded_block_statistics`.
 
     Parameters
     ----------
@@ -426,7 +427,7 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
         Responsibilities ``r_ik``.
     centers : ndarray of shape (K, d), float64
         Centres ``c_k``.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str or CovarianceType
     resp_threshold : float, default=0.0
         Rows with ``r_ik <= resp_threshold`` are left out of all three statistics of
         component ``k`` ('full'; 'diag' and 'spherical' from ``SPARSE_MIN_FEATURES``
@@ -447,50 +448,68 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
         meaningful (see :class:`SufficientStatistics`).
     """
     X = np.asarray(X)
-    n = X.shape[0]
     resp = np.asarray(resp, dtype=np.float64)
     centers = np.asarray(centers, dtype=np.float64)
-    if covariance_type in ("diag", "spherical"):
-        # one product of the responsibilities with [y^2, y, 1], y = x - g:
-        # sum r (x - c)^2 = sum r y^2 - 2 (c - g) sum r y + N (c - g)^2
-        d = X.shape[1]
-        if products is None:
-            products = centred_products(X, centers, resp.sum(axis=0))
-        if d < SPARSE_MIN_FEATURES:
-            resp_threshold = 0.0  # every pair (see SPARSE_MIN_FEATURES)
-        G = _kept_products(resp, products.Z, resp_threshold)
-        nk = G[:, 2 * d]
-        cg = centers - products.shift
-        sum_x = G[:, d:2 * d] - nk[:, None] * cg
-        sum_xx = G[:, :d] - 2.0 * cg * G[:, d:2 * d] + nk[:, None] * cg**2
-        # components whose expanded terms are far larger than the result (a tight
-        # component far from the shift) lose digits: recompute them centred
-        scale = G[:, :d] + nk[:, None] * cg**2
-        # (scaled down, not sum_xx up: at data scales ~1e150 that would overflow)
-        redo = np.flatnonzero((scale / _PACKED_MAX_CANCELLATION > sum_xx).any(axis=1))
-        for k in redo:
-            rows = np.flatnonzero(resp[:, k] > resp_threshold)
-            diff = np.subtract(X[rows], centers[k], dtype=np.float64)
-            r = resp[rows, k]
-            sum_x[k] = r @ diff
-            sum_xx[k] = r @ (diff * diff)
-        np.maximum(sum_xx, 0.0, out=sum_xx)
-        stats = SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
-    elif covariance_type == "full":
-        K, d = centers.shape
-        if out is None:
-            out = SufficientStatistics(np.zeros(K), np.zeros((K, d)),
-                                       np.zeros((K, d, d)), 0.0, 0)
-        _full_statistics(X, resp, centers, resp_threshold, out.nk, out.sum_x,
-                         out.sum_xx)
-        out.n_samples += n
-        return out
-    else:
-        nk = resp.sum(axis=0)
-        X64 = X.astype(np.float64, copy=False)
-        sum_x, sum_xx = _tied_moments(X64, resp, centers)
-        stats = SufficientStatistics(nk, sum_x, sum_xx, 0.0, n)
+    return get_covariance_type(covariance_type).block_statistics(
+        X, resp, centers, resp_threshold, products, out)
+
+
+def _added(stats, out):
+    """``stats`` added into ``out`` (``stats`` itself when there is no ``out``)."""
     if out is None:
         return stats
     out += stats
     return out
+
+
+def expanded_block_statistics(X, resp, centers, resp_threshold=0.0, products=None,
+                              out=None):
+    """'diag' and 'spherical' statistics (``sum_xx`` of shape (K, d): the diagonals)
+    from one product of the responsibilities with ``[y^2, y, 1]``, ``y = x - g``:
+    ``sum r (x - c)^2 = sum r y^2 - 2 (c - g) sum r y + N (c - g)^2``, in float64.
+    Arguments as in :func:`block_statistics` (arrays already converted)."""
+    n, d = X.shape
+    if products is None:
+        products = centred_products(X, centers, resp.sum(axis=0))
+    if d < SPARSE_MIN_FEATURES:
+        resp_threshold = 0.0  # every pair (see SPARSE_MIN_FEATURES)
+    G = _kept_products(resp, products.Z, resp_threshold)
+    nk = G[:, 2 * d]
+    cg = centers - products.shift
+    sum_x = G[:, d:2 * d] - nk[:, None] * cg
+    sum_xx = G[:, :d] - 2.0 * cg * G[:, d:2 * d] + nk[:, None] * cg**2
+    # components whose expanded terms are far larger than the result (a tight
+    # component far from the shift) lose digits: recompute them centred
+    scale = G[:, :d] + nk[:, None] * cg**2
+    # (scaled down, not sum_xx up: at data scales ~1e150 that would overflow)
+    redo = np.flatnonzero((scale / _PACKED_MAX_CANCELLATION > sum_xx).any(axis=1))
+    for k in redo:
+        rows = np.flatnonzero(resp[:, k] > resp_threshold)
+        diff = np.subtract(X[rows], centers[k], dtype=np.float64)
+        r = resp[rows, k]
+        sum_x[k] = r @ diff
+        sum_xx[k] = r @ (diff * diff)
+    np.maximum(sum_xx, 0.0, out=sum_xx)
+    return _added(SufficientStatistics(nk, sum_x, sum_xx, 0.0, n), out)
+
+
+def full_block_statistics(X, resp, centers, resp_threshold=0.0, out=None):
+    """'full' statistics (see :func:`_full_statistics`), added into ``out`` in
+    place (a new zero :class:`SufficientStatistics` when ``None``): no
+    ``(K, d, d)`` array per block."""
+    K, d = centers.shape
+    if out is None:
+        out = SufficientStatistics(np.zeros(K), np.zeros((K, d)),
+                                   np.zeros((K, d, d)), 0.0, 0)
+    _full_statistics(X, resp, centers, resp_threshold, out.nk, out.sum_x, out.sum_xx)
+    out.n_samples += X.shape[0]
+    return out
+
+
+def tied_block_statistics(X, resp, centers, out=None):
+    """'tied' statistics: ``sum_xx`` pooled over the components, (d, d)
+    (:func:`_tied_moments`), every pair counted."""
+    nk = resp.sum(axis=0)
+    X64 = X.astype(np.float64, copy=False)
+    sum_x, sum_xx = _tied_moments(X64, resp, centers)
+    return _added(SufficientStatistics(nk, sum_x, sum_xx, 0.0, X.shape[0]), out)

@@ -31,7 +31,8 @@ import shutil
 import numpy as np
 
 from ..io.atomic import reserve
-from .em import Model, Worst, check_explained, smallest
+from .model import Model
+from .passes import Worst, check_explained, smallest
 from .estep import _logsumexp_rows, exp_flushed, weighted_log_prob
 from ..covariance.log_density import relevance_margin
 from ..covariance.statistics import SufficientStatistics, block_statistics
@@ -70,8 +71,7 @@ class SharedBuffer:
 
 def _slice_model(model, k0, k1):
     """The slice's parameters (no covariances: the tasks only need the factors)."""
-    u = model.precisions_cholesky if model.covariance_type == "tied" \
-        else model.precisions_cholesky[k0:k1]
+    u = model.kind.slice_factors(model.precisions_cholesky, k0, k1)
     return Model(model.weights[k0:k1], model.means[k0:k1], None, u,
                  model.covariance_type)
 
@@ -158,9 +158,10 @@ def _worst_rows(source, values, rows, n_worst, compute_dtype):
     return Worst(n_worst, values, rows, data.astype(compute_dtype, copy=False))
 
 
-def _concatenate(parts, covariance_type, n_samples, log_likelihood):
-    """Join per-slice statistics along the component axis ('tied' has one slice)."""
-    if covariance_type == "tied":
+def _concatenate(parts, n_samples, log_likelihood):
+    """Join per-slice statistics along the component axis (a shared covariance,
+    'tied', has one slice)."""
+    if len(parts) == 1:
         stats = parts[0]
     else:
         stats = SufficientStatistics(
@@ -178,7 +179,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                               resp_threshold, n_worst, centers=None):
     """Component-sharded schedule of one statistics pass (see the module notes).
 
-    Same signature, semantics and result as :func:`emgmm.engine.em.rows_statistics_pass`:
+    Same signature, semantics and result as :func:`emgmm.engine.passes.rows_statistics_pass`:
     the statistics are centred on ``centers`` (default ``model.means``), the
     log-likelihood is the sum over
     all rows, and ``worst`` holds the ``n_worst`` rows of lowest log-likelihood.
@@ -246,6 +247,6 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                         parts[j] += stats
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    stats = _concatenate(parts, ct, n_samples, log_likelihood)
+    stats = _concatenate(parts, n_samples, log_likelihood)
     worst = _worst_rows(executor.source, values, rows, n_worst, compute_dtype)
     return stats, worst

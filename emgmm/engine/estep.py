@@ -3,12 +3,12 @@ responsibilities (Bishop 2006, eq. 9.23 and 9.28).
 
 Pure functions of one block of rows and the model parameters they are given: none
 keeps state, reads files or starts workers (the orchestration lives in
-:mod:`emgmm.engine.em`). Notation as in :mod:`emgmm.covariance.log_density`.
+:mod:`emgmm.engine`). Notation as in :mod:`emgmm.covariance.log_density`.
 """
 
 import numpy as np
 
-from ..covariance.log_density import _chunk_rows, _log_prob
+from ..covariance.log_density import chunk_rows, log_prob
 from ..covariance.packed_estimate import BeyondRange, prepare_log_prob
 
 #: Margin (nats) of the scoring passes: the pairs left estimated change a row's
@@ -78,7 +78,7 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
                 weighted[far] = weighted_log_prob(X[far], *args, prepared=())
                 weighted[~far] = weighted_log_prob(X[~far], *args, prepared=prepared)
                 return weighted
-    return _log_prob(X, means, precisions_cholesky, covariance_type, weights, True,
+    return log_prob(X, means, precisions_cholesky, covariance_type, weights, True,
                      products, margin, out)
 
 
@@ -190,7 +190,7 @@ def _row_chunks(a):
     """
     n, K = a.shape
     by_columns = a.flags.f_contiguous and not a.flags.c_contiguous
-    rows = _chunk_rows(K, 8, n)
+    rows = chunk_rows(K, 8, n)
     for r0 in range(0, n, rows):
         r1 = min(r0 + rows, n)
         if by_columns:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .atomic import atomic_output, check_writable, reserved_file
-from ..engine.em import Model, RunResult
+from ..engine.model import Model, RunResult
 
 FORMAT = "emgmm-checkpoint"
 #: 2: the data fingerprint hashes every row (version 1 hashed 16 rows).

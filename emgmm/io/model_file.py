@@ -31,9 +31,9 @@ import h5py
 import numpy as np
 
 from .atomic import atomic_output, reserve
+from ..covariance import REGISTRY
 from ..covariance.cholesky import (
     covariances_from_cholesky,
-    entry_below_diagonal,
     factor_limit,
     not_upper_triangular_message,
     precisions_from_cholesky,
@@ -41,7 +41,7 @@ from ..covariance.cholesky import (
 
 FORMAT_NAME = "emgmm.GaussianMixture"
 FORMAT_VERSION = 1
-COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+COVARIANCE_TYPES = tuple(REGISTRY)
 _ARRAY_PARAMS = ("weights_init", "means_init", "precisions_init")
 
 
@@ -243,25 +243,17 @@ def _header(f):
 
 
 def _expected_chol_shape(covariance_type, n_components, n_features):
-    return {
-        "full": (n_components, n_features, n_features),
-        "tied": (n_features, n_features),
-        "diag": (n_components, n_features),
-        "spherical": (n_components,),
-    }[covariance_type]
+    return REGISTRY[covariance_type].covariance_shape(n_components, n_features)
 
 
 def _per_component(array, covariance_type):
     """``array`` with one component per entry of its first axis ('tied': one)."""
-    array = np.asarray(array)
-    return array[np.newaxis] if covariance_type == "tied" else array
+    return REGISTRY[covariance_type].per_component(array)
 
 
 def _factor_name(index, covariance_type):
     """How messages name the precision Cholesky factor of component ``index``."""
-    if covariance_type == "tied":
-        return "precisions_cholesky (tied)"
-    return f"precisions_cholesky of component {index}"
+    return REGISTRY[covariance_type].factor_name(index)
 
 
 def _invalid_parameters(weights, means, precisions_cholesky, covariance_type):
@@ -276,8 +268,7 @@ def _invalid_parameters(weights, means, precisions_cholesky, covariance_type):
     if not np.isfinite(means).all():
         return "means must be finite"
     stack = _per_component(precisions_cholesky, covariance_type)
-    square = covariance_type in ("full", "tied")
-    diagonal = np.diagonal(stack, axis1=-2, axis2=-1) if square else stack
+    diagonal = REGISTRY[covariance_type].factor_diagonals(stack)
     flat = stack.reshape(len(stack), -1)
     ok = np.isfinite(flat).all(axis=1)
     ok &= (diagonal.reshape(len(stack), -1) > 0).all(axis=1)
@@ -285,7 +276,7 @@ def _invalid_parameters(weights, means, precisions_cholesky, covariance_type):
         k = int(np.flatnonzero(~ok)[0])
         return (f"{_factor_name(k, covariance_type)} must be finite with a "
                 "positive diagonal")
-    below = entry_below_diagonal(stack) if square else None
+    below = REGISTRY[covariance_type].first_below_diagonal(stack)
     if below is not None:
         k, i, j = below
         return not_upper_triangular_message(_factor_name(k, covariance_type), (i, j),
@@ -309,8 +300,8 @@ def _singular_factor(covariances, precisions_cholesky, covariance_type):
     if finite.all():
         return None
     k = int(np.flatnonzero(~finite)[0])
-    u = _per_component(precisions_cholesky, covariance_type)[k]
-    diagonal = np.diagonal(u) if covariance_type in ("full", "tied") else u
+    u = _per_component(precisions_cholesky, covariance_type)[k:k + 1]
+    diagonal = REGISTRY[covariance_type].factor_diagonals(u)
     return (f"{_factor_name(k, covariance_type)} is too close to singular: its "
             "covariance (the inverse of its precisions) overflows float64 (smallest "
             f"diagonal entry {np.min(diagonal):.3g})")

@@ -390,7 +390,7 @@ class HDF5Source(Source):
         self._file = None
         if not os.path.exists(self.filename):
             raise FileNotFoundError(f"No such HDF5 file: {os.fspath(filename)}")
-        if _is_npy(self.filename):
+        if is_npy(self.filename):
             raise ValueError(
                 f"{os.fspath(filename)} is a .npy file, not HDF5 (whatever its "
                 f"suffix): pass '{os.fspath(filename)}' without a dataset path."
@@ -536,7 +536,7 @@ def as_source(X):
         return X
     if isinstance(X, (str, os.PathLike)):
         text = os.fspath(X)
-        if _is_npy(text):  # by its content, whatever its suffix ('.h5' too)
+        if is_npy(text):  # by its content, whatever its suffix ('.h5' too)
             return MemmapSource.from_npy(text)
         spec = split_hdf5_spec(X)
         if spec is not None:
@@ -656,7 +656,7 @@ def _open_file_path(h5file):
     return os.path.abspath(h5file.filename)
 
 
-def _is_npy(path):
+def is_npy(path):
     """Whether ``path`` is a file that starts with the .npy format's magic string
     (any suffix)."""
     if not os.path.isfile(path):

@@ -21,7 +21,6 @@ import uuid
 
 import numpy as np
 from joblib import Parallel, cpu_count, delayed, effective_n_jobs
-from joblib._parallel_backends import LokyBackend, MultiprocessingBackend
 from joblib.parallel import get_active_backend
 from threadpoolctl import threadpool_info
 
@@ -49,6 +48,17 @@ def joblib_temp_folder():
     if isinstance(folder, str):
         return folder
     return os.environ.get("JOBLIB_TEMP_FOLDER") or tempfile.gettempdir()
+
+
+#: joblib's backends of worker processes on this host (they see this host's files),
+#: by class name: joblib's backend classes are not public API.
+_LOCAL_PROCESS_BACKENDS = frozenset({"LokyBackend", "MultiprocessingBackend"})
+
+
+def _local_processes(backend):
+    """Whether ``backend`` (or a class it derives from) is one of joblib's backends
+    of local worker processes."""
+    return any(cls.__name__ in _LOCAL_PROCESS_BACKENDS for cls in type(backend).__mro__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -309,8 +319,7 @@ class Executor:
                 # (multiprocessing) return the list
                 streams = getattr(backend, "supports_return_generator", False)
                 self._return_as = "generator" if streams else "list"
-                self._shares_files = isinstance(backend, (LokyBackend,
-                                                          MultiprocessingBackend))
+                self._shares_files = _local_processes(backend)
             except BaseException:
                 self.__exit__(None, None, None)
                 raise

@@ -23,6 +23,8 @@ import warnings
 
 import numpy as np
 
+from ..covariance import get_covariance_type
+
 _MIB = 2**20
 
 
@@ -55,9 +57,9 @@ def model_nbytes(n_components, n_features, covariance_type):
     int
     """
     K, d = n_components, n_features
-    per_cov = {"full": K * d * d, "tied": d * d, "diag": K * d, "spherical": K}
+    per_cov = get_covariance_type(covariance_type).covariance_values(K, d)
     # means + covariances + precision factors + statistics (sum_x, sum_xx)
-    return 8 * (2 * K * d + 3 * per_cov[covariance_type])
+    return 8 * (2 * K * d + 3 * per_cov)
 
 
 def available_memory():
@@ -173,15 +175,13 @@ def statistics_nbytes(n_components, n_features, covariance_type):
     -------
     int
     """
-    K, d = n_components, n_features
-    per = {"full": K * d * (d + 1) // 2, "tied": d * (d + 1) // 2,
-           "diag": K * d, "spherical": K * d}
-    return 8 * per[covariance_type]
+    return 8 * get_covariance_type(covariance_type).statistics_values(n_components,
+                                                                      n_features)
 
 
 def _work_per_row(n_features, covariance_type):
     """Multiply-adds per row and component of one E step plus statistics."""
-    return n_features * n_features if covariance_type in ("full", "tied") else n_features
+    return get_covariance_type(covariance_type).work_per_row(n_features)
 
 
 #: Multiply-adds a task of rows must do before a pass runs its tasks in threads of
@@ -250,9 +250,10 @@ def component_slices(n_components, n_features, covariance_type):
         Consecutive, covering ``0..K``.
     """
     K, d = n_components, n_features
-    if covariance_type == "tied":
+    kind = get_covariance_type(covariance_type)
+    if kind.shared:
         return [(0, K)]
-    per_component = 8 * (d * d if covariance_type == "full" else d)
+    per_component = 8 * kind.component_values(d)
     per_slice = max(1, SLICE_BYTES // per_component)
     n_slices = max(-(-K // per_slice), min(MIN_SLICES, -(-K * per_component // _MIB)))
     n_slices = int(min(K, n_slices))
@@ -396,7 +397,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     per_row = bytes_per_row(n_features, n_components, itemsize)
     # a block of whole chunks may take all of working_memory
     chunk_budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
-    if covariance_type in ("diag", "spherical"):
+    if get_covariance_type(covariance_type).streams_blocks:
         working_memory_mib = min(working_memory_mib, STREAMING_BLOCK_MIB)
     budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
     rows = min(budget_rows, max(MIN_BLOCK_ROWS, -(-n_samples // TARGET_BLOCKS)))

@@ -1,0 +1,35 @@
+"""'spherical': each component has its own single variance, ``(K,)``."""
+
+import numpy as np
+
+from .diag import DiagCovariance
+
+
+class SphericalCovariance(DiagCovariance):
+    """Variances ``(K,)``; factors the square roots of the precisions (K,). The
+    kernels and statistics are those of 'diag' with every feature's precision
+    equal; the M step averages the diagonal over the features."""
+
+    name = "spherical"
+
+    def covariance_shape(self, n_components, n_features):
+        return (n_components,)
+
+    def n_parameters(self, n_components, n_features):
+        return n_components
+
+    def factor_terms(self, n_features):
+        return 1
+
+    def log_det_cholesky(self, precisions_cholesky, n_features):
+        return n_features * np.log(np.asarray(precisions_cholesky, dtype=np.float64))
+
+    def feature_variances(self, a):
+        return a[:, None]
+
+    def diagonal_precisions(self, precisions_cholesky, n_features):
+        prec = np.asarray(precisions_cholesky, dtype=np.float64) ** 2
+        return np.repeat(prec[:, None], n_features, axis=1)
+
+    def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
+        return super().m_step_covariances(stats, nk, shift, reg_covar).mean(axis=1)

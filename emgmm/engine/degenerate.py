@@ -1,0 +1,226 @@
+"""Degenerate components: a covariance not positive definite, or a weight below one
+sample. The policy of ``on_degenerate`` as an object (:class:`ReinitPolicy`,
+:class:`RaisePolicy`), the repair of an initial model, and the re-seeding of
+components on the worst-explained rows."""
+
+import warnings
+
+import numpy as np
+
+from ..covariance import get_covariance_type
+from ..covariance.cholesky import factorize, ill_defined_message
+
+#: Re-seeds of one component after which its collapsing once more (a covariance not
+#: positive definite) ends the fit with scikit-learn's error: a flat cluster
+#: without reg_covar takes every re-seed back within two iterations, while the
+#: singleton cases of CASES C09 settled after at most 5.
+MAX_RESEEDS = 10
+
+#: What the initial 'tied' covariance of each init_params but 'kmeans' pools beyond
+#: the spread within clusters (see initial_factors).
+_TIED_INIT_POOLS = {
+    "random": ("the spread between clusters", "clusters far apart relative to their "
+               "spread"),
+    "k-means++": ("the spread of the rows around the origin (as in scikit-learn)",
+                  "data far from the origin relative to their spread"),
+}
+_TIED_INIT_POOLS["random_from_data"] = _TIED_INIT_POOLS["k-means++"]
+
+
+def initial_factors(covariances, covariance_type, on_degenerate, dtype=np.float64,
+                    init_params=None):
+    """Precision factors of an initial model, applying the degenerate policy.
+
+    An initialisation can give a component a covariance that is not positive definite
+    (a k-means cluster of fewer than ``d + 1`` distinct points with ``reg_covar=0``).
+    With 'reinit' such a component keeps its mean and weight and gets the pooled
+    covariance of the healthy components (there is no pass yet to re-seed it from);
+    with 'raise', or when no component is healthy, scikit-learn's error is raised.
+
+    Parameters
+    ----------
+    covariances : ndarray
+        Modified in place for the repaired components.
+    covariance_type : str or CovarianceType
+    on_degenerate : {'reinit', 'raise'}
+    dtype : numpy dtype
+    init_params : str or None, default=None
+        The initialisation the covariances come from, for the error message.
+
+    Returns
+    -------
+    precisions_cholesky : ndarray
+
+    Raises
+    ------
+    ValueError
+        scikit-learn's ill-defined covariance message naming the component; for a
+        finite 'tied' covariance of ``init_params`` 'random', 'k-means++' or
+        'random_from_data', also what that initialisation pooled into it.
+    """
+    kind = get_covariance_type(covariance_type)
+    u, bad = factorize(covariances, kind, dtype)
+    if not bad:
+        return u
+    healthy = np.setdiff1d(np.arange(len(covariances)), bad)
+    if on_degenerate == "raise" or kind.shared or healthy.size == 0:
+        message = ill_defined_message(kind.first_failure(bad), dtype, covariances)
+        pooled = _TIED_INIT_POOLS.get(init_params)
+        if kind.shared and pooled and np.isfinite(covariances).all():
+            message += (
+                " With covariance_type='tied' the initial covariance is one matrix "
+                f"pooled over all components, and init_params={init_params!r} pools "
+                f"{pooled[0]} into it: with {pooled[1]}, that is too ill-conditioned "
+                "to factor in float64. init_params='kmeans' pools only the spread "
+                "within clusters.")
+        raise ValueError(message)
+    covariances[bad] = covariances[healthy].mean(axis=0)
+    warnings.warn(
+        f"Initialisation: components {bad} had a covariance that is not positive "
+        "definite; they start from the mean covariance of the other components. "
+        "Increase reg_covar to avoid this.",
+        UserWarning,
+    )
+    u, _ = factorize(covariances, kind, dtype)
+    return u
+
+
+def reseed(weights, means, covariances, components, worst, covariance_type, used_rows):
+    """Re-seed ``components`` on the worst-explained rows (in place).
+
+    A re-seeded component gets a worst-explained row as its mean, the weighted average
+    covariance of the healthy components ('tied': the shared covariance is kept) and
+    the weight ``1 / K`` before the weights are renormalised. Rows already used for a
+    re-seed in this run come last, so that a row no component can hold (a singleton
+    with ``reg_covar=0``) does not capture a component again and again.
+
+    Parameters
+    ----------
+    weights, means, covariances : ndarray
+        The M step's parameters, modified in place.
+    components : list of int
+        The degenerate components.
+    worst : Worst
+        Candidate rows from the pass.
+    covariance_type : str
+    used_rows : list of int
+        Rows used by earlier re-seeds of this run; the rows used now are appended.
+
+    Returns
+    -------
+    list of int
+        The components that could be re-seeded (as many as there are candidate rows).
+    """
+    K = len(weights)
+    healthy = np.setdiff1d(np.arange(K), components)
+    if healthy.size == 0 or worst.data is None:
+        return []
+    used = set(used_rows)
+    order = sorted(range(len(worst.rows)), key=lambda i: int(worst.rows[i]) in used)
+    done = []
+    pooled = get_covariance_type(covariance_type).pooled_covariance(
+        weights, covariances, healthy)
+    for k, i in zip(components, order):
+        means[k] = worst.data[i]
+        if pooled is not None:
+            covariances[k] = pooled
+        weights[k] = 1.0 / K
+        used_rows.append(int(worst.rows[i]))
+        done.append(int(k))
+    weights /= weights.sum()
+    return done
+
+
+class RaisePolicy:
+    """``on_degenerate='raise'``: a covariance that is not positive definite raises
+    scikit-learn's ``ValueError`` naming the component; starved components are kept."""
+
+    name = "raise"
+
+    def __init__(self, reg_covar, dtype):
+        self.reg_covar = reg_covar
+        self.dtype = dtype
+
+    def repair(self, parameters, bad, starved, worst, seeds, used_rows, n_iter):
+        """Apply the policy to the M step's ``parameters`` after a factorisation.
+
+        Parameters
+        ----------
+        parameters : Model
+            The M step's weights, means, covariances (modified in place by a
+            re-seed) and their factors.
+        bad : list of int
+            Components whose covariance is not positive definite.
+        starved : list of int
+            Components whose ``N_k`` fell below the minimum count (never re-seeded
+            before).
+        worst : Worst
+            The pass's worst-explained rows.
+        seeds : collections.Counter
+            Re-seeds of each component so far in the run.
+        used_rows : list of int
+            Rows used by the run's re-seeds (appended to).
+        n_iter : int
+
+        Returns
+        -------
+        precisions_cholesky : ndarray
+        reseeded : list of int
+
+        Raises
+        ------
+        ValueError
+            When a component stays degenerate.
+        """
+        if bad:
+            raise ValueError(self._message(parameters, parameters.kind.first_failure(bad)))
+        return parameters.precisions_cholesky, []
+
+    def _message(self, parameters, component):
+        return ill_defined_message(component, self.dtype, parameters.covariances)
+
+
+class ReinitPolicy(RaisePolicy):
+    """``on_degenerate='reinit'``: degenerate components are re-seeded on the
+    worst-explained rows (:func:`reseed`) with a warning; a shared covariance that
+    fails, a component degenerate again after ``max_reseeds`` re-seeds, or one that
+    cannot be re-seeded raises as :class:`RaisePolicy`."""
+
+    name = "reinit"
+    max_reseeds = MAX_RESEEDS
+
+    def repair(self, parameters, bad, starved, worst, seeds, used_rows, n_iter):
+        u = parameters.precisions_cholesky
+        if (parameters.kind.shared and bad) or not (bad or starved):
+            return super().repair(parameters, bad, starved, worst, seeds, used_rows,
+                                  n_iter)
+        # a component that collapses on every re-seed (a flat cluster without
+        # reg_covar: every other iteration) would be re-seeded to the end
+        again = [k for k in bad if seeds[k] >= self.max_reseeds]
+        if again:
+            raise ValueError(
+                f"EM iteration {n_iter}: component {again[0]} is degenerate again "
+                f"after {seeds[again[0]]} re-seeds. "
+                + self._message(parameters, again[0]))
+        degenerate = sorted(set(bad) | set(starved))
+        p = parameters
+        reseeded = reseed(p.weights, p.means, p.covariances, degenerate, worst,
+                          p.kind, used_rows)
+        if reseeded:
+            warnings.warn(
+                f"EM iteration {n_iter}: components {reseeded} were degenerate "
+                "(weight below one sample or covariance not positive definite) "
+                "and were re-seeded on the worst-explained samples. If this "
+                f"repeats, increase reg_covar (now {self.reg_covar}): a component on "
+                "a flat cluster or on fewer distinct points than features has no "
+                "positive definite covariance without it.",
+                UserWarning,
+            )
+            u, bad = factorize(p.covariances, p.kind, self.dtype)
+        if bad:
+            raise ValueError(self._message(parameters, bad[0]))
+        return u, reseeded
+
+
+#: ``on_degenerate`` -> its policy class.
+POLICIES = {"reinit": ReinitPolicy, "raise": RaisePolicy}

@@ -1,0 +1,54 @@
+"""The types the engine passes around: the mixture parameters of a run and its
+result."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..covariance import get_covariance_type
+from ..covariance.packed_estimate import prepare_log_prob
+
+
+@dataclass
+class Model:
+    """Mixture parameters in scikit-learn's shapes (covariances may be ``None``).
+
+    ``prepared`` holds the work on the parameters that every block of a pass shares
+    (:func:`emgmm.covariance.packed_estimate.prepare_log_prob`), built once by :meth:`prepare`; the
+    parent builds it before a pass so that the workers receive it (as memory maps,
+    like the parameters) instead of each rebuilding it.
+    """
+
+    weights: np.ndarray
+    means: np.ndarray
+    covariances: np.ndarray
+    precisions_cholesky: np.ndarray
+    covariance_type: str
+    prepared: object = field(default=None, repr=False, compare=False)
+    prepared_for: str = field(default=None, repr=False, compare=False)
+
+    def prepare(self, compute_dtype):
+        """:func:`~emgmm.covariance.packed_estimate.prepare_log_prob` for ``compute_dtype``,
+        kept (also when it is ``None``)."""
+        key = np.dtype(compute_dtype).str
+        if self.prepared_for != key:
+            self.prepared = prepare_log_prob(self.weights, self.means,
+                                             self.precisions_cholesky,
+                                             self.covariance_type, compute_dtype)
+            self.prepared_for = key
+        return self.prepared
+
+    @property
+    def kind(self):
+        """The :class:`~emgmm.covariance.CovarianceType` of ``covariance_type``."""
+        return get_covariance_type(self.covariance_type)
+
+
+@dataclass
+class RunResult:
+    model: Model
+    lower_bounds: list
+    n_iter: int
+    converged: bool
+    history: list
+    reseed_rows: list = field(default_factory=list)

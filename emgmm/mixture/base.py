@@ -1,0 +1,551 @@
+"""The base class of emgmm's mixture estimators: sources, restarts, warm start,
+resume, and ``fit``/``fit_predict``/``predict``/``predict_proba``/``score_samples``/
+``score`` (as scikit-learn's ``sklearn.mixture._base.BaseMixture``).
+
+The estimators plug in through hooks over parameters and sufficient statistics,
+never over an ``n x K`` array:
+
+- :meth:`BaseMixture._check_initial_parameters` and
+  :meth:`BaseMixture._initial_model`: the starting :class:`~emgmm.engine.model.Model`
+  from user-given parameters and a bounded sample of the data;
+- :meth:`BaseMixture._update_rule`: the engine's
+  :class:`~emgmm.engine.update.MaximumLikelihood` or another rule with its own
+  E-step parameters (per-component log offsets), parameters from statistics and
+  lower bound (a variational posterior);
+- :meth:`BaseMixture._set_model`, :meth:`BaseMixture._fitted_model` and
+  :meth:`BaseMixture._n_parameters`: the fitted attributes and their count.
+"""
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+import warnings
+
+import numpy as np
+from sklearn import config_context, get_config
+from sklearn.base import BaseEstimator, DensityMixin
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from ..covariance import get_covariance_type
+from ..engine.component_schedule import component_statistics_pass
+from ..engine.em import EMSettings, run_em
+from ..engine.estep import SCORE_MARGIN, estimate_log_prob_resp
+from ..engine.model import Model
+from ..engine.passes import check_explained, rows_statistics_pass, score_pass
+from ..engine.update import MaximumLikelihood
+from ..io.checkpoint import open_checkpointer
+from ..io.sources import ArraySource, as_source, is_file_backed
+from ..runtime.executor import Executor
+from ..runtime.memory import (
+    block_rows,
+    bytes_per_row,
+    choose_schedule,
+    partition,
+    row_threads_worthwhile,
+    tasks_are_tiny,
+)
+from ..runtime.worker_loss import explain_worker_loss
+from .validation import validate_params
+
+
+def _as_stored(model, dtype):
+    """``model`` as the fitted attributes of ``dtype`` hold it, in float64."""
+    if np.dtype(dtype) == np.float64:
+        return model
+    stored = (np.asarray(a).astype(dtype).astype(np.float64) for a in (
+        model.weights, model.means, model.covariances, model.precisions_cholesky))
+    return Model(*stored, model.covariance_type)
+
+
+def _check_attributes_hold(model, precisions, dtype):
+    """Raise ``ValueError`` when float32 attributes (those of float32 data computed
+    in float32) cannot hold the fitted ``model``: a covariance beyond float32's range
+    (data of scale ~1e20 and more: variances ~1e40), or a variance or precision that
+    rounds to zero (scale ~1e-23 and less, or ~1e30 and more). ``precisions`` are
+    those of the attributes, in ``dtype``."""
+    if np.dtype(dtype) == np.float64:
+        return
+    covariances = model.covariances.astype(dtype)
+    arrays = (covariances, model.precisions_cholesky.astype(dtype), precisions)
+    kind = model.kind
+    if (all(np.isfinite(a).all() for a in arrays)
+            and (kind.feature_variances(covariances) > 0).all()
+            and (kind.feature_variances(precisions) > 0).all()):
+        return
+    variances = kind.feature_variances(model.covariances)
+    raise ValueError(
+        f"The fitted model does not fit in {np.dtype(dtype).name} attributes (those of "
+        f"{np.dtype(dtype).name} data computed in {np.dtype(dtype).name}): its "
+        f"variances range from {variances.min():.3g} to {variances.max():.3g}, and "
+        "a covariance or precision would be infinite or zero. Scale the data, or fit "
+        "with compute_dtype='float64', which keeps float64 attributes."
+    )
+
+
+def _normalised_exp(log_resp):
+    """``exp(log_resp)`` with every row divided by its sum (in place of the exp)."""
+    resp = np.exp(log_resp)
+    resp /= resp.sum(axis=1, keepdims=True)
+    return resp
+
+
+@dataclass
+class FitPlan:
+    """What one ``fit`` decided before its first pass: dtypes, blocks, tasks,
+    restarts, the executor and schedule, the checkpointer."""
+
+    n_samples: int
+    n_features: int
+    inits: tuple
+    compute_dtype: type
+    out_dtype: type
+    block_size: int
+    tasks: list
+    do_init: bool
+    n_init: int
+    random_state: np.random.RandomState
+    executor: Executor
+    statistics_pass: object
+    model_nbytes: int
+    block_nbytes: int
+    checkpointer: object
+
+
+class BaseMixture(DensityMixin, BaseEstimator):
+    """Base class of the mixture estimators fitted by blocked EM over a source.
+
+    Subclasses define ``__init__`` (scikit-learn's conventions), the
+    ``_parameter_constraints`` dict, and the hooks of the module notes; they
+    must have the parameters ``n_components``, ``covariance_type``, ``tol``,
+    ``reg_covar``, ``max_iter``, ``n_init``, ``random_state``, ``warm_start``,
+    ``verbose``, ``verbose_interval``, ``n_jobs``, ``working_memory``,
+    ``block_size``, ``memory_limit``, ``schedule``, ``compute_dtype``,
+    ``resp_threshold``, ``on_degenerate``, ``callback``, ``checkpoint`` and
+    ``checkpoint_interval`` (see :class:`~emgmm.GaussianMixture`).
+    """
+
+    _parameter_constraints: dict = {}
+
+    # ------------------------------------------------------------------ input
+
+    def _source(self, X, *, reset):
+        """Validate ``X`` and wrap it in a Source (sklearn validation for arrays)."""
+        if is_file_backed(X):
+            source = as_source(X)
+            n, d = source.shape
+            if reset:
+                if n < 2:
+                    raise ValueError(
+                        f"Found array with {n} sample(s) (shape={source.shape}) while a "
+                        f"minimum of 2 is required by {type(self).__name__} "
+                        f"({source.description})."
+                    )
+                if d < 1:
+                    raise ValueError(
+                        f"Found array with 0 feature(s) (shape={source.shape}) while a "
+                        f"minimum of 1 is required by {type(self).__name__} "
+                        f"({source.description})."
+                    )
+                self.n_features_in_ = d
+                if hasattr(self, "feature_names_in_"):
+                    del self.feature_names_in_
+            else:
+                if n < 1:
+                    raise ValueError(
+                        f"Found array with 0 sample(s) (shape={source.shape}) while a "
+                        f"minimum of 1 is required ({source.description})."
+                    )
+                if d != self.n_features_in_:
+                    raise ValueError(
+                        f"X has {d} features, but {type(self).__name__} is expecting "
+                        f"{self.n_features_in_} features as input ({source.description})."
+                    )
+            return source
+        X = validate_data(
+            self, X, dtype=[np.float64, np.float32], reset=reset,
+            ensure_min_samples=2 if reset else 1, ensure_all_finite=False,
+        )
+        # ArraySource's check names the row and column, as for file-backed data
+        return ArraySource(X)
+
+    def _compute_dtype(self, source):
+        if self.compute_dtype is None:
+            return source.compute_dtype
+        return np.dtype(self.compute_dtype).type
+
+    def _block_size(self, source):
+        if self.block_size is not None:
+            return int(min(self.block_size, max(source.n_samples, 1)))
+        budget = self.working_memory
+        if budget is None:
+            budget = get_config()["working_memory"]
+        return block_rows(
+            source.n_samples, source.n_features, self.n_components,
+            np.dtype(self._compute_dtype(source)).itemsize, budget,
+            source.chunk_rows, source.description, self.covariance_type,
+        )
+
+    # ------------------------------------------------------------------ hooks
+
+    def _check_initial_parameters(self, n_features):
+        """Validated copies of the user-given initial parameters (never stored on
+        self), handed to :meth:`_initial_model`."""
+        raise NotImplementedError
+
+    def _initial_model(self, source, random_state, inits, block_size):
+        """The starting :class:`~emgmm.engine.model.Model` of one initialisation."""
+        raise NotImplementedError
+
+    def _update_rule(self):
+        """The engine's update rule: E-step parameters, parameters from statistics
+        and the lower bound (default: maximum likelihood)."""
+        return MaximumLikelihood()
+
+    def _fitted_model(self):
+        """The fitted attributes as a float64 :class:`~emgmm.engine.model.Model`."""
+        raise NotImplementedError
+
+    def _set_model(self, model, dtype, precisions):
+        """Store the fitted ``model`` as attributes of ``dtype``."""
+        raise NotImplementedError
+
+    def _n_parameters(self):
+        """Free parameters of the fitted model."""
+        raise NotImplementedError
+
+    def _current_model(self):
+        """The fitted parameters to warm-start from, checked against the parameters.
+
+        Raises
+        ------
+        ValueError
+            When ``n_components``, ``covariance_type`` or the number of features
+            differ from the fitted model's.
+        """
+        K, d = self.n_components, self.n_features_in_
+        expected = self._kind().covariance_shape(K, d)
+        if np.shape(self.means_) != (K, d) or np.shape(self.covariances_) != expected:
+            raise ValueError(
+                "warm_start=True continues the fitted model (means of shape "
+                f"{np.shape(self.means_)}, covariances of shape "
+                f"{np.shape(self.covariances_)}), which does not match "
+                f"n_components={K}, covariance_type={self.covariance_type!r} and {d} "
+                "features. Set warm_start=False to fit a new model."
+            )
+        return self._fitted_model()
+
+    def _kind(self):
+        """The :class:`~emgmm.covariance.CovarianceType` of ``covariance_type``."""
+        return get_covariance_type(self.covariance_type)
+
+    # -------------------------------------------------------------------- fit
+
+    def fit(self, X, y=None):
+        """Estimate the parameters with EM, keeping the best of ``n_init`` runs.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str, PathLike or h5py.Dataset
+            Training data: in memory, memory-mapped, a ``.npy`` path, an
+            ``h5py.Dataset`` or ``"file.h5:/path/to/dataset"``. float64 and float32
+            are used as they are; integer data is cast per block.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        self : object
+            The fitted estimator.
+
+        Raises
+        ------
+        ValueError
+            Invalid parameters or data (NaN/inf, names the row for files), or an
+            ill-defined covariance with ``on_degenerate='raise'``.
+        MemoryError
+            When the model cannot fit ``memory_limit``, or when a worker process died
+            (most likely killed for memory); the message gives the estimate. The
+            estimator then keeps its previous state.
+        OSError
+            When the data cannot be shared with the workers (temporary folder full).
+        """
+        self._fit(X, want_labels=False)
+        return self
+
+    def fit_predict(self, X, y=None):
+        """Fit, then return the labels of ``X`` from a final E step.
+
+        ``fit_predict(X)`` equals ``fit(X).predict(X)``.
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,), int64
+        """
+        return self._fit(X, want_labels=True)
+
+    def _fit(self, X, want_labels):
+        # (scikit-learn's _fit_context: the parameters checked once, and nested
+        # estimators, e.g. the k-means of the initialisation, not checked again)
+        if not get_config()["skip_parameter_validation"]:
+            validate_params(self._parameter_constraints, self.get_params(deep=False),
+                            type(self).__name__)
+        saved = dict(self.__dict__)
+        try:
+            with config_context(skip_parameter_validation=True):
+                return self._fit_unsafe(X, want_labels)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
+
+    def _fit_unsafe(self, X, want_labels):
+        source = self._source(X, reset=True)
+        try:
+            plan = self._plan(source)
+            # (the checkpointer first: it holds its path from open_checkpointer on,
+            # and must let it go also when the executor refuses to start)
+            with plan.checkpointer or nullcontext(), \
+                    explain_worker_loss(plan.model_nbytes, plan.block_nbytes,
+                                        plan.executor.n_workers), \
+                    plan.executor:
+                best = self._best_run(plan, source, want_labels)
+                # U U^T under the BLAS threads of the fit's other products: the
+                # thread count changes a product's rounding, and precisions_ too is
+                # then bitwise the same for any n_jobs
+                model = best[1].model
+                precisions = model.kind.precisions_from_cholesky(
+                    model.precisions_cholesky.astype(plan.out_dtype))
+                if plan.checkpointer is not None:
+                    plan.checkpointer.remove()  # (while it holds the path)
+        finally:
+            source.close()
+        return self._finish(best, precisions, plan.out_dtype)
+
+    def _plan(self, source):
+        """Check the data against the parameters and plan the fit (refusing, before
+        writing X for the workers or starting them, a model that cannot fit)."""
+        n, d = source.shape
+        if n < self.n_components:
+            raise ValueError(
+                "Expected n_samples >= n_components but got n_components = "
+                f"{self.n_components}, n_samples = {n}"
+            )
+        inits = self._check_initial_parameters(d)
+        compute_dtype = self._compute_dtype(source)
+        # the fitted attributes' dtype: float32 for float32 data computed in float32
+        out_dtype = np.float32 if (compute_dtype == np.float32
+                                   and source.dtype == np.float32) else np.float64
+        block_size = self._block_size(source)
+        tasks = partition(n, block_size)
+        do_init = not (self.warm_start and hasattr(self, "converged_"))
+        random_state = check_random_state(self.random_state)
+        executor = Executor(source, self.n_jobs)
+        if getattr(self.callback, "wants_progress", False):
+            executor.on_task = self._task_callback
+        schedule, estimate = choose_schedule(self.schedule, self.n_components, d,
+                                             self.covariance_type, executor.n_workers,
+                                             self.memory_limit)
+        if schedule == "components" or not row_threads_worthwhile(
+                n, len(tasks), self.n_components, d, self.covariance_type):
+            executor.row_threads = 0
+        if tasks_are_tiny(n, len(tasks), self.n_components, d, self.covariance_type):
+            executor.one_blas_thread()
+        checkpointer = open_checkpointer(self, source, compute_dtype, random_state,
+                                         None if do_init else self._current_model())
+        block_nbytes = block_size * bytes_per_row(
+            d, self.n_components, np.dtype(compute_dtype).itemsize)
+        return FitPlan(
+            n, d, inits, compute_dtype, out_dtype, block_size, tasks, do_init,
+            self.n_init if do_init else 1, random_state, executor,
+            component_statistics_pass if schedule == "components"
+            else rows_statistics_pass,
+            estimate, block_nbytes, checkpointer)
+
+    def _best_run(self, plan, source, want_labels):
+        """Run every initialisation (from a checkpoint's, if resuming); return
+        ``(score, run, labels)`` of the best."""
+        checkpointer = plan.checkpointer
+        resume = None if checkpointer is None else checkpointer.resume
+        best, first = None, 0
+        if resume is not None:
+            first = resume.init_index
+            if resume.best_run is not None:
+                best = (resume.best_score, resume.best_run, None)
+        for init in range(first, plan.n_init):
+            if self.verbose:
+                print(f"Initialization {init}")
+            start = None
+            if resume is not None and init == first:
+                plan.random_state.set_state(resume.rng_state)
+                start = resume.run
+            run = self._run_once(plan, source, init, start, best)
+            # scored as stored (rounded to float32 for float32 data), so that
+            # lower_bound_ is score(X) and n_init compares what it returns
+            total, labels = score_pass(plan.executor, plan.tasks, plan.block_size,
+                                       _as_stored(run.model, plan.out_dtype),
+                                       plan.compute_dtype, want_labels)
+            score = total / plan.n_samples
+            if self.verbose:
+                status = "converged" if run.converged else "did not converge"
+                print(f"Initialization {status}. lower bound {score:.5f}.")
+            if best is None or score > best[0]:
+                best = (score, run, labels)
+        if want_labels and best[2] is None:  # best run restored from checkpoint
+            _, labels = score_pass(plan.executor, plan.tasks, plan.block_size,
+                                   _as_stored(best[1].model, plan.out_dtype),
+                                   plan.compute_dtype, True)
+            best = best[:2] + (labels,)
+        return best
+
+    def _run_once(self, plan, source, init, start, best):
+        """One EM run of initialisation ``init`` (from ``start`` when resuming)."""
+        # built here (before the checkpointer records the random state) and handed
+        # over in a list that run_em empties, so that nothing here keeps it after
+        # the first iteration (K d^2 values twice)
+        starting = [start.model if start is not None else
+                    self._initial_model(source, plan.random_state, plan.inits,
+                                        plan.block_size)
+                    if plan.do_init else self._current_model()]
+        settings = EMSettings(self.max_iter, self.tol, self.reg_covar,
+                              plan.compute_dtype, self.resp_threshold,
+                              self.on_degenerate, update=self._update_rule())
+        checkpointer = plan.checkpointer
+        return run_em(
+            plan.executor, plan.tasks, plan.block_size, starting.pop, plan.n_samples,
+            settings=settings, callback=self._iteration_callback, init_index=init,
+            statistics_pass=plan.statistics_pass, start=start,
+            on_iteration=(None if checkpointer is None
+                          else checkpointer.saver(init, plan.random_state, best)),
+        )
+
+    def _finish(self, best, precisions, out_dtype):
+        """Set the fitted attributes from the best run; return its labels."""
+        score, run, labels = best
+        # (the checkpoint is gone: resuming would end in this error again)
+        _check_attributes_hold(run.model, precisions, out_dtype)
+        if not run.converged and self.max_iter > 0:
+            warnings.warn(
+                "Best performing initialization did not converge. Try different init "
+                "parameters, or increase max_iter, tol, or check for degenerate data.",
+                ConvergenceWarning,
+            )
+        self._set_model(run.model, out_dtype, precisions)
+        self.converged_ = run.converged
+        self.n_iter_ = run.n_iter
+        self.lower_bound_ = score
+        self.lower_bounds_ = run.lower_bounds
+        self.history_ = run.history
+        return labels
+
+    def _task_callback(self, done, total):
+        self.callback({"event": "progress", "done": done, "total": total})
+
+    def _iteration_callback(self, record):
+        if self.verbose and record["n_iter"] % self.verbose_interval == 0:
+            if self.verbose >= 2:
+                print(f"  Iteration {record['n_iter']}\t time lapse "
+                      f"{record['seconds']:.5f}s\t ll change {record['change']:.5f}")
+            else:
+                print(f"  Iteration {record['n_iter']}")
+        if self.callback is not None:
+            self.callback(record)
+
+    # ---------------------------------------------------------------- predict
+
+    def _per_block(self, X, func):
+        """Apply ``func(log_prob_norm, log_resp) -> array`` over the blocks of X and
+        stack the results into one C-ordered array (as scikit-learn returns them),
+        filled block by block: the result plus one block's, whatever order the
+        kernels return.
+
+        The blocks are read in the compute dtype and evaluated as the last pass of
+        ``fit`` evaluates them (``SCORE_MARGIN``), so that ``score(X)`` of the
+        training data is ``lower_bound_``.
+        """
+        check_is_fitted(self)
+        source = self._source(X, reset=False)
+        try:
+            compute_dtype = self._compute_dtype(source)
+            block_size = self._block_size(source)
+            model = self._update_rule().e_step_model(self._fitted_model())
+            prepared = model.prepare(compute_dtype)
+            out = None
+            for start, stop, block in source.blocks(block_size, compute_dtype):
+                log_prob_norm, log_resp = estimate_log_prob_resp(
+                    block, model.weights, model.means, model.precisions_cholesky,
+                    model.covariance_type, SCORE_MARGIN, prepared)
+                check_explained(log_prob_norm, start, source, compute_dtype,
+                                model.means)
+                part = func(log_prob_norm, log_resp)
+                if out is None:
+                    out = np.empty((source.n_samples,) + part.shape[1:], part.dtype)
+                out[start:stop] = part
+        finally:
+            source.close()
+        return out
+
+    def score_samples(self, X):
+        """Log-likelihood of each sample, ``log sum_k w_k N(x | mu_k, Sigma_k)``.
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+
+        Returns
+        -------
+        log_prob : ndarray of shape (n_samples,), float64
+        """
+        return self._per_block(X, lambda log_prob_norm, _: log_prob_norm)
+
+    def score(self, X, y=None):
+        """Mean per-sample log-likelihood of ``X`` (nats per sample).
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        float
+        """
+        return float(np.mean(self.score_samples(X)))
+
+    def predict(self, X):
+        """Label of the most responsible component for each sample.
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,), int64
+        """
+        return self._per_block(X, lambda _, log_resp: log_resp.argmax(axis=1))
+
+    def predict_proba(self, X):
+        """Responsibilities ``r_ik`` of every component for each sample.
+
+        Parameters
+        ----------
+        X : see :meth:`fit`
+
+        Returns
+        -------
+        resp : ndarray of shape (n_samples, n_components), float64
+            Rows sum to 1: ``exp(log_resp)`` normalised per row. (For a sample so far
+            out that the log-densities of several components agree to float64's
+            precision, e.g. a fill value of 1e37, ``log sum exp`` rounds to their
+            common value and each of them gets ``log_resp = 0``; scikit-learn then
+            returns rows that sum to their number, emgmm splits the row equally.)
+        """
+        return self._per_block(X, lambda _, log_resp: _normalised_exp(log_resp))
