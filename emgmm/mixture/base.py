@@ -16,9 +16,13 @@ never over an ``n x K`` array:
   :meth:`BaseMixture._n_parameters`: the fitted attributes and their count.
 """
 
+from __future__ import annotations
+
+import os
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-import warnings
+from typing import TYPE_CHECKING, TypeVar, Union
 
 import numpy as np
 from sklearn import config_context, get_config
@@ -48,6 +52,15 @@ from ..runtime.memory import (
 from ..runtime.worker_loss import explain_worker_loss
 from .validation import validate_params
 
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    import h5py
+
+#: What the methods taking ``X`` accept: array-likes, ``np.memmap``, a ``.npy``
+#: path, an ``h5py.Dataset`` or ``"file.h5:/path/to/dataset"``.
+DataLike = Union[ArrayLike, str, "os.PathLike[str]", "h5py.Dataset"]
+_Mixture = TypeVar("_Mixture", bound="BaseMixture")
 
 def _as_stored(model, dtype):
     """``model`` as the fitted attributes of ``dtype`` hold it, in float64."""
@@ -241,7 +254,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
     # -------------------------------------------------------------------- fit
 
-    def fit(self, X, y=None):
+    def fit(self: _Mixture, X: DataLike, y: None = None) -> _Mixture:
         """Estimate the parameters with EM, keeping the best of ``n_init`` runs.
 
         Parameters
@@ -273,7 +286,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
         self._fit(X, want_labels=False)
         return self
 
-    def fit_predict(self, X, y=None):
+    def fit_predict(self, X: DataLike, y: None = None) -> np.ndarray:
         """Fit, then return the labels of ``X`` from a final E step.
 
         ``fit_predict(X)`` equals ``fit(X).predict(X)``.
@@ -491,7 +504,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
             source.close()
         return out
 
-    def score_samples(self, X):
+    def score_samples(self, X: DataLike) -> np.ndarray:
         """Log-likelihood of each sample, ``log sum_k w_k N(x | mu_k, Sigma_k)``.
 
         Parameters
@@ -504,7 +517,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
         """
         return self._per_block(X, lambda log_prob_norm, _: log_prob_norm)
 
-    def score(self, X, y=None):
+    def score(self, X: DataLike, y: None = None) -> float:
         """Mean per-sample log-likelihood of ``X`` (nats per sample).
 
         Parameters
@@ -519,7 +532,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
         """
         return float(np.mean(self.score_samples(X)))
 
-    def predict(self, X):
+    def predict(self, X: DataLike) -> np.ndarray:
         """Label of the most responsible component for each sample.
 
         Parameters
@@ -532,7 +545,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
         """
         return self._per_block(X, lambda _, log_resp: log_resp.argmax(axis=1))
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: DataLike) -> np.ndarray:
         """Responsibilities ``r_ik`` of every component for each sample.
 
         Parameters

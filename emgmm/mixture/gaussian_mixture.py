@@ -1,10 +1,15 @@
 """emgmm.GaussianMixture: scikit-learn's estimator, fitted by blocked single-pass EM."""
 
+from __future__ import annotations
+
 import math
 import os
+from collections.abc import Callable
+from typing import Any, Literal, Optional, Union
 from numbers import Integral, Real
 
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
@@ -17,7 +22,7 @@ from ..covariance.cholesky import (
 from ..engine.degenerate import initial_factors
 from ..engine.model import Model
 from ..io.sources import ArraySource
-from .base import BaseMixture
+from .base import BaseMixture, DataLike
 from .initialization import (
     initial_responsibilities,
     parameters_from_responsibilities,
@@ -229,7 +234,7 @@ class GaussianMixture(BaseMixture):
 
     _parameter_constraints: dict = {
         "n_components": [Interval(Integral, 1, None, closed="left")],
-        "covariance_type": [StrOptions(set(REGISTRY))],
+        "covariance_type": [StrOptions(REGISTRY)],
         "tol": [Interval(Real, 0.0, None, closed="left")],
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
@@ -260,34 +265,34 @@ class GaussianMixture(BaseMixture):
 
     def __init__(
         self,
-        n_components=1,
+        n_components: int = 1,
         *,
-        covariance_type="full",
-        tol=1e-3,
-        reg_covar=1e-6,
-        max_iter=100,
-        n_init=1,
-        init_params="kmeans",
-        weights_init=None,
-        means_init=None,
-        precisions_init=None,
-        random_state=None,
-        warm_start=False,
-        verbose=0,
-        verbose_interval=10,
-        n_jobs=None,
-        working_memory=None,
-        block_size=None,
-        memory_limit=None,
-        schedule="auto",
-        init_max_samples=100_000,
-        compute_dtype=None,
-        resp_threshold=1e-20,
-        on_degenerate="reinit",
-        callback=None,
-        checkpoint=None,
-        checkpoint_interval=0.0,
-    ):
+        covariance_type: str = "full",
+        tol: float = 1e-3,
+        reg_covar: float = 1e-6,
+        max_iter: int = 100,
+        n_init: int = 1,
+        init_params: str = "kmeans",
+        weights_init: Optional[ArrayLike] = None,
+        means_init: Optional[ArrayLike] = None,
+        precisions_init: Optional[ArrayLike] = None,
+        random_state: Union[int, np.random.RandomState, None] = None,
+        warm_start: bool = False,
+        verbose: int = 0,
+        verbose_interval: int = 10,
+        n_jobs: Optional[int] = None,
+        working_memory: Optional[float] = None,
+        block_size: Optional[int] = None,
+        memory_limit: Optional[float] = None,
+        schedule: Literal["auto", "rows", "components"] = "auto",
+        init_max_samples: int = 100_000,
+        compute_dtype: Optional[Literal["float32", "float64"]] = None,
+        resp_threshold: float = 1e-20,
+        on_degenerate: Literal["reinit", "raise"] = "reinit",
+        callback: Optional[Callable[[dict[str, Any]], Any]] = None,
+        checkpoint: Union[str, os.PathLike[str], None] = None,
+        checkpoint_interval: float = 0.0,
+    ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -402,7 +407,7 @@ class GaussianMixture(BaseMixture):
         self.precisions_cholesky_ = model.precisions_cholesky.astype(dtype)
         self.precisions_ = precisions
 
-    def sample(self, n_samples=1):
+    def sample(self, n_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Draw samples from the fitted mixture (as scikit-learn draws them).
 
         Parameters
@@ -445,7 +450,7 @@ class GaussianMixture(BaseMixture):
         log_prob = self.score_samples(X)
         return log_prob.shape[0], float(log_prob.mean())
 
-    def bic(self, X):
+    def bic(self, X: DataLike) -> float:
         """Bayesian information criterion, ``-2 log L + p log n`` (Schwarz, 1978).
 
         Parameters
@@ -460,7 +465,7 @@ class GaussianMixture(BaseMixture):
         n, score = self._n_and_score(X)
         return -2 * score * n + self._n_parameters() * math.log(n)
 
-    def aic(self, X):
+    def aic(self, X: DataLike) -> float:
         """Akaike information criterion, ``-2 log L + 2 p`` (Akaike, 1974).
 
         Parameters
