@@ -189,7 +189,9 @@ def worker(spec):
     wall = time.perf_counter() - tic
     peak = _status("VmHWM")
     if spec["lib"] == "sklearn":
-        iters = [e + m for e, m in zip(times["e"], times["m"])]
+        # scikit-learn's fit ends with one more E step than M steps (the final E
+        # step of fit_predict); zip leaves it out of the per-iteration times
+        iters = [e + m for e, m in zip(times["e"], times["m"], strict=False)]
     else:
         iters = [h["seconds"] for h in model.history_]
     blas = [{"lib": i.get("internal_api"), "arch": i.get("architecture"),
@@ -270,8 +272,9 @@ def run_config(name, cfg, tmp, rtol, log, blas_threads=None):
             "useful_gflops": (flops / em["seconds_per_iteration"] / 1e9
                               if flops else None),
             "lower_bound_max_rel_diff": rel,
-            "lower_bounds_agree": (bool(rel <= rtol) if mode in ("float64", "wm64", "exact")
-                                   else None),
+            "lower_bounds_agree": (
+                bool(rel <= rtol) if mode in ("float64", "wm64", "exact") else None
+            ),
             "sklearn_peak_mb": sk["peak_mb"], "emgmm_peak_mb": em["peak_mb"],
             "sklearn_extra_mb": sk["extra_mb"], "emgmm_extra_mb": em["extra_mb"],
         })
@@ -281,15 +284,17 @@ def run_config(name, cfg, tmp, rtol, log, blas_threads=None):
 
 
 def format_table(rows, rates):
-    head = ("| config | mode | sklearn s/iter | emgmm s/iter | ratio | ratio of means | GFLOP/s"
-            " | DGEMM GFLOP/s | sklearn peak MB (extra) | emgmm peak MB (extra)"
+    head = ("| config | mode | sklearn s/iter | emgmm s/iter | ratio | ratio of means"
+            " | GFLOP/s | DGEMM GFLOP/s | sklearn peak MB (extra)"
+            " | emgmm peak MB (extra)"
             " | lower bound rel diff |")
     lines = [head, "|" + "---|" * 11]
     for r in rows:
         gf = "-" if r["useful_gflops"] is None else f"{r['useful_gflops']:.1f}"
         lines.append(
             f"| {r['config']} [{r['n']}, {r['d']}] K={r['K']} {r['covariance_type']} "
-            f"| {r['mode']} | {r['sklearn_s_per_iter']:.3f} | {r['emgmm_s_per_iter']:.3f} "
+            f"| {r['mode']} | {r['sklearn_s_per_iter']:.3f} "
+            f"| {r['emgmm_s_per_iter']:.3f} "
             f"| {r['speedup']:.1f}x "
             f"| {r['sklearn_mean_s_per_iter'] / r['emgmm_mean_s_per_iter']:.1f}x "
             f"| {gf} | {rates['dgemm']:.1f} "
@@ -307,7 +312,8 @@ def main(argv=None):
                         help="tiny sizes: seconds, for smoke tests")
     parser.add_argument("--name", default=None,
                         help="results/<name>.json (default: latest, or quick)")
-    parser.add_argument("--out", default=None, help="explicit output path (overrides --name)")
+    parser.add_argument("--out", default=None,
+                        help="explicit output path (overrides --name)")
     parser.add_argument("--rtol", type=float, default=1e-6,
                         help="lower bounds must agree to this (float64 modes)")
     parser.add_argument("--gemm-size", type=int, default=2000)
@@ -327,16 +333,17 @@ def main(argv=None):
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    import sklearn
     from threadpoolctl import threadpool_info
 
     import emgmm
-    import sklearn
 
     started = time.time()
     blas_threads = args.blas_threads if args.blas_threads or not args.quick else 1
     rates = gemm_rates(200 if args.quick else args.gemm_size)
     log(f"DGEMM {rates['dgemm']:.1f} GFLOP/s, SGEMM {rates['sgemm']:.1f} GFLOP/s")
-    out = Path(args.out) if args.out else RESULTS / f"{args.name or ('quick' if args.quick else 'latest')}.json"
+    result_name = args.name or ("quick" if args.quick else "latest")
+    out = Path(args.out) if args.out else RESULTS / f"{result_name}.json"
     result = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "quick": args.quick,
@@ -345,7 +352,8 @@ def main(argv=None):
         "machine": {
             "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "numpy": np.__version__,
-            "sklearn": sklearn.__version__, "emgmm": getattr(emgmm, "__version__", None),
+            "sklearn": sklearn.__version__,
+            "emgmm": getattr(emgmm, "__version__", None),
             "load_average_at_start": os.getloadavg(),
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
             "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
@@ -354,8 +362,10 @@ def main(argv=None):
                      for i in threadpool_info() if i.get("user_api") == "blas"],
         },
         "gemm_gflops": rates,
-        "peak_memory_method": "VmHWM (resident high-water mark) of a fresh subprocess "
-                              "per fit; extra = VmHWM - VmRSS after imports and loading X",
+        "peak_memory_method": (
+            "VmHWM (resident high-water mark) of a fresh subprocess per fit; "
+            "extra = VmHWM - VmRSS after imports and loading X"
+        ),
         "seconds_per_iteration_method": "median over iterations; sklearn: _e_step + "
                                         "_m_step; emgmm: history_[i]['seconds']",
         "rows": [],

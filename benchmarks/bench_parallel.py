@@ -267,8 +267,8 @@ def main():
         res["tag"] = tag
         report["runs"].append(res)
         save()
-        print(f"{tag:34s} {res['seconds']:8.2f} s, {len(res['lower_bounds'])} iterations",
-              flush=True)
+        n_iter = len(res["lower_bounds"])
+        print(f"{tag:34s} {res['seconds']:8.2f} s, {n_iter} iterations", flush=True)
         return res["seconds"]
 
     s = report["summary"]
@@ -278,7 +278,7 @@ def main():
         pairs = [(timed(f"blas1 n_jobs=1 #{r}", n_jobs=1, blas=1),
                   timed(f"blas1 n_jobs=2 #{r}", n_jobs=2, blas=1))
                  for r in range(args.repeats)]
-        t1, t2 = (float(np.median(times)) for times in zip(*pairs))
+        t1, t2 = (float(np.median(times)) for times in zip(*pairs, strict=True))
         tc = timed("blas1 n_jobs=2 components", n_jobs=2, blas=1, schedule="components")
         s["blas1_median_seconds_n_jobs_1"] = t1
         s["blas1_median_seconds_n_jobs_2"] = t2

@@ -323,17 +323,13 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
 
     Returns
     -------
-    estimator : emgmm.GaussianMixture
-        Fitted estimator with ``weights_``, ``means_``,
-        ``precisions_cholesky_`` as stored (in float64), ``covariances_`` and
-        ``precisions_`` recomputed from ``precisions_cholesky_`` (in float64), all
-        five in the dtype the fitted model had (float32 for a model fitted in
-        float32: covariances and precisions then within a float32 ulp of what the
-        fit left), the fit
-        metadata (``n_iter_``, ``converged_``, ``lower_bound_``,
-        ``lower_bounds_``), ``n_features_in_`` and, when stored,
-        ``feature_names_in_``. Constructor parameters listed in the file's
-        ``params_dropped`` attribute are left at their defaults.
+    emgmm.GaussianMixture
+        The fitted estimator: ``weights_``, ``means_`` and ``precisions_cholesky_``
+        as stored, ``covariances_`` and ``precisions_`` recomputed from the factors
+        (in float64), all five in the dtype of the fitted model; the fit metadata
+        (``n_iter_``, ``converged_``, ``lower_bound_``, ``lower_bounds_``),
+        ``n_features_in_`` and ``feature_names_in_`` if stored. Parameters listed in
+        ``params_dropped`` keep their defaults.
 
     Raises
     ------

@@ -523,6 +523,8 @@ def as_source(X: Any) -> Source:
     Returns
     -------
     Source
+        The data set, read in row blocks by ``read(start, stop)`` or ``blocks``,
+        with its ``shape`` and ``dtype``; files are opened read-only.
 
     Raises
     ------

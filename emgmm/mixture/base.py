@@ -268,8 +268,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
         Returns
         -------
-        self : object
-            The fitted estimator.
+        object
+            The fitted estimator (``self``).
 
         Raises
         ------
@@ -293,13 +293,15 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : see :meth:`fit`
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
         y : None
             Ignored.
 
         Returns
         -------
-        labels : ndarray of shape (n_samples,), int64
+        ndarray of shape (n_samples,), int64
+            The most responsible component of each sample.
         """
         return self._fit(X, want_labels=True)
 
@@ -509,11 +511,13 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : see :meth:`fit`
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
 
         Returns
         -------
-        log_prob : ndarray of shape (n_samples,), float64
+        ndarray of shape (n_samples,), float64
+            The log-likelihood of each sample, in nats.
         """
         return self._per_block(X, lambda log_prob_norm, _: log_prob_norm)
 
@@ -522,13 +526,15 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : see :meth:`fit`
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
         y : None
             Ignored.
 
         Returns
         -------
         float
+            The mean log-likelihood per sample, in nats.
         """
         return float(np.mean(self.score_samples(X)))
 
@@ -537,28 +543,30 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : see :meth:`fit`
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
 
         Returns
         -------
-        labels : ndarray of shape (n_samples,), int64
+        ndarray of shape (n_samples,), int64
+            The most responsible component of each sample.
         """
         return self._per_block(X, lambda _, log_resp: log_resp.argmax(axis=1))
 
     def predict_proba(self, X: DataLike) -> np.ndarray:
-        """Responsibilities ``r_ik`` of every component for each sample.
+        """Compute the responsibilities ``r_ik`` of every component for each sample.
 
         Parameters
         ----------
-        X : see :meth:`fit`
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
 
         Returns
         -------
-        resp : ndarray of shape (n_samples, n_components), float64
-            Rows sum to 1: ``exp(log_resp)`` normalised per row. (For a sample so far
-            out that the log-densities of several components agree to float64's
-            precision, e.g. a fill value of 1e37, ``log sum exp`` rounds to their
-            common value and each of them gets ``log_resp = 0``; scikit-learn then
-            returns rows that sum to their number, emgmm splits the row equally.)
+        ndarray of shape (n_samples, n_components), float64
+            Rows sum to 1: ``exp(log_resp)`` normalised per row. A sample so far out
+            that several components' log-densities agree to float64's precision
+            (e.g. a fill value of 1e37) gets them in equal shares, where
+            scikit-learn gives each of them 1.
         """
         return self._per_block(X, lambda _, log_resp: _normalised_exp(log_resp))

@@ -81,13 +81,11 @@ class GaussianMixture(BaseMixture):
     verbose_interval : int, default=10
         Iterations between two messages.
     n_jobs : int or None, default=None
-        Workers for the blocked passes, with joblib's meaning (``None`` follows
-        ``joblib.parallel_config``, else 1; ``-1`` all cores). Process workers read
-        the data through files: an in-memory array is written once per fit to
-        joblib's temporary folder (removed at the end of the fit). When ``None``
-        resolves to one worker, the blocks of a pass run in threads of this
-        process, as many as BLAS may use, with one BLAS thread each (same result
-        bit for bit); an explicit ``1`` runs them one after the other.
+        Workers for the passes over the data, with joblib's meaning (``-1``: all
+        cores). ``None`` follows ``joblib.parallel_config``; when that gives one
+        worker, the blocks of a pass run in threads of this process with one BLAS
+        thread each (the same result bit for bit). An explicit ``1`` runs them one
+        after the other. See the user guide, "Parallelism".
     working_memory : float or None, default=None
         Memory for one block's working set, in MiB, per worker. ``None`` uses
         ``sklearn.get_config()["working_memory"]`` (1024 by default).
@@ -98,96 +96,46 @@ class GaussianMixture(BaseMixture):
         workers; ``fit`` raises ``MemoryError`` up front when the estimate exceeds
         it. ``None`` uses the physical memory available when ``fit`` starts.
     schedule : {'auto', 'rows', 'components'}, default='auto'
-        How a pass shares the work. 'rows': a task is a range of rows and all
-        components (one read of ``X`` per iteration; every worker holds the whole
-        model and its statistics). 'components': a task is a slice of components and
-        a range of rows; workers hold only their slice, exchanging
-        log-probabilities through a memory-mapped buffer in joblib's temporary
-        folder (``X`` read twice per iteration). 'auto' picks 'components' when
-        there are several workers and one task's statistics,
-        ``K d (d + 1) / 2 * 8`` bytes for 'full', exceed 64 MiB, or when only it
-        fits ``memory_limit`` (see ``emgmm.runtime.memory.choose_schedule``). Both give
-        the same model to 1e-12 relative.
+        How a pass shares the work: 'rows' gives a task a range of rows and all
+        components; 'components' a slice of components and a range of rows, so no
+        worker holds the whole model (``X`` read twice per iteration). 'auto'
+        picks 'components' when workers would hold over 64 MiB of statistics
+        each, or when only it fits the memory.
     init_max_samples : int, default=100_000
         Rows in the initialisation subsample.
     compute_dtype : {'float32', 'float64'} or None, default=None
-        Dtype of the heavy products of the E step (for 'full': the estimate of
-        every pair, packed for small ``d``, triangular beyond, or the plain path's
-        products). ``None`` follows the data (float32 data computes in float32).
-        Blocks are read in this dtype: ``'float32'`` on float64 data fits the data
-        rounded to float32 (tight clusters far from the origin then lose what that
-        rounding loses; pass it for the speed, not for float64 data that need
-        their digits).
-        The pairs that may reach ``resp_threshold`` are recomputed in float64 when
-        an estimate is used; where the float32 estimate's rounding bounds are too
-        coarse for the model (strongly overlapping components: most pairs would
-        need the recomputation), a block takes the float64 estimate of the same data
-        instead (small ``d``), and where that too needs too many, the plain path in
-        float64. The M-step statistics are computed in float64, and sums are
-        accumulated in float64 in every case.
+        Dtype of the heavy products of the E step; ``None`` follows the data.
+        ``'float32'`` on float64 data fits the data rounded to float32. The pairs
+        that may reach ``resp_threshold`` are recomputed in float64 where float32
+        is not accurate enough, and every sum is accumulated in float64. See the
+        user guide, "float32".
     resp_threshold : float, default=1e-20
-        Pairs (row, component) whose responsibility is at most this are left out of
-        that component's statistics ``N_k``, ``s_k`` and ``S_k`` ('full'; 'diag' and
-        'spherical' with at least 24 features, below which masking the pairs costs
-        more than it saves; gathered rows or a sparse product when few are kept), and
-        for 'full' the E step computes exactly only the pairs that may exceed it;
-        the others are estimated within a first-order rounding-error bound (see
-        ``emgmm.covariance.packed_estimate.RefinedEstimate``). A pair left out moves
-        ``N_k`` by ``r_ik`` and ``S_k``, in the metric of component ``k``, by at
-        most ``r_ik Q_ik`` (``Q_ik`` its squared Mahalanobis distance, about
-        ``2 log(1 / r_ik)``): about 1e-18 at the default, below float64 rounding.
-        For 'diag' and 'spherical', a component whose expanded log-density may be
-        inexact (tight, far from the mixture mean) is recomputed directly only on
-        the rows where it may exceed the threshold. 'tied' pools every pair.
-        ``0.0`` skips only exact zeros and computes every pair exactly (slower; in
-        the compute dtype: with float32 compute, plain float32 products and no
-        float64 recomputation).
+        Responsibilities at most this are left out of the statistics ``N_k``,
+        ``s_k``, ``S_k`` ('full'; 'diag' and 'spherical' from 24 features on), and
+        'full' computes exactly only the pairs that may exceed it. A pair left out
+        moves ``S_k``, in its metric, by at most ``r_ik`` times its squared
+        Mahalanobis distance: ~1e-18 at the default. ``0.0`` computes every pair
+        exactly.
     on_degenerate : {'reinit', 'raise'}, default='reinit'
-        What to do with a component whose covariance is not positive definite after
-        ``reg_covar`` or whose weight falls below one sample (``N_k < 1``; a
-        component re-seeded before that starves again is kept, as scikit-learn keeps
-        it): 'reinit'
-        re-seeds it on the worst-explained sample of the same pass, warns naming the
-        component and records it in ``history_``; 'raise' raises scikit-learn's
-        ``ValueError`` naming the component (starved components are then kept).
-        A re-seeded component gets the weighted mean covariance of the healthy
-        components ('tied' keeps the shared one) and weight ``1 / K`` before
-        renormalisation; a row serves one re-seed per run before any row is reused.
-        The lower bound may decrease after an iteration that re-seeded. A component
-        whose initial covariance is not positive definite starts, under 'reinit',
-        from the mean covariance of the others. When no component is healthy, or
-        the 'tied' covariance is not positive definite, or a component re-seeded
-        ``MAX_RESEEDS`` (10) times is not positive definite once more (a flat
-        cluster without ``reg_covar`` takes every re-seed back), both policies
-        raise.
+        For a component whose covariance is not positive definite after
+        ``reg_covar``, or whose weight falls below one sample: 'reinit' re-seeds it
+        on the worst-explained sample, warns and records it in ``history_``;
+        'raise' raises scikit-learn's ``ValueError``. Both raise when no component
+        is healthy or one re-seeded 10 times degenerates again. See the user
+        guide, "Degenerate components".
     callback : callable or None, default=None
         Called after every EM iteration with a dict (``event='iteration'``,
         ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,
-        ``reseeded``). A callable whose attribute ``wants_progress`` is true is
-        also called while a pass over the data runs, after each finished task, with
-        ``{'event': 'progress', 'done': int, 'total': int}`` (for a progress bar
-        over the blocks of long iterations).
+        ``reseeded``). If its attribute ``wants_progress`` is true, it is also
+        called after each finished task of a pass with ``{'event': 'progress',
+        'done': int, 'total': int}``.
     checkpoint : str, os.PathLike or None, default=None
-        Path of a checkpoint file (``.npz``, no pickle). After EM iterations the
-        state of the fit (parameters, iteration, lower bounds, history, random
-        state, best earlier initialisation) is written to it atomically (temporary
-        file in the same folder, then ``os.replace``). A fit started with an
-        existing checkpoint for the same data and parameters resumes from it and
-        ends with the same model as an uninterrupted fit; a checkpoint of other data
-        or parameters raises ``ValueError`` saying what differs. The file is
-        removed when ``fit`` completes, also when the model it completed cannot be
-        returned in float32 attributes (a resumed fit would end the same way, and
-        the retry with ``compute_dtype='float64'`` that the error suggests has
-        other parameters), and kept when it raises otherwise. The data are
-        identified by shape, dtype and a SHA-256 of every value (one extra read of
-        the data per fit). A folder where it cannot be written raises ``OSError``
-        before the first pass. A running fit holds the path (an ``flock`` on
-        ``.<name>.lock`` beside it, removed when the fit ends): a second fit with
-        the same path at the same time, as clones under ``GridSearchCV(n_jobs=2)``
-        would be, raises ``RuntimeError`` naming the first one's process (scikit-learn's
-        searches turn it into a ``FitFailedWarning`` and a NaN score unless
-        ``error_score='raise'``: give such searches ``checkpoint=None``). A relative
-        path is taken from the working folder at the start of ``fit``.
+        Path of a checkpoint file (``.npz``, no pickle), written atomically after EM
+        iterations. A fit of the same data and parameters resumes from it to the
+        model of an uninterrupted fit; other data or parameters raise
+        ``ValueError``, an unwritable folder ``OSError``, a concurrent fit on the
+        same path ``RuntimeError``. Removed when ``fit`` completes (user guide,
+        "Checkpoints").
     checkpoint_interval : float, default=0.0
         Minimum seconds between two checkpoint writes; 0 writes after every
         iteration.
@@ -222,7 +170,7 @@ class GaussianMixture(BaseMixture):
     history_ : list of dict
         One record per iteration of the kept run (see ``callback``).
     n_features_in_ : int
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (``n_features_in_``,)
         Only when ``X`` has string feature names.
 
     Notes
@@ -230,6 +178,37 @@ class GaussianMixture(BaseMixture):
     Data sources accepted by every method taking ``X``: array-likes, ``np.memmap``,
     a path to a ``.npy`` file (memory-mapped read-only), an ``h5py.Dataset`` and the
     string ``"file.h5:/path/to/dataset"``. Files are only read.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from emgmm import GaussianMixture
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.vstack([rng.normal(-5, 1, size=(500, 2)),
+    ...                rng.normal(5, 1, size=(500, 2))])
+    >>> gm = GaussianMixture(n_components=2, random_state=0).fit(X)
+    >>> bool(gm.converged_)
+    True
+    >>> np.sort(gm.means_[:, 0]).round()
+    array([-5.,  5.])
+    >>> labels = gm.predict([[-5.0, -5.0], [5.0, 5.0]])
+    >>> bool(labels[0] != labels[1])
+    True
+    >>> proba = gm.predict_proba(X[:3])
+    >>> proba.shape
+    (3, 2)
+    >>> bool(np.allclose(proba.sum(axis=1), 1.0))
+    True
+
+    The same fit from a ``.npy`` file, read in row blocks:
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = os.path.join(folder, "X.npy")
+    ...     np.save(path, X)
+    ...     from_file = GaussianMixture(n_components=2, random_state=0).fit(path)
+    >>> bool(np.allclose(from_file.means_, gm.means_))
+    True
     """
 
     _parameter_constraints: dict = {
@@ -413,10 +392,12 @@ class GaussianMixture(BaseMixture):
         Parameters
         ----------
         n_samples : int, default=1
+            Number of samples to draw.
 
         Returns
         -------
         X : ndarray of shape (n_samples, n_features)
+            The samples, float64, ordered by component.
         y : ndarray of shape (n_samples,), int64
             Component of each sample.
 
@@ -455,7 +436,8 @@ class GaussianMixture(BaseMixture):
 
         Parameters
         ----------
-        X : see :meth:`fit`
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
 
         Returns
         -------
@@ -470,7 +452,8 @@ class GaussianMixture(BaseMixture):
 
         Parameters
         ----------
-        X : see :meth:`fit`
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
 
         Returns
         -------
