@@ -75,6 +75,25 @@ def _file_state(path):
     return st.st_size, st.st_mtime_ns
 
 
+def _of(path, description):
+    """`` (of <description>)`` when the user named the data otherwise than ``path``."""
+    return "" if description == path else f" (of {description})"
+
+
+def _check_descriptor_unchanged(fd, state, path, description):
+    """Raise ``OSError`` if the file open at ``fd`` no longer has the size and
+    modification time of ``state`` (cheap: ``os.fstat``)."""
+    st = os.fstat(fd)
+    if (st.st_size, st.st_mtime_ns) != tuple(state):
+        what = "truncated" if st.st_size < state[0] else "modified"
+        raise OSError(
+            f"The data file {path}{_of(path, description)} was {what} while emgmm "
+            f"was reading it (it held {state[0]} bytes when it was opened, "
+            f"{st.st_size} now): the rest would be read from other data. Keep the "
+            "file unchanged while emgmm reads it (fit, predict, score)."
+        )
+
+
 def _check_file_unchanged(path, state, description):
     """Raise if the file at ``path`` is gone, or is no longer the file of ``state``.
 
@@ -98,7 +117,7 @@ def _check_file_unchanged(path, state, description):
     OSError
         If its size or modification time changed.
     """
-    of = "" if description == path else f" (of {description})"
+    of = _of(path, description)
     try:
         now = _file_state(path)
     except FileNotFoundError:
@@ -108,8 +127,9 @@ def _check_file_unchanged(path, state, description):
             "emgmm reads it (fit, predict, score)."
         ) from None
     if now != state:
+        what = "truncated" if now[0] < state[0] else "replaced or modified"
         raise OSError(
-            f"The data file {path}{of} was replaced or modified while emgmm was "
+            f"The data file {path}{of} was {what} while emgmm was "
             "reading it (its size or modification time changed since it was opened): "
             "the rest would be read from other data. Keep the file unchanged while "
             "emgmm reads it (fit, predict, score)."
@@ -265,6 +285,11 @@ class ArraySource(Source):
 class MemmapSource(Source):
     """A raw memory-mapped file (``np.memmap`` or ``.npy``), reopened read-only.
 
+    Blocks are read with ``os.preadv`` into arrays of their own, not as views of a
+    memory map: a map's pages fault with SIGBUS (the process dies, no message) when
+    the file is truncated under them, while a read of a shorter file returns fewer
+    bytes, reported here as an ``OSError`` that names the file.
+
     Raises
     ------
     FileNotFoundError
@@ -279,7 +304,7 @@ class MemmapSource(Source):
         self.offset = offset
         self.order = order
         self.description = description
-        self._map = None
+        self._file = None
 
     @classmethod
     def from_memmap(cls, mm):
@@ -341,27 +366,54 @@ class MemmapSource(Source):
         return cls(os.path.abspath(path), mm.dtype, mm.shape, mm.offset, order, path)
 
     def _open(self):
-        if self._map is None:
-            self._map = np.memmap(self.filename, dtype=self.dtype, mode="r",
-                                  offset=self.offset, shape=self.shape, order=self.order)
-        return self._map
+        if self._file is None:  # (a file object: closed when collected)
+            self._file = open(self.filename, "rb", buffering=0)
+        return self._file.fileno()
 
     def _read(self, start, stop):
-        # every read, not only before opening: a file rewritten in place during the
-        # fit (the same inode) changes the mapped pages under an open map
+        # every read, not only before opening: a file replaced under its name, or
+        # rewritten in place (the same inode), would give other data
         _check_file_unchanged(self.filename, self._state, self.description)
-        rows = self._open()[start:stop]
+        fd = self._open()
+        n_rows, n_cols = stop - start, self.shape[1]
+        itemsize = self.dtype.itemsize
         if self.order == "C":
-            # a read-only view of the mapped pages (no copy)
-            return np.asarray(rows)
-        return np.array(rows, order="C")
+            block = np.empty((n_rows, n_cols), dtype=self.dtype)
+            self._pread(fd, block, self.offset + start * n_cols * itemsize)
+        else:  # one read per column (contiguous in the file)
+            columns = np.empty((n_cols, n_rows), dtype=self.dtype)
+            for j in range(n_cols):
+                where = self.offset + (j * self.shape[0] + start) * itemsize
+                self._pread(fd, columns[j], where)
+            block = np.ascontiguousarray(columns.T)
+        # and after it: the bytes read may mix the old and the new contents
+        _check_descriptor_unchanged(fd, self._state, self.filename, self.description)
+        return block
+
+    def _pread(self, fd, out, offset):
+        """Fill ``out`` (contiguous) with the file's bytes from ``offset``."""
+        view = memoryview(out).cast("B")
+        done = 0
+        while done < len(view):
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if got == 0:
+                size = os.fstat(fd).st_size
+                raise OSError(
+                    f"The data file {self.filename}{_of(self.filename, self.description)}"
+                    f" was truncated while emgmm was reading it: it holds {size} "
+                    f"bytes, fewer than the {offset + len(view)} this read needs. Keep "
+                    "the file unchanged while emgmm reads it (fit, predict, score)."
+                )
+            done += got
 
     def close(self):
-        self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_map"] = None
+        state["_file"] = None
         return state
 
 
@@ -433,7 +485,14 @@ class HDF5Source(Source):
             ) from None
 
     def _read(self, start, stop):
-        block = self._dataset()[start:stop]
+        try:
+            block = self._dataset()[start:stop]
+        except OSError as exc:
+            # a file cut or rewritten under the open handle: say so (by its size
+            # and modification time), not HDF5's "can't read data"
+            _check_file_unchanged(self.filename, self._state, self.description)
+            raise OSError(f"Cannot read rows {start}:{stop} of {self.description}: "
+                          f"{exc}") from None
         # every read, not only on opening: a file rewritten during the fit (by a
         # writer that does not lock it) changes what an open handle reads
         _check_file_unchanged(self.filename, self._state, self.description)
