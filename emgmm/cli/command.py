@@ -175,12 +175,29 @@ def _load_init_array(path, flag):
         raise CommandError(f"{flag} {path}: no such file")
     if os.path.isfile(path) and not is_npy(path):
         raise CommandError(f"{flag} takes a .npy file (numpy.save); {path} is not one")
+    if _npy_holds_objects(path):
+        raise CommandError(f"{flag} {path}: it holds Python objects, not numbers")
     try:
         return np.load(path, allow_pickle=False)
-    except ValueError as exc:  # object arrays, a damaged header
-        reason = ("it holds Python objects, not numbers" if "allow_pickle" in str(exc)
-                  else exc)
-        raise CommandError(f"{flag} {path}: {reason}") from None
+    except ValueError as exc:  # a damaged header or data
+        raise CommandError(f"{flag} {path}: {exc}") from None
+
+
+def _npy_holds_objects(path):
+    """Whether the .npy header of ``path`` declares a dtype with Python objects
+    (read with numpy.lib.format; a header that cannot be read: ``False``, left to
+    ``np.load`` to report)."""
+    from numpy.lib import format as npy_format
+
+    try:
+        with open(path, "rb") as f:
+            version = npy_format.read_magic(f)
+            read_header = (npy_format.read_array_header_1_0 if version == (1, 0)
+                           else npy_format.read_array_header_2_0)
+            _, _, dtype = read_header(f, max_header_size=2**20)
+    except (OSError, ValueError):
+        return False
+    return dtype.hasobject
 
 
 def _cmd_fit(args):

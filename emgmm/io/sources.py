@@ -418,15 +418,42 @@ class MemmapSource(Source):
 
 
 def _hdf5_error(filename, exc):
+    """The ``OSError`` to raise for h5py's failure ``exc`` to open ``filename``,
+    classified by what can be checked, not by the words of HDF5's message: a
+    permission error, a file without the HDF5 signature, a file that opens with
+    file locking off (then a lock is the cause), or else a damaged file."""
     text = str(exc)
-    if "lock" in text.lower():
+    if isinstance(exc, PermissionError):
+        return OSError(exc.errno, f"Cannot open HDF5 file {filename} read-only: "
+                                  f"permission denied ({text})")
+    if not _is_hdf5(filename):
+        return OSError(f"Cannot open {filename}: it is not an HDF5 file (no HDF5 "
+                       f"signature; h5py: {text})")
+    if _opens_without_locking(filename):
         return OSError(
             f"Cannot open HDF5 file {filename} read-only because it is locked "
             f"({text}). Another process may have it open for writing; if the file "
             "system does not support locking, set HDF5_USE_FILE_LOCKING=FALSE in the "
             "environment of this process and its workers."
         )
-    return OSError(f"Cannot open HDF5 file {filename}: {text}")
+    size = os.path.getsize(filename)
+    return OSError(
+        f"Cannot open HDF5 file {filename} ({size} bytes): it has the HDF5 signature "
+        "but HDF5 cannot read it, also with file locking off, so it is damaged or "
+        f"truncated (h5py: {text})"
+    )
+
+
+def _opens_without_locking(filename):
+    """Whether h5py opens ``filename`` read-only with HDF5 file locking off (only to
+    tell a lock from damage: the handle is closed at once)."""
+    import h5py
+
+    try:
+        h5py.File(filename, "r", locking=False).close()
+    except (OSError, TypeError, ValueError):  # (TypeError: h5py before 3.5)
+        return False
+    return True
 
 
 class HDF5Source(Source):
@@ -485,8 +512,9 @@ class HDF5Source(Source):
             ) from None
 
     def _read(self, start, stop):
+        dataset = self._dataset()  # (its errors on opening are its own)
         try:
-            block = self._dataset()[start:stop]
+            block = dataset[start:stop]
         except OSError as exc:
             # a file cut or rewritten under the open handle: say so (by its size
             # and modification time), not HDF5's "can't read data"
