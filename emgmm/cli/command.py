@@ -192,9 +192,10 @@ def _npy_holds_objects(path):
     try:
         with open(path, "rb") as f:
             version = npy_format.read_magic(f)
-            read_header = (npy_format.read_array_header_1_0 if version == (1, 0)
-                           else npy_format.read_array_header_2_0)
-            _, _, dtype = read_header(f, max_header_size=2**20)
+            read_array_header = (npy_format.read_array_header_1_0
+                                 if version == (1, 0)
+                                 else npy_format.read_array_header_2_0)
+            _, _, dtype = read_array_header(f, max_header_size=2**20)
     except (OSError, ValueError):
         return False
     return dtype.hasobject
