@@ -40,13 +40,14 @@ _STRAY_UNTAGGED = re.compile(rf"^{TEMP_PREFIX}(\d+)-[0-9a-f]{{12}}$")
 def joblib_temp_folder():
     """The folder joblib would memory-map into: parallel_config(temp_folder=...),
     else ``JOBLIB_TEMP_FOLDER``, else the system temporary folder (on disk, so the
-    copy of an in-memory array does not take memory)."""
+    copy of an in-memory array does not take memory). A path-like setting is taken
+    as its ``os.fspath``."""
     from joblib import parallel as _jp
 
     config = getattr(_jp._backend, "config", {})
     folder = config.get("temp_folder")
-    if isinstance(folder, str):
-        return folder
+    if isinstance(folder, (str, os.PathLike)):
+        return os.fspath(folder)
     return os.environ.get("JOBLIB_TEMP_FOLDER") or tempfile.gettempdir()
 
 
