@@ -369,11 +369,23 @@ class Executor:
             # freed blocks in one arena, where the next block finds them)
             run = per_thread(func) if self.uses_threads else func
             # One joblib call per map (the loky workers are reused between calls).
-            results = Parallel(n_jobs=self.n_jobs, return_as=self._return_as)(
+            # joblib's memmapping folders go into this fit's own (removed when it
+            # ends): left to joblib, every call with a reused pool creates one in
+            # /dev/shm that stays until the pool stops
+            temp = {"temp_folder": self._joblib_folder()} if self._shares_files else {}
+            results = Parallel(n_jobs=self.n_jobs, return_as=self._return_as, **temp)(
                 delayed(run)(self.worker_source, *args, blas_threads=blas_threads)
                 for args in task_args
             )
         return self._reported(results, len(task_args))
+
+    def _joblib_folder(self):
+        """The folder given to joblib as ``temp_folder``: ``joblib/`` in this fit's
+        temporary folder (created on first use)."""
+        if self._folder is None:
+            self._folder = make_temp_folder(joblib_temp_folder(), 0,
+                                            "joblib's memmapping folder")
+        return os.path.join(self._folder, "joblib")
 
     def _threaded(self, func, task_args):
         """The tasks in ``row_threads`` threads of this process, one BLAS thread each
