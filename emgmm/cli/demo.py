@@ -261,7 +261,8 @@ def add_arguments(parser):
     parser.add_argument("--sklearn-max-iter", type=int, default=5,
                         help="EM iterations of the comparison with scikit-learn, "
                              "run by both with tol=0 (default %(default)s)")
-    parser.add_argument("--random-state", type=int, default=0)
+    parser.add_argument("--random-state", type=int, default=0,
+                        help="seed of the patches and the fits (default %(default)s)")
     parser.add_argument("--output-dir", default=".",
                         help="where the PNG goes (default: current directory)")
     parser.add_argument("-q", "--quiet", action="store_true",
