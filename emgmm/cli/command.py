@@ -579,7 +579,11 @@ def main(argv=None):
         files and a partial output are cleaned up as after Ctrl-C). Usage errors
         exit with status 2 through ``SystemExit``, as argparse does.
     """
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # (imports the estimator)
+    except KeyboardInterrupt:
+        print("emgmm: interrupted", file=sys.stderr)
+        return 130
     with _sigterm_as_interrupt():
         return _run(args)
 
