@@ -124,3 +124,72 @@ def test_fit_refuses_a_model_named_like_another_format(npy, tmp_path, capsys):
         assert not (tmp_path / name).exists()
     for name in ("out.h5", "out.hdf5", "model"):
         assert cli.main(["fit", npy, "-k", "2", "-q", "-o", str(tmp_path / name)]) == 0
+
+
+# ------------------------------------------------ 28.6: interrupts, stale locks
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+_INTERRUPT_IMPORT = textwrap.dedent("""
+    import builtins, os, signal
+    _import = builtins.__import__
+    def interrupting_import(name, *args, **kwargs):
+        if name == "sklearn" and not os.environ.get("_EMGMM_INTERRUPTED"):
+            os.environ["_EMGMM_INTERRUPTED"] = "1"
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the imports run
+        return _import(name, *args, **kwargs)
+    builtins.__import__ = interrupting_import
+""")
+
+
+def test_sigint_during_the_imports_exits_130_without_traceback(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(_INTERRUPT_IMPORT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    out = subprocess.run([sys.executable, "-m", "emgmm", "info", "nothing.h5"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 130, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip() == "emgmm: interrupted"
+
+
+def _dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_lock_of_a_killed_fit_is_removed_by_the_next_fit_there(tmp_path):
+    from emgmm._parallel import _process_space
+
+    X = np.random.default_rng(0).standard_normal((200, 2))
+    stale = tmp_path / ".killed.npz.lock"
+    stale.write_text(f"{_dead_pid()} {_process_space()}")
+    old_format = tmp_path / ".older.npz.lock"
+    old_format.write_text(str(_dead_pid()))
+    other_host = tmp_path / ".elsewhere.npz.lock"
+    other_host.write_text(f"{_dead_pid()} 0badc0de")
+    alive = tmp_path / ".running.npz.lock"
+    alive.write_text(f"{os.getpid()} {_process_space()}")
+    emgmm.GaussianMixture(2, max_iter=3, tol=1e3, random_state=0,
+                          checkpoint=tmp_path / "mine.npz").fit(X)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".elsewhere.npz.lock", ".running.npz.lock"]
+
+
+def test_a_lock_held_by_a_live_fit_is_kept(tmp_path):
+    import fcntl
+
+    held = tmp_path / ".held.npz.lock"
+    held.write_text(f"{_dead_pid()}")  # (a pid reused: the flock decides)
+    fd = os.open(held, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        from emgmm._checkpoint import remove_stale_locks
+        remove_stale_locks(str(tmp_path))
+        assert held.exists()
+    finally:
+        os.close(fd)
