@@ -386,6 +386,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
                 plan.random_state.set_state(resume.rng_state)
                 start = resume.run
             run = self._run_once(plan, source, init, start, best)
+            if plan.executor.on_task is not None:
+                self.callback({"event": "final_pass", "init": init})
             # scored as stored (rounded to float32 for float32 data), so that
             # lower_bound_ is score(X) and n_init compares what it returns
             total, labels = score_pass(plan.executor, plan.tasks, plan.block_size,

@@ -161,7 +161,8 @@ class GaussianMixture(BaseMixture):
         ``reseeded``). A callable whose attribute ``wants_progress`` is true is
         also called while a pass over the data runs, after each finished task, with
         ``{'event': 'progress', 'done': int, 'total': int}`` (for a progress bar
-        over the blocks of long iterations).
+        over the blocks of long iterations), and with ``{'event': 'final_pass',
+        'init': int}`` before the pass that scores a run's final parameters.
     checkpoint : str, os.PathLike or None, default=None
         Path of a checkpoint file (``.npz``, no pickle). After EM iterations the
         state of the fit (parameters, iteration, lower bounds, history, random
