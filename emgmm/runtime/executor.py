@@ -252,7 +252,13 @@ class Executor:
     worker_source : Source
         What the tasks receive: never an in-memory array for process workers.
     blas_threads : int
-        BLAS threads each worker may use, ``max(1, core_budget // n_workers)``.
+        BLAS threads each worker may use, ``max(1, core_budget // n_workers)``; 1
+        with :attr:`one_core`.
+    one_core : bool
+        ``n_jobs=1``, given or from ``joblib.parallel_config``, at the top level:
+        the passes and this process's BLAS calls run on one thread while the
+        executor is open (OpenBLAS's spare threads would otherwise contend for the
+        one core, 7.5x slower on a busy machine).
     row_threads : int
         With ``n_jobs=None`` resolving to one worker at the top level, the threads
         of this process that run the tasks of a pass (one BLAS thread each):
@@ -289,6 +295,12 @@ class Executor:
             if threads > 1:
                 self.row_threads = threads
         self.blas_threads = max(1, budget // self.n_workers)
+        # n_jobs=1 (here or in joblib.parallel_config) means one core, as in
+        # scikit-learn's joblib-based estimators: one BLAS thread too
+        self.one_core = (n_workers == 1 and not nested
+                         and not (n_jobs is None and config_n_jobs is None))
+        if self.one_core:
+            self.blas_threads = 1
         self.uses_threads = False
         self.worker_source = source
         self._folder = None
@@ -324,7 +336,8 @@ class Executor:
             except BaseException:
                 self.__exit__(None, None, None)
                 raise
-        if self.n_workers > 1 or self.row_threads or self._one_blas_thread:
+        if (self.n_workers > 1 or self.row_threads or self._one_blas_thread
+                or self.one_core):
             # Tasks run concurrently (or are tiny: then in this process too, with
             # one BLAS thread). In threads of this process the limit is theirs
             # (threadpoolctl limits are process-wide: per-thread limits would race).
