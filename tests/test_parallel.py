@@ -624,7 +624,8 @@ def test_block_rows_follow_the_chunks(covariance_type):
                                      covariance_type=covariance_type)
         assert rows % chunk == 0 and rows * per_row <= 1024 * 2**20, (chunk, rows)
     budget = int(8 * 2**20 // per_row)
-    with pytest.warns(UserWarning, match=rf"within working_memory \({budget} rows\)"):
+    with pytest.warns(UserWarning,
+                      match=rf"exceeds the {budget} rows that fit working_memory"):
         rows = memory.block_rows(n, d, K, 4, 8, chunk_rows=2 * budget,
                                  covariance_type=covariance_type)
     assert rows <= budget
