@@ -71,3 +71,14 @@ def test_object_npy_for_init_array_is_told_by_its_header(tmp_path, monkeypatch):
     monkeypatch.setattr(cli.np, "load", load_fails_otherwise)
     with pytest.raises(cli.CommandError, match="holds Python objects, not numbers"):
         cli._load_init_array(str(path), "--means-init")
+
+
+def test_missing_dataset_message_is_not_a_quoted_repr(tmp_path):
+    """29.6: a KeyError's str() is the repr of its argument ("'...'" quoted twice);
+    the missing-dataset error prints as its message."""
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.zeros((10, 2))
+    with pytest.raises(KeyError) as info:
+        as_source(f"{path}:/missing")
+    assert str(info.value) == f"HDF5 file {path} has no dataset '/missing'."

@@ -67,6 +67,14 @@ def check_block_finite(block, start, where):
     )
 
 
+class MissingDatasetError(KeyError):
+    """An HDF5 file without the named dataset: a ``KeyError`` (as h5py raises) that
+    prints as its message, not as the quoted repr a ``KeyError`` prints."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
 def _file_state(path):
     """Size and modification time of the file at ``path``: what shows it replaced or
     rewritten since (not the inode: a worker on another host may see another inode
@@ -507,7 +515,7 @@ class HDF5Source(Source):
             return self._file[self.dataset]
         except KeyError:
             self.close()
-            raise KeyError(
+            raise MissingDatasetError(
                 f"HDF5 file {self.filename} has no dataset {self.dataset!r}."
             ) from None
 
