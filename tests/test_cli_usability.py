@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import emgmm
-from emgmm import cli
+from emgmm.cli import command as cli
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def _dead_pid():
 
 
 def test_stale_lock_of_a_killed_fit_is_removed_by_the_next_fit_there(tmp_path):
-    from emgmm._parallel import _process_space
+    from emgmm.runtime.executor import _process_space
 
     X = np.random.default_rng(0).standard_normal((200, 2))
     stale = tmp_path / ".killed.npz.lock"
@@ -188,7 +188,7 @@ def test_a_lock_held_by_a_live_fit_is_kept(tmp_path):
     fd = os.open(held, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        from emgmm._checkpoint import remove_stale_locks
+        from emgmm.io.checkpoint import remove_stale_locks
         remove_stale_locks(str(tmp_path))
         assert held.exists()
     finally:

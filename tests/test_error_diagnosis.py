@@ -8,7 +8,7 @@ import pytest
 h5py = pytest.importorskip("h5py")
 
 from emgmm import GaussianMixture
-from emgmm._sources import as_source
+from emgmm.io.sources import as_source
 
 
 def _hdf5_bytes(tmp_path):
@@ -60,7 +60,7 @@ def test_file_without_hdf5_signature_given_as_a_dataset(tmp_path):
 def test_object_npy_for_init_array_is_told_by_its_header(tmp_path, monkeypatch):
     """The CLI tells an object array by the .npy header's dtype, not by numpy's
     words ('allow_pickle')."""
-    from emgmm import cli
+    from emgmm.cli import command as cli
 
     path = tmp_path / "objects.npy"
     np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)

@@ -21,7 +21,7 @@ ROWS, COLS = 6000, 4
 _SITECUSTOMIZE = textwrap.dedent("""
     import os
     if os.environ.get("EMGMM_TEST_CUT"):
-        import emgmm._sources as sources
+        import emgmm.io.sources as sources
         path, marker = os.environ["EMGMM_TEST_CUT"].split(os.pathsep)
         read = sources.Source.read
 

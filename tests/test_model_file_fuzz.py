@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import emgmm
-from emgmm._model_io import ModelFileError, load_model, read_header, save_model
+from emgmm.io.model_file import ModelFileError, load_model, read_header, save_model
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import emgmm
-from emgmm import _parallel
-from emgmm._model_io import load_model, read_header, save_model
+from emgmm.runtime import executor as _parallel
+from emgmm.io.model_file import load_model, read_header, save_model
 
 
 class OtherPath(os.PathLike):

@@ -11,7 +11,7 @@ import numpy as np
 
 _CHILD = textwrap.dedent("""
     import sys
-    from emgmm._progress import ProgressReporter
+    from emgmm.cli.progress import ProgressReporter
     from emgmm.cli import main
     ProgressReporter.bar_after = 0.0  # a bar from the first block on
     sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from emgmm import _memory as memory
+from emgmm.runtime import memory
 
 
 @pytest.mark.parametrize("covariance_type", ["full", "diag"])

@@ -30,7 +30,6 @@ import os
 import h5py
 import numpy as np
 
-from .atomic import atomic_output, reserve
 from ..covariance import REGISTRY
 from ..covariance.cholesky import (
     covariances_from_cholesky,
@@ -38,7 +37,8 @@ from ..covariance.cholesky import (
     not_upper_triangular_message,
     precisions_from_cholesky,
 )
-from ._sources import _hdf5_error, _opens_without_locking
+from .atomic import atomic_output, reserve
+from .sources import _hdf5_error, _opens_without_locking
 
 FORMAT_NAME = "emgmm.GaussianMixture"
 FORMAT_VERSION = 1
