@@ -21,13 +21,21 @@ ROWS, COLS = 6000, 4
 _SITECUSTOMIZE = textwrap.dedent("""
     import os
     if os.environ.get("EMGMM_TEST_CUT"):
+        import numpy as np
         import emgmm.io.sources as sources
         path, marker = os.environ["EMGMM_TEST_CUT"].split(os.pathsep)
         read = sources.Source.read
 
+        def mapped(array):  # (an array over a file map: its bases hold a memmap)
+            while array is not None:
+                if isinstance(array, np.memmap):
+                    return True
+                array = getattr(array, "base", None)
+            return False
+
         def read_then_cut(self, start, stop, dtype=None):
             block = read(self, start, stop, dtype)
-            if isinstance(self, sources.ArraySource):
+            if isinstance(self, sources.ArraySource) and not mapped(self.array):
                 return block
             try:
                 os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
@@ -46,8 +54,9 @@ _CHILD = textwrap.dedent("""
     kind, where, n_jobs, path, spec = sys.argv[1:6]
     n_jobs = None if n_jobs == "None" else int(n_jobs)
     data = spec
-    if kind == "memmap":
-        data = np.memmap(path, dtype=np.float64, mode="r", shape=(%(rows)d, %(cols)d))
+    if kind in ("memmap", "memmap-c"):
+        mode = "c" if kind == "memmap-c" else "r"  # (copy-on-write: read as an array)
+        data = np.memmap(path, dtype=np.float64, mode=mode, shape=(%(rows)d, %(cols)d))
     gm = emgmm.GaussianMixture(3, max_iter=2, random_state=0, init_params="random")
     if where != "fit":
         gm.fit(np.random.default_rng(0).standard_normal((50, %(cols)d)))
@@ -64,7 +73,7 @@ def _write(tmp_path, kind):
         with h5py.File(path, "w") as f:
             f["x"] = X
         return path, f"{path}:/x"
-    if kind == "memmap":
+    if kind in ("memmap", "memmap-c"):
         path = tmp_path / "x.raw"
         X.tofile(path)
         return path, str(path)
@@ -111,3 +120,15 @@ def test_cli_predict_on_a_file_truncated_during_the_pass(tmp_path, kind):
     assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
     assert str(path) in out.stderr and "truncated" in out.stderr, out.stderr
     assert not (tmp_path / "labels.npy").exists()
+
+
+@pytest.mark.parametrize("n_jobs", ["None", "1"])
+def test_copy_on_write_memmap_truncated_during_fit(tmp_path, n_jobs):
+    """A memmap that emgmm reads as an array (mode 'c'): its blocks are copied out
+    of the map after a check of the file's size, never used as views."""
+    path, spec = _write(tmp_path, "memmap-c")
+    out = _run(["-c", _CHILD, "memmap-c", "fit", n_jobs, str(path), spec], tmp_path,
+               path)
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("OSError") and str(path) in last and "truncated" in last, last

@@ -285,9 +285,43 @@ class ArraySource(Source):
 
     def _read(self, start, stop):
         block = self.array[start:stop]
+        mapped = _backing_memmap(self.array)
+        if mapped is not None:
+            # the pages of a file map fault (SIGBUS) once the file is cut: the
+            # block is copied out of the map after the file is checked to hold it
+            _check_map_intact(mapped, self.description)
+            return np.array(block)
         block = block.view()
         block.flags.writeable = False
         return block
+
+
+def _backing_memmap(array):
+    """The ``np.memmap`` whose mapped file holds ``array``'s data (through its chain
+    of bases), or ``None`` for data in memory."""
+    base = array
+    while base is not None:
+        if isinstance(base, np.memmap) and base.filename is not None:
+            return base
+        base = getattr(base, "base", None)
+    return None
+
+
+def _check_map_intact(mm, description):
+    """Raise ``OSError`` if the file of memmap ``mm`` is now shorter than the bytes
+    it maps (reading them would fault with SIGBUS)."""
+    needed = mm.offset + mm.nbytes
+    try:
+        size = os.stat(mm.filename).st_size
+    except FileNotFoundError:
+        return  # deleted: its pages stay readable until the map is closed
+    if size < needed:
+        raise OSError(
+            f"The data file {mm.filename} (of {description}, a memory map) was "
+            f"truncated while emgmm was reading it: it holds {size} bytes, fewer "
+            f"than the {needed} it maps. Keep the file unchanged while emgmm reads "
+            "it (fit, predict, score)."
+        )
 
 
 class MemmapSource(Source):
