@@ -132,3 +132,36 @@ def test_copy_on_write_memmap_truncated_during_fit(tmp_path, n_jobs):
     assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("OSError") and str(path) in last and "truncated" in last, last
+
+
+_DYING_WORKER = textwrap.dedent("""
+    import os
+    if os.environ.get("EMGMM_TEST_DIE") and os.getpid() != int(os.environ["EMGMM_TEST_DIE"]):
+        import emgmm.io.sources as sources
+        read = sources.Source.read
+
+        def cut_and_die(self, start, stop, dtype=None):
+            os.truncate(self.filename, 128)
+            os._exit(1)  # as a worker killed by SIGBUS would vanish
+
+        sources.Source.read = cut_and_die
+""")
+
+
+def test_worker_death_on_a_cut_file_names_the_file_not_memory(tmp_path):
+    path, spec = _write(tmp_path, "npy")
+    (tmp_path / "sitecustomize.py").write_text(_DYING_WORKER)
+    code = textwrap.dedent(f"""
+        import os
+        os.environ["EMGMM_TEST_DIE"] = str(os.getpid())
+        import emgmm
+        emgmm.GaussianMixture(3, n_jobs=2, max_iter=2, block_size=200,
+                              init_params="random", random_state=0).fit({spec!r})
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("OSError") and str(path) in last and "truncated" in last, last
+    assert "MemoryError" not in last

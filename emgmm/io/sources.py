@@ -254,6 +254,22 @@ class Source:
             stop = min(start + block_size, self.n_samples)
             yield start, stop, self.read(start, stop, dtype)
 
+    def check_unchanged(self):
+        """Raise if the file behind the source was deleted, replaced, truncated or
+        modified since the source was made (a no-op for in-memory data).
+
+        For telling a worker's death apart from a file cut under it: a worker
+        that faulted on a file which shrank is no memory problem.
+
+        Raises
+        ------
+        FileNotFoundError, OSError
+            Naming the file and what changed.
+        """
+        state = getattr(self, "_state", None)
+        if state is not None:
+            _check_file_unchanged(self.filename, state, self.description)
+
     def close(self):
         """Release open file handles (reopened on the next read)."""
 

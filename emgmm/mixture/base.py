@@ -313,7 +313,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
             # and must let it go also when the executor refuses to start)
             with plan.checkpointer or nullcontext(), \
                     explain_worker_loss(plan.model_nbytes, plan.block_nbytes,
-                                        plan.executor.n_workers), \
+                                        plan.executor.n_workers, source), \
                     plan.executor:
                 best = self._best_run(plan, source, want_labels)
                 # U U^T under the BLAS threads of the fit's other products: the
