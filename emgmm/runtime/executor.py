@@ -219,6 +219,19 @@ def core_budget(backend):
     return max(1, cores)
 
 
+def means_one_core(n_jobs):
+    """Whether ``n_jobs`` (given, or ``None`` under ``joblib.parallel_config(n_jobs=1)``)
+    asks for one core at the top level: then one BLAS thread too, as in
+    scikit-learn's joblib-based estimators (not inside a joblib worker, whose BLAS
+    threads joblib sets)."""
+    backend, config_n_jobs = get_active_backend()
+    if getattr(backend, "nesting_level", 0) > 0:
+        return False
+    if n_jobs is None and config_n_jobs is None:
+        return False
+    return max(1, effective_n_jobs(n_jobs)) == 1
+
+
 def blas_thread_count():
     """The BLAS threads this process may use now (1 when no BLAS is loaded)."""
     counts = [info["num_threads"] for info in threadpool_info()
@@ -297,8 +310,7 @@ class Executor:
         self.blas_threads = max(1, budget // self.n_workers)
         # n_jobs=1 (here or in joblib.parallel_config) means one core, as in
         # scikit-learn's joblib-based estimators: one BLAS thread too
-        self.one_core = (n_workers == 1 and not nested
-                         and not (n_jobs is None and config_n_jobs is None))
+        self.one_core = means_one_core(n_jobs)
         if self.one_core:
             self.blas_threads = 1
         self.uses_threads = False
