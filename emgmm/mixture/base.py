@@ -59,6 +59,36 @@ def _as_stored(model, dtype):
     return Model(*stored, model.covariance_type)
 
 
+def _check_variances_fit(model, dtype):
+    """Refuse, before the first pass, a starting ``model`` whose variances already
+    lie beyond the range of ``dtype`` attributes (float32 data of scale ~1e20: the
+    fit would end in :func:`_check_attributes_hold`'s error after every iteration
+    and a series of overflow warnings).
+
+    Raises
+    ------
+    ValueError
+        With :func:`_check_attributes_hold`'s message.
+    """
+    if np.dtype(dtype) == np.float64:
+        return
+    variances = model.kind.feature_variances(model.covariances)
+    if np.all(variances < np.finfo(dtype).max):
+        return
+    raise ValueError(_attributes_message(dtype, variances, "the starting model"))
+
+
+def _attributes_message(dtype, variances, which):
+    name = np.dtype(dtype).name
+    return (
+        f"The {which} does not fit in {name} attributes (those of {name} data "
+        f"computed in {name}): its variances range from {variances.min():.3g} to "
+        f"{variances.max():.3g}, and a covariance or precision would be infinite or "
+        "zero. Scale the data, or fit with compute_dtype='float64', which keeps "
+        "float64 attributes."
+    )
+
+
 def _check_attributes_hold(model, precisions, dtype):
     """Raise ``ValueError`` when float32 attributes (those of float32 data computed
     in float32) cannot hold the fitted ``model``: a covariance beyond float32's range
@@ -75,13 +105,7 @@ def _check_attributes_hold(model, precisions, dtype):
             and (kind.feature_variances(precisions) > 0).all()):
         return
     variances = kind.feature_variances(model.covariances)
-    raise ValueError(
-        f"The fitted model does not fit in {np.dtype(dtype).name} attributes (those of "
-        f"{np.dtype(dtype).name} data computed in {np.dtype(dtype).name}): its "
-        f"variances range from {variances.min():.3g} to {variances.max():.3g}, and "
-        "a covariance or precision would be infinite or zero. Scale the data, or fit "
-        "with compute_dtype='float64', which keeps float64 attributes."
-    )
+    raise ValueError(_attributes_message(dtype, variances, "fitted model"))
 
 
 def _refuse_strings(X):
@@ -452,6 +476,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
                     self._initial_model(source, plan.random_state, plan.inits,
                                         plan.block_size)
                     if plan.do_init else self._current_model()]
+        _check_variances_fit(starting[0], plan.out_dtype)
         settings = EMSettings(self.max_iter, self.tol, self.reg_covar,
                               plan.compute_dtype, self.resp_threshold,
                               self.on_degenerate, update=self._update_rule())

@@ -19,6 +19,7 @@ from ..engine.model import Model
 from ..io.sources import ArraySource
 from .base import BaseMixture
 from .initialization import (
+    init_sample,
     initial_responsibilities,
     parameters_from_responsibilities,
     subsample_indices,
@@ -342,6 +343,7 @@ class GaussianMixture(BaseMixture):
                 if idx is None:
                     idx = np.arange(source.n_samples)
                 sample = source.take(idx, block_size)
+            sample = init_sample(sample, source.description)
             if sample.shape[0] < self.n_components:
                 # (n_samples >= n_components was checked: the subsample is short)
                 raise ValueError(
