@@ -70,8 +70,9 @@ class GaussianMixture(BaseMixture):
         Seeds the initialisation, the subsample and :meth:`sample`.
     warm_start : bool, default=False
         Start the next ``fit`` from the current parameters (``n_init`` is then 1). A
-        warm start always runs at least two iterations: the first change is measured
-        from minus infinity, not from the previous data's lower bound.
+        warm start runs at least two iterations when ``max_iter >= 2``: the first
+        change is measured from minus infinity, not from the previous data's lower
+        bound.
     verbose : int, default=0
         1 prints each initialisation and iteration; 2 also times and lower bounds.
     verbose_interval : int, default=10
@@ -83,7 +84,10 @@ class GaussianMixture(BaseMixture):
         joblib's temporary folder (removed at the end of the fit). When ``None``
         resolves to one worker, the blocks of a pass run in threads of this
         process, as many as BLAS may use, with one BLAS thread each (same result
-        bit for bit); an explicit ``1`` runs them one after the other.
+        bit for bit). ``1`` (given, or from ``joblib.parallel_config``) means one
+        core: the blocks run one after the other and BLAS on one thread, in ``fit``
+        and the predict methods. To limit BLAS otherwise, use
+        ``threadpoolctl.threadpool_limits``.
     working_memory : float or None, default=None
         Memory for one block's working set, in MiB, per worker. ``None`` uses
         ``sklearn.get_config()["working_memory"]`` (1024 by default).
