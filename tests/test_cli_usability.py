@@ -129,7 +129,6 @@ def test_fit_refuses_a_model_named_like_another_format(npy, tmp_path, capsys):
 # ------------------------------------------------ 28.6: interrupts, stale locks
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
