@@ -64,7 +64,7 @@ def test_case_c09_reinit_gives_finite_model(make, covariance_type):
         # iterations, and the fit returned its last re-seed, unconverged)
         with pytest.warns(UserWarning, match="re-seeded"), \
                 pytest.raises(ValueError, match=r"component \d+ is degenerate again "
-                              r"after 10 re-seeds.*increase reg_covar"):
+                              r"after 10 consecutive re-seeds.*increase reg_covar"):
             gm.fit(X)
         assert not hasattr(gm, "weights_")
         return

@@ -49,7 +49,8 @@ def test_demo_smallest_size_matches_sklearn(tmp_path, private_tmp, capsys):
     assert result["png"] == str(png)
     with Image.open(png) as img:
         assert img.mode == "L"
-        assert img.size == (4 * (6 * 26 + 6), 26 + 2)  # 4 groups of mean + 5 eigenvectors
+        # a panel of 4 components over a panel of 2 x 16 patches
+        assert img.size[0] >= 4 * 6 * 32 and img.size[1] > 3 * 32
     assert os.listdir(out) == ["emgmm_demo_components.png"]
     assert os.listdir(private_tmp) == []  # temporary HDF5 file removed
 
@@ -139,3 +140,42 @@ def test_tile_scaling():
     assert (pixels.min(), pixels.max()) == (0, 255)
     symmetric = demo.tile(vector, 4, scale=1, symmetric=True)
     assert symmetric.max() == 255 and symmetric.min() == round(255 * (0.5 - 0.5 / 3))
+
+
+def test_picture_sorted_labelled_with_weights_variances_and_samples(monkeypatch):
+    """29.7: components in decreasing weight, at most max_components of them, each
+    with its weight and its eigenvectors' variances written, columns labelled, and a
+    panel of samples beside real patches."""
+    from PIL import ImageDraw
+
+    drawn = []
+    text = ImageDraw.ImageDraw.text
+
+    def recording_text(self, xy, string, *args, **kwargs):
+        drawn.append((xy, string))
+        return text(self, xy, string, *args, **kwargs)
+
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text", recording_text)
+    rng = np.random.default_rng(0)
+    k, d = 7, 64
+    weights = rng.dirichlet(np.ones(k))
+    means = rng.normal(size=(k, d))
+    factors = rng.normal(size=(k, d, d))
+    covariances = factors @ factors.transpose(0, 2, 1) / d + 1e-3 * np.eye(d)
+    image = demo.components_image(weights, means, covariances, max_components=5,
+                                  samples=rng.normal(size=(32, d)),
+                                  real=rng.normal(size=(32, d)))
+    strings = [string for _, string in drawn]
+    order = np.argsort(weights)[::-1][:5]
+    shown = [string for string in strings if string in {f"{w:.3f}" for w in weights}]
+    assert shown == [f"{w:.3f}" for w in weights[order]]
+    assert strings[0].startswith(f"5 of {k} components by weight (the other 2 hold ")
+    for label in ("weight", "mean", "ev1", "ev5", "samples from the model",
+                  "real held-out patches"):
+        assert label in strings, label
+    for j in order:
+        variances = np.linalg.eigvalsh(covariances[j])[::-1][:5]
+        expected = [demo._short(v) for v in variances]
+        at = strings.index(f"{weights[j]:.3f}")
+        assert strings[at + 1:at + 6] == expected
+    assert image.mode == "L"

@@ -409,8 +409,8 @@ def test_blas_limit_restored_after_executors_closing_out_of_order(X, tmp_path):
 def test_tiny_tasks_run_with_one_blas_thread(X, n_jobs, monkeypatch):
     """Tasks below ROW_THREAD_MIN_WORK multiply-adds run with one BLAS thread, in
     this process too (a second BLAS thread on such small products is slower); the
-    limit is lifted after the fit. Larger tasks of an explicit n_jobs=1 keep BLAS's
-    threads."""
+    limit is lifted after the fit. Larger tasks of an explicit n_jobs=1 run with one
+    BLAS thread too (n_jobs=1 means one core, issue 29.1)."""
     from threadpoolctl import threadpool_limits
 
     seen = []
@@ -427,7 +427,8 @@ def test_tiny_tasks_run_with_one_blas_thread(X, n_jobs, monkeypatch):
             seen.clear()
             monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
             fit(X, n_jobs=1, callback=record)
-            assert seen and set(seen) == {2}
+            assert seen and set(seen) == {1}
+            assert parallel.blas_thread_count() == 2
 
 
 def test_single_blas_thread_inside_and_the_limit_restored_after():
@@ -503,9 +504,9 @@ def test_forked_child_starts_without_the_parents_holds():
 @pytest.mark.parametrize("n_jobs", [1, None])
 def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
     """The refined E step's recomputations and the gathered statistics (one product
-    per component, a few hundred rows each) run with one BLAS thread also under an
-    explicit n_jobs=1, whose passes otherwise keep BLAS's threads; the fit equals the
-    one under a process-wide limit of one thread."""
+    per component, a few hundred rows each) run with one BLAS thread, also under an
+    explicit n_jobs=1 (whose whole fit runs on one BLAS thread, issue 29.1); the fit
+    equals the one under a process-wide limit of one thread."""
     from contextlib import contextmanager
 
     from emgmm.covariance import packed_estimate as _packed_estimate
@@ -532,7 +533,7 @@ def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
             parallel.blas_thread_count()))
     assert len(seen["loops"]) > 10 and set(seen["loops"]) == {1}
     if n_jobs == 1:
-        assert seen["callback"] == {2}  # the rest of the pass keeps both threads
+        assert seen["callback"] == {1}  # n_jobs=1: one core, one BLAS thread
     with threadpool_limits(limits=1, user_api="blas"):
         serial = fit(X, n_jobs=1, **params)
     assert_same_state(got, serial)
@@ -623,7 +624,8 @@ def test_block_rows_follow_the_chunks(covariance_type):
                                      covariance_type=covariance_type)
         assert rows % chunk == 0 and rows * per_row <= 1024 * 2**20, (chunk, rows)
     budget = int(8 * 2**20 // per_row)
-    with pytest.warns(UserWarning, match=rf"within working_memory \({budget} rows\)"):
+    with pytest.warns(UserWarning,
+                      match=rf"exceeds the {budget} rows that fit working_memory"):
         rows = memory.block_rows(n, d, K, 4, 8, chunk_rows=2 * budget,
                                  covariance_type=covariance_type)
     assert rows <= budget

@@ -37,24 +37,68 @@ from ..io.atomic import (
     reserve,
     reserved_file,
 )
-from ..io.model_file import load_model, read_header, save_model
+from ..io.model_file import _package_version, load_model, read_header, save_model
+from ..io.sources import _HDF5_SUFFIXES, as_source, is_npy, split_hdf5_spec
 from .progress import ProgressReporter, format_summary
-from ..io.sources import is_npy, as_source, split_hdf5_spec
 
 #: (flag, estimator parameter, argparse keywords) for every parameter of
 #: ``emgmm.GaussianMixture`` settable from ``emgmm fit``. ``warm_start`` is
 #: ``--warm-start MODEL`` and ``callback`` is the progress reporter.
+def at_least(kind, minimum, *, above=False, below=None):
+    """An argparse ``type`` for a number of ``kind`` at least ``minimum`` (above it
+    with ``above``; below ``below`` when given), so that a bad value is answered
+    with the flag's name, as argparse does for every other usage error.
+
+    Parameters
+    ----------
+    kind : {int, float}
+    minimum : int or float
+    above : bool, default=False
+    below : int or float or None, default=None
+
+    Returns
+    -------
+    callable
+        ``parse(text) -> kind``; raises ``argparse.ArgumentTypeError``.
+    """
+    def parse(text):
+        value = kind(text)  # (ValueError: argparse's "invalid int value")
+        if value < minimum or (above and value == minimum):
+            word = "above" if above else "at least"
+            raise argparse.ArgumentTypeError(f"must be {word} {minimum}, got {text}")
+        if below is not None and value >= below:
+            raise argparse.ArgumentTypeError(f"must be below {below}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def n_jobs_value(text):
+    """An argparse ``type`` for ``--n-jobs``: a nonzero integer (joblib's meaning)."""
+    value = int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(
+            "must be a positive number of workers or negative (-1: all cores), got 0")
+    return value
+
+
+n_jobs_value.__name__ = "int"
+
+#: Rows per block (fit and predict share the flag and its check).
+_BLOCK_SIZE = dict(type=at_least(int, 1), metavar="ROWS")
+
 _ESTIMATOR_FLAGS = [
-    (("-k", "--n-components"), "n_components", dict(type=int)),
+    (("-k", "--n-components"), "n_components", dict(type=at_least(int, 1))),
     (
         ("--covariance-type",),
         "covariance_type",
         dict(choices=list(REGISTRY)),
     ),
-    (("--tol",), "tol", dict(type=float)),
-    (("--reg-covar",), "reg_covar", dict(type=float)),
-    (("--max-iter",), "max_iter", dict(type=int)),
-    (("--n-init",), "n_init", dict(type=int)),
+    (("--tol",), "tol", dict(type=at_least(float, 0.0))),
+    (("--reg-covar",), "reg_covar", dict(type=at_least(float, 0.0))),
+    (("--max-iter",), "max_iter", dict(type=at_least(int, 0))),
+    (("--n-init",), "n_init", dict(type=at_least(int, 1))),
     (
         ("--init-params",),
         "init_params",
@@ -64,20 +108,23 @@ _ESTIMATOR_FLAGS = [
     (("--means-init",), "means_init", dict(metavar="NPY")),
     (("--precisions-init",), "precisions_init", dict(metavar="NPY")),
     (("--random-state",), "random_state", dict(type=int)),
-    (("--verbose",), "verbose", dict(type=int)),
-    (("--verbose-interval",), "verbose_interval", dict(type=int)),
-    (("--n-jobs",), "n_jobs", dict(type=int)),
-    (("--working-memory",), "working_memory", dict(type=float, metavar="MIB")),
-    (("--block-size",), "block_size", dict(type=int, metavar="ROWS")),
-    (("--memory-limit",), "memory_limit", dict(type=float, metavar="MIB")),
-    (("--init-max-samples",), "init_max_samples", dict(type=int)),
+    (("--verbose",), "verbose", dict(type=at_least(int, 0))),
+    (("--verbose-interval",), "verbose_interval", dict(type=at_least(int, 1))),
+    (("--n-jobs",), "n_jobs", dict(type=n_jobs_value)),
+    (("--working-memory",), "working_memory",
+     dict(type=at_least(float, 0, above=True), metavar="MIB")),
+    (("--block-size",), "block_size", _BLOCK_SIZE),
+    (("--memory-limit",), "memory_limit",
+     dict(type=at_least(float, 0, above=True), metavar="MIB")),
+    (("--init-max-samples",), "init_max_samples", dict(type=at_least(int, 1))),
     (("--compute-dtype",), "compute_dtype", dict(choices=["float32", "float64"])),
-    (("--resp-threshold",), "resp_threshold", dict(type=float)),
+    (("--resp-threshold",), "resp_threshold",
+     dict(type=at_least(float, 0.0, below=1.0))),
     (("--schedule",), "schedule", dict(choices=["auto", "rows", "components"])),
     (("--on-degenerate",), "on_degenerate", dict(choices=["reinit", "raise"])),
     (("--checkpoint",), "checkpoint", dict(metavar="NPZ")),
     (("--checkpoint-interval",), "checkpoint_interval",
-     dict(type=float, metavar="SECONDS")),
+     dict(type=at_least(float, 0.0), metavar="SECONDS")),
 ]
 _INIT_ARRAYS = ("weights_init", "means_init", "precisions_init")
 
@@ -171,6 +218,37 @@ def _check_output(path, what="output", inputs=(), outputs=()):
             )
 
 
+#: Suffixes of formats other than the one an output is written in.
+_FORMAT_SUFFIXES = {
+    **{suffix: "HDF5" for suffix in _HDF5_SUFFIXES},
+    ".npy": "NumPy .npy", ".npz": "NumPy .npz", ".txt": "text", ".csv": "text",
+    ".tsv": "text", ".json": "JSON", ".pkl": "pickle", ".pickle": "pickle",
+    ".joblib": "joblib", ".mat": "MATLAB", ".parquet": "Parquet",
+}
+
+
+def _check_suffix(path, what, writes, suffix):
+    """Refuse an output path whose suffix names another format than the one it is
+    written in (``writes``: "HDF5" or "NumPy .npy"); ``suffix`` is the one to use.
+    Names without a suffix, or with one of no known format, are taken as given.
+
+    Raises
+    ------
+    CommandError
+    """
+    found = os.path.splitext(path)[1].lower()
+    kind = _FORMAT_SUFFIXES.get(found)
+    if kind is not None and kind != writes:
+        if writes == "HDF5":
+            raise CommandError(
+                f"{what} {path}: model files are HDF5, not {kind}: name it with "
+                f"{suffix} (or no suffix)")
+        raise CommandError(
+            f"{what} {path}: emgmm writes .npy files (numpy.save), not {kind}: name "
+            f"it with {suffix}; for text, convert it afterwards "
+            "(numpy.savetxt(name, numpy.load(output)))")
+
+
 def _load_init_array(path, flag):
     """The array of the .npy file ``path`` given to ``flag``; :class:`CommandError`
     for anything else (numpy's own message for a text or HDF5 file speaks of pickled
@@ -179,12 +257,30 @@ def _load_init_array(path, flag):
         raise CommandError(f"{flag} {path}: no such file")
     if os.path.isfile(path) and not is_npy(path):
         raise CommandError(f"{flag} takes a .npy file (numpy.save); {path} is not one")
+    if _npy_holds_objects(path):
+        raise CommandError(f"{flag} {path}: it holds Python objects, not numbers")
     try:
         return np.load(path, allow_pickle=False)
-    except ValueError as exc:  # object arrays, a damaged header
-        reason = ("it holds Python objects, not numbers" if "allow_pickle" in str(exc)
-                  else exc)
-        raise CommandError(f"{flag} {path}: {reason}") from None
+    except ValueError as exc:  # a damaged header or data
+        raise CommandError(f"{flag} {path}: {exc}") from None
+
+
+def _npy_holds_objects(path):
+    """Whether the .npy header of ``path`` declares a dtype with Python objects
+    (read with numpy.lib.format; a header that cannot be read: ``False``, left to
+    ``np.load`` to report)."""
+    from numpy.lib import format as npy_format
+
+    try:
+        with open(path, "rb") as f:
+            version = npy_format.read_magic(f)
+            read_array_header = (npy_format.read_array_header_1_0
+                                 if version == (1, 0)
+                                 else npy_format.read_array_header_2_0)
+            _, _, dtype = read_array_header(f, max_header_size=2**20)
+    except (OSError, ValueError):
+        return False
+    return dtype.hasobject
 
 
 def _cmd_fit(args):
@@ -200,6 +296,7 @@ def _cmd_fit(args):
     if checkpoint is not None:
         _check_output(checkpoint, "checkpoint",
                       inputs=inputs + [("--warm-start", args.warm_start)])
+    _check_suffix(args.output, "output", "HDF5", ".h5")
     for name in _INIT_ARRAYS:
         if name in params:
             params[name] = _load_init_array(params[name], "--" + name.replace("_", "-"))
@@ -217,7 +314,10 @@ def _cmd_fit(args):
     else:
         estimator = GaussianMixture(**params)
         _data_shape(args.data)
-    reporter = ProgressReporter(estimator.max_iter, estimator.n_init, quiet=args.quiet)
+    # one report per iteration: --verbose asks for the estimator's own lines
+    # (scikit-learn's), which then replace the reporter's
+    reporter = ProgressReporter(estimator.max_iter, estimator.n_init,
+                                quiet=args.quiet or bool(estimator.verbose))
     estimator.set_params(callback=reporter)
     # stdout carries the result only (--json): the estimator's verbose lines go to
     # stderr with the progress reports
@@ -253,10 +353,9 @@ def _default_block_rows(n_features, n_components):
 
 def _cmd_predict(args):
     _check_output(args.output, inputs=[("MODEL", args.model), ("DATA", args.data)])
+    _check_suffix(args.output, "output", "NumPy .npy", ".npy")
     model = load_model(args.model)
     n_samples, n_features = _data_shape(args.data, model.n_features_in_)
-    if args.block_size is not None and args.block_size < 1:
-        raise CommandError(f"--block-size must be at least 1, got {args.block_size}")
     rows = args.block_size or _default_block_rows(n_features, model.n_components)
     if args.proba:
         shape, dtype = (n_samples, model.n_components), np.float64
@@ -311,9 +410,10 @@ def _cmd_sample(args):
     _check_output(args.output, inputs=inputs, outputs=[("labels", args.labels)])
     if args.labels is not None:
         _check_output(args.labels, "labels", inputs=inputs)
+    for what, path in (("output", args.output), ("labels", args.labels)):
+        if path is not None:
+            _check_suffix(path, what, "NumPy .npy", ".npy")
     model = load_model(args.model)
-    if args.n_samples < 1:
-        raise CommandError(f"-n must be at least 1, got {args.n_samples}")
     model.random_state = args.random_state
     samples, labels = model.sample(args.n_samples)
     outputs = [(args.output, samples)]
@@ -371,6 +471,8 @@ def build_parser():
     )
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback on errors")
+    parser.add_argument("--version", action="version",
+                        version=f"emgmm {_package_version()}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the full traceback on errors")
@@ -381,11 +483,12 @@ def build_parser():
                          description="Fit a Gaussian mixture to DATA and save it.")
     fit.add_argument("data", metavar="DATA", help=data_help)
     fit.add_argument("-o", "--output", required=True, metavar="MODEL",
-                     help="model file to write (HDF5)")
+                     help="model file to write (HDF5: .h5, .hdf5 or no suffix)")
+    notes = {"verbose": "; above 0 its lines replace the progress lines"}
     for flags, name, kwargs in _ESTIMATOR_FLAGS:
         fit.add_argument(*flags, dest=name, default=argparse.SUPPRESS,
                          help=f"GaussianMixture({name}=...); default "
-                              f"{defaults[name]!r}", **kwargs)
+                              f"{defaults[name]!r}{notes.get(name, '')}", **kwargs)
     fit.add_argument("--warm-start", metavar="MODEL", default=None,
                      help="start from the parameters of a saved model "
                           "(warm_start=True)")
@@ -395,40 +498,53 @@ def build_parser():
                      help="print the summary as JSON on stdout")
     fit.set_defaults(func=_cmd_fit)
 
-    score = sub.add_parser("score", parents=[common],
-                           help="mean log-likelihood per sample of DATA")
-    score.add_argument("model", metavar="MODEL")
+    model_help = "model file written by emgmm fit (HDF5)"
+    score = sub.add_parser(
+        "score", parents=[common], help="mean log-likelihood per sample of DATA",
+        description="Print the mean log-likelihood per sample of DATA under MODEL "
+                    "(GaussianMixture.score), read in blocks.")
+    score.add_argument("model", metavar="MODEL", help=model_help)
     score.add_argument("data", metavar="DATA", help=data_help)
     score.add_argument("--json", action="store_true", help="print JSON")
     score.set_defaults(func=_cmd_score)
 
-    predict = sub.add_parser("predict", parents=[common],
-                             help="component labels (or responsibilities) of DATA")
-    predict.add_argument("model", metavar="MODEL")
+    predict = sub.add_parser(
+        "predict", parents=[common],
+        help="component labels (or responsibilities) of DATA",
+        description="Write the most likely component of each row of DATA (or, with "
+                    "--proba, the responsibilities) to a .npy file, block by block.")
+    predict.add_argument("model", metavar="MODEL", help=model_help)
     predict.add_argument("data", metavar="DATA", help=data_help)
     predict.add_argument("-o", "--output", required=True, metavar="NPY",
                          help="output .npy file: int64 labels (n_samples,)")
     predict.add_argument("--proba", action="store_true",
                          help="write float64 responsibilities "
                               "(n_samples, n_components) instead")
-    predict.add_argument("--block-size", type=int, default=None, metavar="ROWS",
+    predict.add_argument("--block-size", default=None, **_BLOCK_SIZE,
                          help="rows read per block (default: from "
                               "sklearn's working_memory)")
     predict.set_defaults(func=_cmd_predict)
 
-    sample = sub.add_parser("sample", parents=[common],
-                            help="draw samples from a model")
-    sample.add_argument("model", metavar="MODEL")
-    sample.add_argument("-n", "--n-samples", type=int, required=True)
+    sample = sub.add_parser(
+        "sample", parents=[common], help="draw samples from a model",
+        description="Draw samples from MODEL (GaussianMixture.sample) and write "
+                    "them, and optionally their components, to .npy files.")
+    sample.add_argument("model", metavar="MODEL", help=model_help)
+    sample.add_argument("-n", "--n-samples", type=at_least(int, 1), required=True,
+                        help="number of samples to draw")
     sample.add_argument("-o", "--output", required=True, metavar="NPY",
                         help="output .npy file (n_samples, n_features)")
     sample.add_argument("--labels", metavar="NPY", default=None,
                         help="also write the component of each sample")
-    sample.add_argument("--random-state", type=int, default=None)
+    sample.add_argument("--random-state", type=int, default=None,
+                        help="seed of the draw (default: a different draw each run)")
     sample.set_defaults(func=_cmd_sample)
 
-    info = sub.add_parser("info", parents=[common], help="describe a model file")
-    info.add_argument("model", metavar="MODEL")
+    info = sub.add_parser(
+        "info", parents=[common], help="describe a model file",
+        description="Print what MODEL holds: covariance type, components, features, "
+                    "how the fit ended, the weights and the fit's parameters.")
+    info.add_argument("model", metavar="MODEL", help=model_help)
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_cmd_info)
 
@@ -467,7 +583,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         files and a partial output are cleaned up as after Ctrl-C). Usage errors
         exit with status 2 through ``SystemExit``, as argparse does.
     """
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # (imports the estimator)
+    except KeyboardInterrupt:
+        print("emgmm: interrupted", file=sys.stderr)
+        return 130
     with _sigterm_as_interrupt():
         return _run(args)
 

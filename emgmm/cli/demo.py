@@ -15,7 +15,9 @@ initialisation computed once and passed as weights_init/means_init/
 precisions_init). The held-out mean log-likelihood per patch, fit time and
 iterations of each fit are printed, with the difference and the time ratio
 between emgmm and scikit-learn in the comparison.
-A PNG shows each component's mean and leading covariance eigenvectors.
+A PNG shows the components by weight (weight, mean, leading covariance
+eigenvectors with their variances) and patches sampled from the model beside real
+held-out patches.
 """
 
 import json
@@ -196,22 +198,111 @@ def tile(vector, size=8, *, scale=3, symmetric=False):
     return np.kron(pixels, np.ones((scale, scale), dtype=np.uint8))
 
 
-def components_image(weights, means, covariances, *, n_eigenvectors=5,
-                     groups_per_row=4, size=8, scale=3):
-    """A grid of tiles: per component, its mean then its leading eigenvectors.
+def _text_height():
+    from PIL import Image, ImageDraw, ImageFont
 
-    Components are ordered by decreasing weight, ``groups_per_row`` per row of
-    the grid. Means are contrast-stretched; eigenvectors of the covariance
-    (largest eigenvalue first) are drawn with 0 as mid-gray.
+    box = ImageDraw.Draw(Image.new("L", (1, 1))).textbbox(
+        (0, 0), "Ag0.9e-3", font=ImageFont.load_default())
+    return box[3] + 2
+
+
+def _components_panel(weights, means, covariances, *, n_eigenvectors, groups_per_row,
+                      max_components, size, scale):
+    """The components by decreasing weight (at most ``max_components``): per
+    component its weight, its mean and its leading eigenvectors, each with its
+    variance (eigenvalue) below it; a caption and column labels above."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font, line = ImageFont.load_default(), _text_height()
+    side, gap, label_width = size * scale, 6, 36
+    group_width = label_width + (1 + n_eigenvectors) * (side + gap) + 3 * gap
+    order = np.argsort(weights, kind="stable")[::-1][:max_components]
+    n_rows = -(-len(order) // groups_per_row)
+    row_height = side + line + gap
+    top = 2 * line + gap
+    panel = Image.new("L", (groups_per_row * group_width, top + n_rows * row_height), 255)
+    draw = ImageDraw.Draw(panel)
+    rest = 1.0 - float(np.sum(weights[order]))
+    draw.text((gap, 0), f"{len(order)} of {len(weights)} components by weight"
+              + (f" (the other {len(weights) - len(order)} hold {rest:.1%} of it)"
+                 if len(order) < len(weights) else "")
+              + "; per component: weight, mean, eigenvectors of the covariance "
+              "(largest variance first, variance below)", fill=0, font=font)
+    labels = ["weight", "mean"] + [f"ev{j + 1}" for j in range(n_eigenvectors)]
+    for col in range(min(groups_per_row, len(order))):
+        x0 = col * group_width + gap
+        draw.text((x0, line), labels[0], fill=0, font=font)
+        for j, text in enumerate(labels[1:]):
+            draw.text((x0 + label_width + j * (side + gap), line), text, fill=0,
+                      font=font)
+    for position, k in enumerate(order):
+        row, col = divmod(position, groups_per_row)
+        y, x0 = top + row * row_height, col * group_width + gap
+        variances, vectors = np.linalg.eigh(covariances[k])
+        draw.text((x0, y + side // 2 - line // 2), f"{weights[k]:.3f}", fill=0,
+                  font=font)
+        tiles = [tile(means[k], size, scale=scale)]
+        tiles += [tile(vectors[:, -1 - j], size, scale=scale, symmetric=True)
+                  for j in range(n_eigenvectors)]
+        for j, pixels in enumerate(tiles):
+            x = x0 + label_width + j * (side + gap)
+            panel.paste(Image.fromarray(pixels, mode="L"), (x, y))
+            if j:
+                draw.text((x, y + side), _short(variances[-j]), fill=0, font=font)
+    return panel
+
+
+def _short(value):
+    """``1.2e-3`` for 0.0012: a variance in the width of a tile."""
+    return f"{value:.1e}".replace("e-0", "e-").replace("e+0", "e+")
+
+
+def _samples_panel(samples, real, *, per_row, size, scale):
+    """Patches drawn from the model beside real held-out patches (each patch
+    contrast-stretched on its own), with a caption above each grid."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font, line = ImageFont.load_default(), _text_height()
+    side, gap = size * scale, 4
+    grid_width = per_row * (side + gap)
+    n_rows = -(-max(len(samples), len(real)) // per_row)
+    panel = Image.new("L", (2 * grid_width + 4 * gap, line + n_rows * (side + gap) + gap),
+                      255)
+    draw = ImageDraw.Draw(panel)
+    for g, (title, patches) in enumerate((("samples from the model", samples),
+                                          ("real held-out patches", real))):
+        x0 = g * (grid_width + 4 * gap) + gap
+        draw.text((x0, 0), title, fill=0, font=font)
+        for i, patch in enumerate(patches):
+            row, col = divmod(i, per_row)
+            panel.paste(Image.fromarray(tile(patch, size, scale=scale), mode="L"),
+                        (x0 + col * (side + gap), line + row * (side + gap)))
+    return panel
+
+
+def components_image(weights, means, covariances, *, samples=None, real=None,
+                     n_eigenvectors=5, groups_per_row=4, max_components=48, size=8,
+                     scale=4):
+    """The demo's picture: the components by weight and, below, samples from the
+    model beside real patches.
+
+    The top panel shows at most ``max_components`` components in decreasing weight,
+    ``groups_per_row`` per row: the weight, the mean (contrast-stretched) and the
+    leading eigenvectors of the covariance (largest eigenvalue first, 0 as
+    mid-gray) with their variances; a caption says how many components are shown
+    and what weight the others hold. The bottom panel (when ``samples`` and
+    ``real`` are given) shows patches drawn from the model beside real ones.
 
     Parameters
     ----------
     weights : ndarray of shape (n_components,)
     means : ndarray of shape (n_components, size * size)
     covariances : ndarray of shape (n_components, size * size, size * size)
+    samples, real : ndarray of shape (n, size * size) or None, default=None
     n_eigenvectors : int, default=5
     groups_per_row : int, default=4
-    size, scale : int, default=8, 3
+    max_components : int, default=48
+    size, scale : int, default=8, 4
 
     Returns
     -------
@@ -220,23 +311,21 @@ def components_image(weights, means, covariances, *, n_eigenvectors=5,
     """
     from PIL import Image
 
-    side, gap = size * scale, 2
-    group_width = (1 + n_eigenvectors) * (side + gap) + 3 * gap
-    order = np.argsort(weights)[::-1]
-    n_rows = -(-len(order) // groups_per_row)
-    canvas = np.full((n_rows * (side + gap) + gap, groups_per_row * group_width), 255,
-                     dtype=np.uint8)
-    for position, k in enumerate(order):
-        row, col = divmod(position, groups_per_row)
-        y = gap + row * (side + gap)
-        x = gap + col * group_width
-        _, vectors = np.linalg.eigh(covariances[k])
-        tiles = [tile(means[k], size, scale=scale)]
-        tiles += [tile(vectors[:, -1 - j], size, scale=scale, symmetric=True)
-                  for j in range(n_eigenvectors)]
-        for j, pixels in enumerate(tiles):
-            canvas[y:y + side, x + j * (side + gap):x + j * (side + gap) + side] = pixels
-    return Image.fromarray(canvas, mode="L")
+    panels = [_components_panel(weights, means, covariances,
+                                n_eigenvectors=n_eigenvectors,
+                                groups_per_row=groups_per_row,
+                                max_components=max_components, size=size, scale=scale)]
+    if samples is not None and real is not None:
+        per_row = 16
+        panels.append(_samples_panel(samples, real, per_row=per_row, size=size,
+                                     scale=scale))
+    width = max(p.width for p in panels)
+    image = Image.new("L", (width, sum(p.height for p in panels) + 8), 255)
+    y = 0
+    for p in panels:
+        image.paste(p, (0, y))
+        y += p.height + 8
+    return image
 
 
 def add_arguments(parser):
@@ -261,7 +350,8 @@ def add_arguments(parser):
     parser.add_argument("--sklearn-max-iter", type=int, default=5,
                         help="EM iterations of the comparison with scikit-learn, "
                              "run by both with tol=0 (default %(default)s)")
-    parser.add_argument("--random-state", type=int, default=0)
+    parser.add_argument("--random-state", type=int, default=0,
+                        help="seed of the patches and the fits (default %(default)s)")
     parser.add_argument("--output-dir", default=".",
                         help="where the PNG goes (default: current directory)")
     parser.add_argument("-q", "--quiet", action="store_true",
@@ -346,7 +436,8 @@ def _print_table(results, out):
     row("  scikit-learn, in memory", r["sklearn"])
     print(f"  |emgmm - scikit-learn| held-out score {r['score_difference']:.3g}; "
           f"scikit-learn time / emgmm time {r['speedup']:.2f}", file=out)
-    print(f"  component means and leading eigenvectors: {r['png']}", file=out)
+    print(f"  components by weight, and samples beside real patches: {r['png']}",
+          file=out)
     print(f"  total time {format_seconds(r['total_seconds'])}", file=out)
 
 
@@ -376,6 +467,10 @@ def run(args):
     # the picture's folder before minutes of fitting, not after them
     check_writable(_png_path(args), "output")
     return _run(args)
+
+
+#: Patches of each kind (drawn from the model, real) in the picture's lower panel.
+_N_SHOWN_PATCHES = 32
 
 
 def _png_path(args):
@@ -413,7 +508,9 @@ def _run(args):
     fits["sklearn"] = _fit_result(sk_model, seconds, test)
 
     png = _png_path(args)
-    picture = components_image(model.weights_, model.means_, model.covariances_)
+    samples, _ = model.sample(_N_SHOWN_PATCHES)
+    picture = components_image(model.weights_, model.means_, model.covariances_,
+                               samples=samples, real=test[:_N_SHOWN_PATCHES])
     with atomic_output(png) as tmp_path:
         picture.save(tmp_path, format="PNG")
     results = dict(

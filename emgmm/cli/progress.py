@@ -75,7 +75,9 @@ class ProgressReporter:
         info : dict
             ``event='progress'`` dicts (``done``, ``total`` tasks of a pass) draw a
             bar over the blocks once the iteration has run :attr:`bar_after`
-            seconds. Iteration dicts have keys ``n_iter`` (int, 1-based),
+            seconds, cleared when the pass ends (``done == total``).
+            ``event='final_pass'`` (key ``init``) announces the pass that scores
+            a run's final parameters. Iteration dicts have keys ``n_iter`` (int, 1-based),
             ``lower_bound`` (float),
             ``change`` (float; not shown when None or not finite, as on
             the first iteration),
@@ -85,6 +87,11 @@ class ProgressReporter:
         """
         if info.get("event") == "progress":
             self._draw_bar(info["done"], info["total"])
+            if info["done"] >= info["total"]:
+                self._clear_bar()  # (the pass is over: nothing glued to its bar)
+            return
+        if info.get("event") == "final_pass":
+            self._announce_final_pass(info)
             return
         self.history.append(dict(info))
         self._iteration_start = time.perf_counter()
@@ -110,6 +117,17 @@ class ProgressReporter:
             file=self.stream or sys.stderr,
             flush=True,
         )
+
+    def _announce_final_pass(self, info):
+        """Say that the run's parameters are scored in one more pass (its time is
+        not in the iterations' estimate)."""
+        self._iteration_start = time.perf_counter()
+        if self.quiet:
+            return
+        self._clear_bar()
+        run_text = f"init {info['init'] + 1}/{self.n_init}  " if self.n_init > 1 else ""
+        print(f"{run_text}final pass: scoring the fitted parameters (one more pass "
+              "over the data)", file=self.stream or sys.stderr, flush=True)
 
     def _draw_bar(self, done, total):
         if self.quiet or time.perf_counter() - self._iteration_start < self.bar_after:

@@ -3,6 +3,7 @@ sample. The policy of ``on_degenerate`` as an object (:class:`ReinitPolicy`,
 :class:`RaisePolicy`), the repair of an initial model, and the re-seeding of
 components on the worst-explained rows."""
 
+import collections
 import warnings
 
 import numpy as np
@@ -131,6 +132,67 @@ def reseed(weights, means, covariances, components, worst, covariance_type, used
     return done
 
 
+def _warn_reseeded(n_iter, reseeded, bad, reg_covar):
+    """One warning per cause of the re-seeds of an iteration, with its advice: a
+    covariance not positive definite (``bad``: reg_covar helps), a weight below
+    one sample's (starved: reg_covar does not)."""
+    collapsed = [k for k in reseeded if k in bad]
+    starved = [k for k in reseeded if k not in bad]
+    if collapsed:
+        warnings.warn(
+            f"EM iteration {n_iter}: components {collapsed} had a covariance that is "
+            "not positive definite and were re-seeded on the worst-explained "
+            f"samples. If this repeats, increase reg_covar (now {reg_covar}): a "
+            "component on a flat cluster or on fewer distinct points than features "
+            "has no positive definite covariance without it.",
+            UserWarning,
+        )
+    if starved:
+        warnings.warn(
+            f"EM iteration {n_iter}: components {starved} fell to a weight below one "
+            "sample's and were re-seeded on the worst-explained samples (the data "
+            "may hold fewer clusters than components, e.g. a warm start on data "
+            "without one of them). If this repeats, use fewer components or another "
+            "initialisation (n_init, init_params).",
+            UserWarning,
+        )
+
+
+#: A re-seed within this many iterations of the component's previous one continues
+#: its streak of collapses (a flat cluster without reg_covar takes every re-seed back
+#: within two iterations).
+STREAK_GAP = 2
+
+
+def reseed_streaks(history, n_iter):
+    """Per component, the re-seeds of its current streak of collapses.
+
+    A streak is a run of re-seeds each within :data:`STREAK_GAP` iterations of the
+    one before, the last within :data:`STREAK_GAP` of iteration ``n_iter``; a
+    component that settled longer in between starts afresh. ``MAX_RESEEDS`` caps a
+    streak, not all the re-seeds of a run.
+
+    Parameters
+    ----------
+    history : list of dict
+        Iteration records (``n_iter``, ``reseeded``), in order.
+    n_iter : int
+        The iteration being run.
+
+    Returns
+    -------
+    collections.Counter
+    """
+    last, streak = {}, collections.Counter()
+    for record in history:
+        for k in record["reseeded"]:
+            near = record["n_iter"] - last.get(k, -np.inf) <= STREAK_GAP
+            streak[k] = streak[k] + 1 if near else 1
+            last[k] = record["n_iter"]
+    return collections.Counter({k: count for k, count in streak.items()
+                                if n_iter - last[k] <= STREAK_GAP})
+
+
 class RaisePolicy:
     """``on_degenerate='raise'``: a covariance that is not positive definite raises
     scikit-learn's ``ValueError`` naming the component; starved components are kept."""
@@ -157,7 +219,7 @@ class RaisePolicy:
         worst : Worst
             The pass's worst-explained rows.
         seeds : collections.Counter
-            Re-seeds of each component so far in the run.
+            Each component's current streak of re-seeds (:func:`reseed_streaks`).
         used_rows : list of int
             Rows used by the run's re-seeds (appended to).
         n_iter : int
@@ -200,22 +262,14 @@ class ReinitPolicy(RaisePolicy):
         if again:
             raise ValueError(
                 f"EM iteration {n_iter}: component {again[0]} is degenerate again "
-                f"after {seeds[again[0]]} re-seeds. "
+                f"after {seeds[again[0]]} consecutive re-seeds. "
                 + self._message(parameters, again[0]))
         degenerate = sorted(set(bad) | set(starved))
         p = parameters
         reseeded = reseed(p.weights, p.means, p.covariances, degenerate, worst,
                           p.kind, used_rows)
         if reseeded:
-            warnings.warn(
-                f"EM iteration {n_iter}: components {reseeded} were degenerate "
-                "(weight below one sample or covariance not positive definite) "
-                "and were re-seeded on the worst-explained samples. If this "
-                f"repeats, increase reg_covar (now {self.reg_covar}): a component on "
-                "a flat cluster or on fewer distinct points than features has no "
-                "positive definite covariance without it.",
-                UserWarning,
-            )
+            _warn_reseeded(n_iter, reseeded, set(bad), self.reg_covar)
             u, bad = factorize(p.covariances, p.kind, self.dtype)
         if bad:
             raise ValueError(self._message(parameters, bad[0]))

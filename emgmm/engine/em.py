@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..covariance.cholesky import factorize
-from .degenerate import POLICIES
+from .degenerate import POLICIES, reseed_streaks
 from .model import RunResult
 from .passes import release_after_pass, rows_statistics_pass
 from .update import MaximumLikelihood
@@ -67,7 +67,8 @@ class DataPass:
         return self.statistics_pass(*args, centers=centers)
 
 
-def em_step(data_pass, model, settings, policy, seeds, used_rows, n_iter):
+def em_step(data_pass, model, settings, policy, seeds, used_rows, n_iter,
+            streaks=None):
     """One EM iteration from ``model``.
 
     Parameters
@@ -82,6 +83,9 @@ def em_step(data_pass, model, settings, policy, seeds, used_rows, n_iter):
         Rows used by the run's re-seeds (appended to).
     n_iter : int
         The number of this iteration.
+    streaks : collections.Counter or None, default=None
+        Each component's current streak of re-seeds (:func:`reseed_streaks`; the
+        ``MAX_RESEEDS`` cap); ``None``: ``seeds``.
 
     Returns
     -------
@@ -110,7 +114,8 @@ def em_step(data_pass, model, settings, policy, seeds, used_rows, n_iter):
                if int(k) not in seeds]
     # the statistics (K d^2 values for 'full') are not needed in the next pass
     del stats
-    new.precisions_cholesky, reseeded = policy.repair(new, bad, starved, worst, seeds,
+    streaks = seeds if streaks is None else streaks
+    new.precisions_cholesky, reseeded = policy.repair(new, bad, starved, worst, streaks,
                                                       used_rows, n_iter)
     return new, update.lower_bound(log_likelihood, data_pass.n_samples, new), reseeded
 
@@ -162,9 +167,10 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
         used_rows = list(state.reseed_rows)
         seeds = collections.Counter(k for record in state.history
                                     for k in record["reseeded"])
+        streaks = reseed_streaks(state.history, n_iter)
         prev = lower_bound
         new, lower_bound, reseeded = em_step(data_pass, state.model, settings, policy,
-                                             seeds, used_rows, n_iter)
+                                             seeds, used_rows, n_iter, streaks)
         record = {
             "event": "iteration",
             "init": init_index,

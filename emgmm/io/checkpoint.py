@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .atomic import atomic_output, check_writable, reserved_file
 from ..engine.model import Model, RunResult
+from ..runtime.executor import _pid_alive, _process_space
+from .atomic import atomic_output, check_writable, reserved_file
 
 FORMAT = "emgmm-checkpoint"
 #: 2: the data fingerprint hashes every row (version 1 hashed 16 rows).
@@ -382,6 +383,7 @@ def _acquire_lock(path):
     except ImportError:
         return None
     lock = _lock_path(path)
+    remove_stale_locks(os.path.dirname(lock))
     while True:
         # (not through a link planted at the lock's name: it would truncate the target)
         try:
@@ -394,7 +396,8 @@ def _acquire_lock(path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            holder = (os.read(fd, 64).decode(errors="replace").split() or
+                      ["unknown"])[0]
             os.close(fd)
             raise RuntimeError(
                 f"Checkpoint {path} is in use by another fit running now (process "
@@ -419,13 +422,47 @@ def _acquire_lock(path):
         if same:
             try:
                 os.ftruncate(fd, 0)
-                os.write(fd, str(os.getpid()).encode())
+                os.write(fd, f"{os.getpid()} {_process_space()}".encode())
             except OSError as exc:
                 _release_lock(fd, path)
                 raise type(exc)(exc.errno, f"Cannot write the lock file {lock} of "
                                 f"checkpoint {path}: {exc.strerror}") from None
             return fd
         os.close(fd)
+
+
+def remove_stale_locks(directory):
+    """Remove the ``.<name>.lock`` files in ``directory`` left by fits that were
+    killed (SIGKILL leaves the file; its ``flock`` went with the process): those
+    whose process id, written by a process of this host and PID namespace (or
+    without that tag, by an earlier version), no longer runs, and that no process
+    holds locked. Others are left alone."""
+    import fcntl
+
+    try:
+        names = [n for n in os.listdir(directory)
+                 if n.startswith(".") and n.endswith(".lock")]
+    except OSError:
+        return
+    for name in names:
+        lock = os.path.join(directory, name)
+        try:
+            fd = os.open(lock, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            fields = os.read(fd, 64).decode(errors="replace").split()
+            if not (fields and fields[0].isdigit() and len(fields) <= 2
+                    and fields[1:] in ([], [_process_space()])
+                    and not _pid_alive(int(fields[0]))):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                os.unlink(lock)  # (while holding it: no fit holds it meanwhile)
+        except OSError:
+            continue  # held by a running fit, gone meanwhile, or no locks here
+        finally:
+            os.close(fd)
 
 
 def _release_lock(fd, path):

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Union
 import h5py
 import numpy as np
 
-from .atomic import atomic_output, reserve
 from ..covariance import REGISTRY
 from ..covariance.cholesky import (
     covariances_from_cholesky,
@@ -41,6 +40,8 @@ from ..covariance.cholesky import (
     not_upper_triangular_message,
     precisions_from_cholesky,
 )
+from .atomic import atomic_output, reserve
+from .sources import _hdf5_error, _opens_without_locking
 
 FORMAT_NAME = "emgmm.GaussianMixture"
 FORMAT_VERSION = 1
@@ -164,34 +165,93 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
 _RESERVE_SLACK_BYTES = 2**20
 
 
+class _Damage(Exception):
+    """What is wrong inside a model file (turned into :class:`ModelFileError`)."""
+
+
 def _open(path):
-    """Open ``path`` read-only and check that it is a compatible model file."""
+    """Open ``path`` read-only and check that it is a compatible model file.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ModelFileError
+        If it is not HDF5, is damaged or truncated, or has no compatible ``format``
+        and ``format_version``.
+    OSError
+        If HDF5 refuses it for a lock or its permissions (it opens with locking off,
+        or ``PermissionError``: no damage).
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file not found: {path}")
     try:
         f = h5py.File(path, "r")
-    except OSError:
-        raise ModelFileError(f"{path} is not an emgmm model file (not HDF5)") from None
-    fmt = f.attrs.get("format")
-    if isinstance(fmt, bytes):
-        fmt = fmt.decode()
-    if fmt != FORMAT_NAME:
+    except OSError as exc:
+        if not h5py.is_hdf5(path):
+            raise ModelFileError(f"{path} is not an emgmm model file (not HDF5)") \
+                from None
+        error = _hdf5_error(path, exc)
+        if isinstance(exc, PermissionError) or _opens_without_locking(path):
+            raise error from None
+        raise ModelFileError(f"{path} is a damaged emgmm model file: {error}") \
+            from None
+    try:
+        _check_format(f, path)
+    except BaseException:
         f.close()
+        raise
+    return f
+
+
+def _check_format(f, path):
+    try:
+        fmt = _text(f.attrs.get("format"), "format")
+    except _Damage:
+        fmt = None
+    if fmt != FORMAT_NAME:
         raise ModelFileError(
             f"{path} is not an emgmm model file (no 'format' attribute "
             f"{FORMAT_NAME!r})"
         )
     version = f.attrs.get("format_version")
-    if version != FORMAT_VERSION:
+    if not (isinstance(version, (int, np.integer)) and version == FORMAT_VERSION):
         writer = f.attrs.get("emgmm_version", "unknown")
-        f.close()
+        if not isinstance(version, (int, np.integer)):
+            version = _kind(version)
         raise ModelFileError(
             f"{path} has model format version {version} (written by emgmm "
             f"{writer}); this emgmm ({_package_version()}) reads version "
             f"{FORMAT_VERSION} only"
         )
-    return f
+
+
+def _read(path, arrays):
+    """The header of the model file at ``path`` (see :func:`read_header`) and, with
+    ``arrays``, its parameter arrays in float64 (``weights``, ``means``,
+    ``precisions_cholesky`` and the array-valued constructor parameters).
+
+    Every value is checked for its kind (text, integer, flag, number, JSON, a
+    numeric dataset); what HDF5 itself cannot read (damaged bytes) is reported as
+    such. Both raise :class:`ModelFileError` naming the file and what is wrong.
+    """
+    path = os.fspath(path)
+    with _open(path) as f:
+        try:
+            header = _header(f)
+            values = _arrays(f, header) if arrays else None
+        except _Damage as exc:
+            raise ModelFileError(f"{path} is a damaged emgmm model file: {exc}") \
+                from None
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+            # h5py's errors reading damaged internal structures (object headers,
+            # B-trees, heaps) or undecodable bytes
+            raise ModelFileError(
+                f"{path} is a damaged emgmm model file: HDF5 cannot read it "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+    return header, values
 
 
 def read_header(path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
@@ -206,46 +266,165 @@ def read_header(path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
     -------
     header : dict
         Keys ``format``, ``format_version``, ``emgmm_version``,
-        ``covariance_type``, ``n_components``, ``n_features_in``, ``params``
-        (dict), ``params_dropped`` (list), ``feature_names_in`` (list or None),
-        ``n_iter``, ``converged``, ``lower_bound``, ``lower_bounds`` (list).
+        ``covariance_type``, ``n_components``, ``n_features_in``,
+        ``attributes_dtype``, ``params`` (dict), ``params_dropped`` (list),
+        ``feature_names_in`` (list or None), ``n_iter``, ``converged``,
+        ``lower_bound``, ``lower_bounds`` (list).
 
     Raises
     ------
     FileNotFoundError
         If ``path`` does not exist.
     ModelFileError
-        If the file is not an emgmm model file or has another format version.
+        If the file is not an emgmm model file, has another format version, or
+        is damaged: truncated, bytes HDF5 cannot read, a value missing or of the
+        wrong kind (the message names the file and the value).
+    OSError
+        If HDF5 refuses the file for a lock or its permissions.
     """
-    with _open(path) as f:
+    return _read(path, arrays=False)[0]
+
+
+def _text(value, name):
+    if isinstance(value, bytes):
         try:
-            return _header(f)
-        except (KeyError, ValueError) as exc:
-            raise ModelFileError(
-                f"{os.fspath(path)} is a damaged emgmm model file ({exc})"
-            ) from None
+            value = value.decode()
+        except UnicodeDecodeError:
+            raise _Damage(f"attribute {name!r} is not UTF-8 text") from None
+    if not isinstance(value, str):
+        raise _Damage(f"attribute {name!r} is {_kind(value)}, not text")
+    return value
+
+
+def _kind(value):
+    if value is None:
+        return "missing"
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape}"
+    return f"a {type(value).__name__} ({value!r})"
+
+
+def _integer(value, name, minimum):
+    if (isinstance(value, (bool, np.bool_))
+            or not isinstance(value, (int, np.integer)) or value < minimum):
+        raise _Damage(f"attribute {name!r} is {_kind(value)}, not an integer >= "
+                      f"{minimum}")
+    return int(value)
+
+
+def _flag(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise _Damage(f"attribute {name!r} is {_kind(value)}, not true or false")
+    return bool(value)
+
+
+def _finite(value, name):
+    if (isinstance(value, (bool, np.bool_))
+            or not isinstance(value, (int, float, np.integer, np.floating))
+            or not np.isfinite(value)):
+        raise _Damage(f"attribute {name!r} is {_kind(value)}, not a finite number")
+    return float(value)
+
+
+def _json(value, name, kind):
+    text = _text(value, name)
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        raise _Damage(f"attribute {name!r} is not valid JSON") from None
+    if not isinstance(parsed, kind):
+        raise _Damage(f"attribute {name!r} holds {type(parsed).__name__} JSON, not "
+                      f"{kind.__name__}")
+    return parsed
+
+
+def _member(f, name, kind):
+    """The group or dataset ``name`` of ``f`` (``None`` when missing), refused
+    when it is another kind of object."""
+    obj = f.get(name)
+    if obj is not None and not isinstance(obj, kind):
+        what = "group" if kind is h5py.Group else "dataset"
+        raise _Damage(f"{name!r} is a {type(obj).__name__}, not a {what}")
+    return obj
+
+
+def _numbers(f, name, ndim=None):
+    """Dataset ``name`` of real numbers as a float64 array (required)."""
+    ds = _member(f, name, h5py.Dataset)
+    if ds is None:
+        raise _Damage(f"no dataset {name!r}")
+    if ds.dtype.kind not in "fiu":
+        raise _Damage(f"dataset {name!r} holds {ds.dtype}, not real numbers")
+    if ndim is not None and ds.ndim != ndim:
+        raise _Damage(f"dataset {name!r} has shape {ds.shape}, not {ndim}-D")
+    return np.asarray(ds[()], dtype=np.float64)
+
+
+def _feature_names(f, n_features):
+    ds = _member(f, "feature_names_in", h5py.Dataset)
+    if ds is None:
+        return None
+    if h5py.check_string_dtype(ds.dtype) is None or ds.shape != (n_features,):
+        raise _Damage(f"dataset 'feature_names_in' has dtype {ds.dtype} and shape "
+                      f"{ds.shape}, not {n_features} strings")
+    return list(ds.asstr()[()])
 
 
 def _header(f):
-    fit = f["fit"]
-    names = f.get("feature_names_in")
+    fit = _member(f, "fit", h5py.Group)
+    if fit is None:
+        raise _Damage("no group 'fit'")
+    attrs = f.attrs
+    covariance_type = _text(attrs.get("covariance_type"), "covariance_type")
+    if covariance_type not in COVARIANCE_TYPES:
+        raise _Damage(f"attribute 'covariance_type' is {covariance_type!r}, not one "
+                      f"of {COVARIANCE_TYPES}")
+    # (files written before it was stored hold float64 attributes)
+    attributes_dtype = _text(attrs.get("attributes_dtype", "float64"),
+                             "attributes_dtype")
+    if attributes_dtype not in ("float32", "float64"):
+        raise _Damage(f"attribute 'attributes_dtype' is {attributes_dtype!r}, not "
+                      "'float32' or 'float64'")
+    dropped = _json(attrs.get("params_dropped"), "params_dropped", list)
+    if not all(isinstance(name, str) for name in dropped):
+        raise _Damage("attribute 'params_dropped' is not a list of names")
+    n_features = _integer(attrs.get("n_features_in"), "n_features_in", 1)
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "emgmm_version": str(f.attrs["emgmm_version"]),
-        "covariance_type": str(f.attrs["covariance_type"]),
-        "n_components": int(f.attrs["n_components"]),
-        "n_features_in": int(f.attrs["n_features_in"]),
-        # (files written before it was stored hold float64 attributes)
-        "attributes_dtype": str(f.attrs.get("attributes_dtype", "float64")),
-        "params": json.loads(f.attrs["params"]),
-        "params_dropped": json.loads(f.attrs["params_dropped"]),
-        "feature_names_in": None if names is None else list(names.asstr()[()]),
-        "n_iter": int(fit.attrs["n_iter"]),
-        "converged": bool(fit.attrs["converged"]),
-        "lower_bound": float(fit.attrs["lower_bound"]),
-        "lower_bounds": fit["lower_bounds"][()].tolist(),
+        "emgmm_version": _text(attrs.get("emgmm_version"), "emgmm_version"),
+        "covariance_type": covariance_type,
+        "n_components": _integer(attrs.get("n_components"), "n_components", 1),
+        "n_features_in": n_features,
+        "attributes_dtype": attributes_dtype,
+        "params": _json(attrs.get("params"), "params", dict),
+        "params_dropped": dropped,
+        "feature_names_in": _feature_names(f, n_features),
+        "n_iter": _integer(fit.attrs.get("n_iter"), "fit/n_iter", 0),
+        "converged": _flag(fit.attrs.get("converged"), "fit/converged"),
+        "lower_bound": _finite(fit.attrs.get("lower_bound"), "fit/lower_bound"),
+        "lower_bounds": _numbers(f, "fit/lower_bounds", ndim=1).tolist(),
     }
+
+
+def _arrays(f, header):
+    """The parameter arrays (float64), their shapes checked against ``header``."""
+    k, d = header["n_components"], header["n_features_in"]
+    expected = {"weights": (k,), "means": (k, d),
+                "precisions_cholesky": _expected_chol_shape(
+                    header["covariance_type"], k, d)}
+    values = {}
+    for name, shape in expected.items():
+        values[name] = _numbers(f, name)
+        if values[name].shape != shape:
+            raise _Damage(f"dataset {name!r} has shape {values[name].shape}, not "
+                          f"{shape} (inconsistent model arrays)")
+    group = _member(f, "params", h5py.Group)
+    params = {}
+    for name in ([] if group is None else group):
+        if name in _ARRAY_PARAMS:
+            params[name] = _numbers(group, name)
+    return dict(values, params=params)
 
 
 def _expected_chol_shape(covariance_type, n_components, n_features):
@@ -344,26 +523,11 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
     """
     from .. import GaussianMixture
 
-    header = read_header(path)
-    with _open(path) as f:
-        try:
-            weights = f["weights"][()]
-            means = f["means"][()]
-            prec_chol = f["precisions_cholesky"][()]
-            arrays = {name: value[()] for name, value in f["params"].items()}
-        except KeyError as exc:
-            raise ModelFileError(
-                f"{os.fspath(path)} is a damaged emgmm model file ({exc})"
-            ) from None
+    header, values = _read(path, arrays=True)
+    weights, means = values["weights"], values["means"]
+    prec_chol, arrays = values["precisions_cholesky"], values["params"]
     cov_type = header["covariance_type"]
-    k, d = header["n_components"], header["n_features_in"]
-    if (
-        cov_type not in COVARIANCE_TYPES
-        or weights.shape != (k,)
-        or means.shape != (k, d)
-        or prec_chol.shape != _expected_chol_shape(cov_type, k, d)
-    ):
-        raise ModelFileError(f"{os.fspath(path)} has inconsistent model arrays")
+    d = header["n_features_in"]
     problem = _invalid_parameters(weights, means, prec_chol, cov_type)
     if problem is None:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

@@ -70,12 +70,39 @@ def check_block_finite(block, start, where):
     )
 
 
+class MissingDatasetError(KeyError):
+    """An HDF5 file without the named dataset: a ``KeyError`` (as h5py raises) that
+    prints as its message, not as the quoted repr a ``KeyError`` prints."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
 def _file_state(path):
     """Size and modification time of the file at ``path``: what shows it replaced or
     rewritten since (not the inode: a worker on another host may see another inode
     number for the same file, e.g. through a FUSE mount)."""
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns
+
+
+def _of(path, description):
+    """`` (of <description>)`` when the user named the data otherwise than ``path``."""
+    return "" if description == path else f" (of {description})"
+
+
+def _check_descriptor_unchanged(fd, state, path, description):
+    """Raise ``OSError`` if the file open at ``fd`` no longer has the size and
+    modification time of ``state`` (cheap: ``os.fstat``)."""
+    st = os.fstat(fd)
+    if (st.st_size, st.st_mtime_ns) != tuple(state):
+        what = "truncated" if st.st_size < state[0] else "modified"
+        raise OSError(
+            f"The data file {path}{_of(path, description)} was {what} while emgmm "
+            f"was reading it (it held {state[0]} bytes when it was opened, "
+            f"{st.st_size} now): the rest would be read from other data. Keep the "
+            "file unchanged while emgmm reads it (fit, predict, score)."
+        )
 
 
 def _check_file_unchanged(path, state, description):
@@ -101,7 +128,7 @@ def _check_file_unchanged(path, state, description):
     OSError
         If its size or modification time changed.
     """
-    of = "" if description == path else f" (of {description})"
+    of = _of(path, description)
     try:
         now = _file_state(path)
     except FileNotFoundError:
@@ -111,8 +138,9 @@ def _check_file_unchanged(path, state, description):
             "emgmm reads it (fit, predict, score)."
         ) from None
     if now != state:
+        what = "truncated" if now[0] < state[0] else "replaced or modified"
         raise OSError(
-            f"The data file {path}{of} was replaced or modified while emgmm was "
+            f"The data file {path}{of} was {what} while emgmm was "
             "reading it (its size or modification time changed since it was opened): "
             "the rest would be read from other data. Keep the file unchanged while "
             "emgmm reads it (fit, predict, score)."
@@ -229,6 +257,22 @@ class Source:
             stop = min(start + block_size, self.n_samples)
             yield start, stop, self.read(start, stop, dtype)
 
+    def check_unchanged(self):
+        """Raise if the file behind the source was deleted, replaced, truncated or
+        modified since the source was made (a no-op for in-memory data).
+
+        For telling a worker's death apart from a file cut under it: a worker
+        that faulted on a file which shrank is no memory problem.
+
+        Raises
+        ------
+        FileNotFoundError, OSError
+            Naming the file and what changed.
+        """
+        state = getattr(self, "_state", None)
+        if state is not None:
+            _check_file_unchanged(self.filename, state, self.description)
+
     def close(self):
         """Release open file handles (reopened on the next read)."""
 
@@ -260,13 +304,52 @@ class ArraySource(Source):
 
     def _read(self, start, stop):
         block = self.array[start:stop]
+        mapped = _backing_memmap(self.array)
+        if mapped is not None:
+            # the pages of a file map fault (SIGBUS) once the file is cut: the
+            # block is copied out of the map after the file is checked to hold it
+            _check_map_intact(mapped, self.description)
+            return np.array(block)
         block = block.view()
         block.flags.writeable = False
         return block
 
 
+def _backing_memmap(array):
+    """The ``np.memmap`` whose mapped file holds ``array``'s data (through its chain
+    of bases), or ``None`` for data in memory."""
+    base = array
+    while base is not None:
+        if isinstance(base, np.memmap) and base.filename is not None:
+            return base
+        base = getattr(base, "base", None)
+    return None
+
+
+def _check_map_intact(mm, description):
+    """Raise ``OSError`` if the file of memmap ``mm`` is now shorter than the bytes
+    it maps (reading them would fault with SIGBUS)."""
+    needed = mm.offset + mm.nbytes
+    try:
+        size = os.stat(mm.filename).st_size
+    except FileNotFoundError:
+        return  # deleted: its pages stay readable until the map is closed
+    if size < needed:
+        raise OSError(
+            f"The data file {mm.filename} (of {description}, a memory map) was "
+            f"truncated while emgmm was reading it: it holds {size} bytes, fewer "
+            f"than the {needed} it maps. Keep the file unchanged while emgmm reads "
+            "it (fit, predict, score)."
+        )
+
+
 class MemmapSource(Source):
     """A raw memory-mapped file (``np.memmap`` or ``.npy``), reopened read-only.
+
+    Blocks are read with ``os.preadv`` into arrays of their own, not as views of a
+    memory map: a map's pages fault with SIGBUS (the process dies, no message) when
+    the file is truncated under them, while a read of a shorter file returns fewer
+    bytes, reported here as an ``OSError`` that names the file.
 
     Raises
     ------
@@ -282,7 +365,7 @@ class MemmapSource(Source):
         self.offset = offset
         self.order = order
         self.description = description
-        self._map = None
+        self._file = None
 
     @classmethod
     def from_memmap(cls, mm):
@@ -344,40 +427,94 @@ class MemmapSource(Source):
         return cls(os.path.abspath(path), mm.dtype, mm.shape, mm.offset, order, path)
 
     def _open(self):
-        if self._map is None:
-            self._map = np.memmap(self.filename, dtype=self.dtype, mode="r",
-                                  offset=self.offset, shape=self.shape, order=self.order)
-        return self._map
+        if self._file is None:  # (a file object: closed when collected)
+            self._file = open(self.filename, "rb", buffering=0)
+        return self._file.fileno()
 
     def _read(self, start, stop):
-        # every read, not only before opening: a file rewritten in place during the
-        # fit (the same inode) changes the mapped pages under an open map
+        # every read, not only before opening: a file replaced under its name, or
+        # rewritten in place (the same inode), would give other data
         _check_file_unchanged(self.filename, self._state, self.description)
-        rows = self._open()[start:stop]
+        fd = self._open()
+        n_rows, n_cols = stop - start, self.shape[1]
+        itemsize = self.dtype.itemsize
         if self.order == "C":
-            # a read-only view of the mapped pages (no copy)
-            return np.asarray(rows)
-        return np.array(rows, order="C")
+            block = np.empty((n_rows, n_cols), dtype=self.dtype)
+            self._pread(fd, block, self.offset + start * n_cols * itemsize)
+        else:  # one read per column (contiguous in the file)
+            columns = np.empty((n_cols, n_rows), dtype=self.dtype)
+            for j in range(n_cols):
+                where = self.offset + (j * self.shape[0] + start) * itemsize
+                self._pread(fd, columns[j], where)
+            block = np.ascontiguousarray(columns.T)
+        # and after it: the bytes read may mix the old and the new contents
+        _check_descriptor_unchanged(fd, self._state, self.filename, self.description)
+        return block
+
+    def _pread(self, fd, out, offset):
+        """Fill ``out`` (contiguous) with the file's bytes from ``offset``."""
+        view = memoryview(out).cast("B")
+        done = 0
+        while done < len(view):
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if got == 0:
+                size = os.fstat(fd).st_size
+                raise OSError(
+                    f"The data file {self.filename}{_of(self.filename, self.description)}"
+                    f" was truncated while emgmm was reading it: it holds {size} "
+                    f"bytes, fewer than the {offset + len(view)} this read needs. Keep "
+                    "the file unchanged while emgmm reads it (fit, predict, score)."
+                )
+            done += got
 
     def close(self):
-        self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_map"] = None
+        state["_file"] = None
         return state
 
 
 def _hdf5_error(filename, exc):
+    """The ``OSError`` to raise for h5py's failure ``exc`` to open ``filename``,
+    classified by what can be checked, not by the words of HDF5's message: a
+    permission error, a file without the HDF5 signature, a file that opens with
+    file locking off (then a lock is the cause), or else a damaged file."""
     text = str(exc)
-    if "lock" in text.lower():
+    if isinstance(exc, PermissionError):
+        return OSError(exc.errno, f"Cannot open HDF5 file {filename} read-only: "
+                                  f"permission denied ({text})")
+    if not _is_hdf5(filename):
+        return OSError(f"Cannot open {filename}: it is not an HDF5 file (no HDF5 "
+                       f"signature; h5py: {text})")
+    if _opens_without_locking(filename):
         return OSError(
             f"Cannot open HDF5 file {filename} read-only because it is locked "
             f"({text}). Another process may have it open for writing; if the file "
             "system does not support locking, set HDF5_USE_FILE_LOCKING=FALSE in the "
             "environment of this process and its workers."
         )
-    return OSError(f"Cannot open HDF5 file {filename}: {text}")
+    size = os.path.getsize(filename)
+    return OSError(
+        f"Cannot open HDF5 file {filename} ({size} bytes): it has the HDF5 signature "
+        "but HDF5 cannot read it, also with file locking off, so it is damaged or "
+        f"truncated (h5py: {text})"
+    )
+
+
+def _opens_without_locking(filename):
+    """Whether h5py opens ``filename`` read-only with HDF5 file locking off (only to
+    tell a lock from damage: the handle is closed at once)."""
+    import h5py
+
+    try:
+        h5py.File(filename, "r", locking=False).close()
+    except (OSError, TypeError, ValueError):  # (TypeError: h5py before 3.5)
+        return False
+    return True
 
 
 class HDF5Source(Source):
@@ -431,12 +568,20 @@ class HDF5Source(Source):
             return self._file[self.dataset]
         except KeyError:
             self.close()
-            raise KeyError(
+            raise MissingDatasetError(
                 f"HDF5 file {self.filename} has no dataset {self.dataset!r}."
             ) from None
 
     def _read(self, start, stop):
-        block = self._dataset()[start:stop]
+        dataset = self._dataset()  # (its errors on opening are its own)
+        try:
+            block = dataset[start:stop]
+        except OSError as exc:
+            # a file cut or rewritten under the open handle: say so (by its size
+            # and modification time), not HDF5's "can't read data"
+            _check_file_unchanged(self.filename, self._state, self.description)
+            raise OSError(f"Cannot read rows {start}:{stop} of {self.description}: "
+                          f"{exc}") from None
         # every read, not only on opening: a file rewritten during the fit (by a
         # writer that does not lock it) changes what an open handle reads
         _check_file_unchanged(self.filename, self._state, self.description)

@@ -40,7 +40,8 @@ from ..engine.passes import check_explained, rows_statistics_pass, score_pass
 from ..engine.update import MaximumLikelihood
 from ..io.checkpoint import open_checkpointer
 from ..io.sources import ArraySource, as_source, is_file_backed
-from ..runtime.executor import Executor
+from ..runtime.blas import single_blas_thread
+from ..runtime.executor import Executor, means_one_core
 from ..runtime.memory import (
     block_rows,
     bytes_per_row,
@@ -71,6 +72,36 @@ def _as_stored(model, dtype):
     return Model(*stored, model.covariance_type)
 
 
+def _check_variances_fit(model, dtype):
+    """Refuse, before the first pass, a starting ``model`` whose variances already
+    lie beyond the range of ``dtype`` attributes (float32 data of scale ~1e20: the
+    fit would end in :func:`_check_attributes_hold`'s error after every iteration
+    and a series of overflow warnings).
+
+    Raises
+    ------
+    ValueError
+        With :func:`_check_attributes_hold`'s message.
+    """
+    if np.dtype(dtype) == np.float64:
+        return
+    variances = model.kind.feature_variances(model.covariances)
+    if np.all(variances < np.finfo(dtype).max):
+        return
+    raise ValueError(_attributes_message(dtype, variances, "the starting model"))
+
+
+def _attributes_message(dtype, variances, which):
+    name = np.dtype(dtype).name
+    return (
+        f"The {which} does not fit in {name} attributes (those of {name} data "
+        f"computed in {name}): its variances range from {variances.min():.3g} to "
+        f"{variances.max():.3g}, and a covariance or precision would be infinite or "
+        "zero. Scale the data, or fit with compute_dtype='float64', which keeps "
+        "float64 attributes."
+    )
+
+
 def _check_attributes_hold(model, precisions, dtype):
     """Raise ``ValueError`` when float32 attributes (those of float32 data computed
     in float32) cannot hold the fitted ``model``: a covariance beyond float32's range
@@ -87,13 +118,42 @@ def _check_attributes_hold(model, precisions, dtype):
             and (kind.feature_variances(precisions) > 0).all()):
         return
     variances = kind.feature_variances(model.covariances)
-    raise ValueError(
-        f"The fitted model does not fit in {np.dtype(dtype).name} attributes (those of "
-        f"{np.dtype(dtype).name} data computed in {np.dtype(dtype).name}): its "
-        f"variances range from {variances.min():.3g} to {variances.max():.3g}, and "
-        "a covariance or precision would be infinite or zero. Scale the data, or fit "
-        "with compute_dtype='float64', which keeps float64 attributes."
-    )
+    raise ValueError(_attributes_message(dtype, variances, "fitted model"))
+
+
+def _refuse_strings(X):
+    """Raise scikit-learn's error for data of strings or bytes (a list of them
+    too), which validation with a list of float dtypes would convert silently."""
+    dtype = getattr(X, "dtype", None)
+    if dtype is None and isinstance(X, (list, tuple)):
+        dtype = np.asarray(X).dtype
+    if getattr(dtype, "kind", None) in ("U", "S"):
+        raise ValueError("dtype='numeric' is not compatible with arrays of "
+                         "bytes/strings. Convert your data to numeric values "
+                         "explicitly instead.")
+
+
+def _check_out(out, shape, dtype, method):
+    """``out`` checked to take the per-row output of ``method`` (shape, dtype kind,
+    writable), or a new C-ordered array of ``shape`` and ``dtype`` when ``None``.
+
+    Raises
+    ------
+    ValueError
+        Naming what does not fit.
+    """
+    if out is None:
+        return np.empty(shape, dtype)
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a numpy array or memmap, got {type(out).__name__}")
+    if out.shape != shape:
+        raise ValueError(f"out has shape {out.shape}, not {shape}")
+    if np.dtype(out.dtype).kind != np.dtype(dtype).kind:
+        raise ValueError(f"out has dtype {out.dtype}; {method} writes {np.dtype(dtype)} "
+                         f"values (an out array of kind {np.dtype(dtype).kind!r})")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    return out
 
 
 def _normalised_exp(log_resp):
@@ -175,6 +235,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
                         f"{self.n_features_in_} features as input ({source.description})."
                     )
             return source
+        _refuse_strings(X)
         X = validate_data(
             self, X, dtype=[np.float64, np.float32], reset=reset,
             ensure_min_samples=2 if reset else 1, ensure_all_finite=False,
@@ -328,7 +389,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
             # and must let it go also when the executor refuses to start)
             with plan.checkpointer or nullcontext(), \
                     explain_worker_loss(plan.model_nbytes, plan.block_nbytes,
-                                        plan.executor.n_workers), \
+                                        plan.executor.n_workers, source), \
                     plan.executor:
                 best = self._best_run(plan, source, want_labels)
                 # U U^T under the BLAS threads of the fit's other products: the
@@ -401,6 +462,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
                 plan.random_state.set_state(resume.rng_state)
                 start = resume.run
             run = self._run_once(plan, source, init, start, best)
+            if plan.executor.on_task is not None:
+                self.callback({"event": "final_pass", "init": init})
             # scored as stored (rounded to float32 for float32 data), so that
             # lower_bound_ is score(X) and n_init compares what it returns
             total, labels = score_pass(plan.executor, plan.tasks, plan.block_size,
@@ -428,6 +491,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
                     self._initial_model(source, plan.random_state, plan.inits,
                                         plan.block_size)
                     if plan.do_init else self._current_model()]
+        _check_variances_fit(starting[0], plan.out_dtype)
         settings = EMSettings(self.max_iter, self.tol, self.reg_covar,
                               plan.compute_dtype, self.resp_threshold,
                               self.on_degenerate, update=self._update_rule())
@@ -474,52 +538,66 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
     # ---------------------------------------------------------------- predict
 
-    def _per_block(self, X, func):
-        """Apply ``func(log_prob_norm, log_resp) -> array`` over the blocks of X and
-        stack the results into one C-ordered array (as scikit-learn returns them),
-        filled block by block: the result plus one block's, whatever order the
-        kernels return.
+    def _per_block(self, X, func, width, kind, out=None, method=""):
+        """Apply ``func(log_prob_norm, log_resp) -> array`` over the blocks of X into
+        one C-ordered array (as scikit-learn returns them), or into ``out``, filled
+        block by block: the result plus one block's.
 
         The blocks are read in the compute dtype and evaluated as the last pass of
         ``fit`` evaluates them (``SCORE_MARGIN``), so that ``score(X)`` of the
-        training data is ``lower_bound_``.
+        training data is ``lower_bound_``. ``width`` is the number of columns (``None``:
+        one value per row); ``kind`` is ``"int"`` (int64) or ``"float"`` (float32 for
+        float32 data computed in float32, as scikit-learn returns them; else
+        float64). With ``n_jobs=1`` the pass runs on one BLAS thread.
         """
         check_is_fitted(self)
         source = self._source(X, reset=False)
         try:
             compute_dtype = self._compute_dtype(source)
+            shape = (source.n_samples,) + (() if width is None else (width,))
+            dtype = (np.int64 if kind == "int" else
+                     np.float32 if (compute_dtype == np.float32
+                                    and source.dtype == np.float32) else np.float64)
+            out = _check_out(out, shape, dtype, method)
             block_size = self._block_size(source)
             model = self._update_rule().e_step_model(self._fitted_model())
             prepared = model.prepare(compute_dtype)
-            out = None
-            for start, stop, block in source.blocks(block_size, compute_dtype):
-                log_prob_norm, log_resp = estimate_log_prob_resp(
-                    block, model.weights, model.means, model.precisions_cholesky,
-                    model.covariance_type, SCORE_MARGIN, prepared)
-                check_explained(log_prob_norm, start, source, compute_dtype,
-                                model.means)
-                part = func(log_prob_norm, log_resp)
-                if out is None:
-                    out = np.empty((source.n_samples,) + part.shape[1:], part.dtype)
-                out[start:stop] = part
+            with single_blas_thread() if means_one_core(self.n_jobs) else nullcontext():
+                for start, stop, block in source.blocks(block_size, compute_dtype):
+                    log_prob_norm, log_resp = estimate_log_prob_resp(
+                        block, model.weights, model.means, model.precisions_cholesky,
+                        model.covariance_type, SCORE_MARGIN, prepared)
+                    check_explained(log_prob_norm, start, source, compute_dtype,
+                                    model.means)
+                    out[start:stop] = func(log_prob_norm, log_resp)
         finally:
             source.close()
         return out
 
-    def score_samples(self, X: DataLike) -> np.ndarray:
+    def score_samples(self, X: DataLike, out: np.ndarray | None = None) -> np.ndarray:
         """Log-likelihood of each sample, ``log sum_k w_k N(x | mu_k, Sigma_k)``.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
             The data, from any source :meth:`fit` accepts.
+        out : ndarray or np.memmap of shape (n_samples,) or None, default=None
+            Where to write the result, block by block (a memmap for sources larger
+            than memory); any float dtype.
 
         Returns
         -------
-        ndarray of shape (n_samples,), float64
-            The log-likelihood of each sample, in nats.
+        ndarray of shape (n_samples,)
+            The log-likelihood of each sample, in nats: float32 for float32 data
+            computed in float32 (as scikit-learn), else float64; ``out`` when given.
+
+        Raises
+        ------
+        ValueError
+            If ``out`` has another shape, a non-float dtype or is read-only.
         """
-        return self._per_block(X, lambda log_prob_norm, _: log_prob_norm)
+        return self._per_block(X, lambda log_prob_norm, _: log_prob_norm, None,
+                               "float", out, "score_samples")
 
     def score(self, X: DataLike, y: None = None) -> float:
         """Mean per-sample log-likelihood of ``X`` (nats per sample).
@@ -536,37 +614,53 @@ class BaseMixture(DensityMixin, BaseEstimator):
         float
             The mean log-likelihood per sample, in nats.
         """
-        return float(np.mean(self.score_samples(X)))
+        return float(np.mean(self.score_samples(X), dtype=np.float64))
 
-    def predict(self, X: DataLike) -> np.ndarray:
+    def predict(self, X: DataLike, out: np.ndarray | None = None) -> np.ndarray:
         """Label of the most responsible component for each sample.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
             The data, from any source :meth:`fit` accepts.
+        out : ndarray or np.memmap of shape (n_samples,) or None, default=None
+            Where to write the result, block by block; any integer dtype.
 
         Returns
         -------
         ndarray of shape (n_samples,), int64
-            The most responsible component of each sample.
-        """
-        return self._per_block(X, lambda _, log_resp: log_resp.argmax(axis=1))
+            The most responsible component of each sample; ``out`` when given.
 
-    def predict_proba(self, X: DataLike) -> np.ndarray:
-        """Compute the responsibilities ``r_ik`` of every component for each sample.
+        Raises
+        ------
+        ValueError
+            If ``out`` has another shape, a non-integer dtype or is read-only.
+        """
+        return self._per_block(X, lambda _, log_resp: log_resp.argmax(axis=1), None,
+                               "int", out, "predict")
+
+    def predict_proba(self, X: DataLike, out: np.ndarray | None = None) -> np.ndarray:
+        """Responsibilities ``r_ik`` of every component for each sample.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
             The data, from any source :meth:`fit` accepts.
+        out : ndarray or np.memmap of shape (n_samples, n_components) or None, default=None
+            Where to write the result, block by block; any float dtype.
 
         Returns
         -------
-        ndarray of shape (n_samples, n_components), float64
-            Rows sum to 1: ``exp(log_resp)`` normalised per row. A sample so far out
-            that several components' log-densities agree to float64's precision
-            (e.g. a fill value of 1e37) gets them in equal shares, where
-            scikit-learn gives each of them 1.
+        ndarray of shape (n_samples, n_components)
+            Rows sum to 1; float32 for float32 data computed in float32, else
+            float64; ``out`` when given. A sample so far out that several
+            components' log-densities agree to float64's precision gets them in
+            equal shares, where scikit-learn gives each of them 1.
+
+        Raises
+        ------
+        ValueError
+            If ``out`` has another shape, a non-float dtype or is read-only.
         """
-        return self._per_block(X, lambda _, log_resp: _normalised_exp(log_resp))
+        return self._per_block(X, lambda _, log_resp: _normalised_exp(log_resp),
+                               self.n_components, "float", out, "predict_proba")

@@ -24,6 +24,7 @@ from ..engine.model import Model
 from ..io.sources import ArraySource
 from .base import BaseMixture, DataLike
 from .initialization import (
+    init_sample,
     initial_responsibilities,
     parameters_from_responsibilities,
     subsample_indices,
@@ -74,8 +75,9 @@ class GaussianMixture(BaseMixture):
         Seeds the initialisation, the subsample and :meth:`sample`.
     warm_start : bool, default=False
         Start the next ``fit`` from the current parameters (``n_init`` is then 1). A
-        warm start always runs at least two iterations: the first change is measured
-        from minus infinity, not from the previous data's lower bound.
+        warm start runs at least two iterations when ``max_iter >= 2``: the first
+        change is measured from minus infinity, not from the previous data's lower
+        bound.
     verbose : int, default=0
         1 prints each initialisation and iteration; 2 also times and lower bounds.
     verbose_interval : int, default=10
@@ -84,8 +86,8 @@ class GaussianMixture(BaseMixture):
         Workers for the passes over the data, with joblib's meaning (``-1``: all
         cores). ``None`` follows ``joblib.parallel_config``; when that gives one
         worker, the blocks of a pass run in threads of this process with one BLAS
-        thread each (the same result bit for bit). An explicit ``1`` runs them one
-        after the other. See the user guide, "Parallelism".
+        thread each (the same result bit for bit). ``1`` means one core: blocks one
+        after the other, BLAS on one thread. See the user guide, "Parallelism".
     working_memory : float or None, default=None
         Memory for one block's working set, in MiB, per worker. ``None`` uses
         ``sklearn.get_config()["working_memory"]`` (1024 by default).
@@ -128,7 +130,8 @@ class GaussianMixture(BaseMixture):
         ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,
         ``reseeded``). If its attribute ``wants_progress`` is true, it is also
         called after each finished task of a pass with ``{'event': 'progress',
-        'done': int, 'total': int}``.
+        'done': int, 'total': int}``, and with ``{'event': 'final_pass', 'init':
+        int}`` before the pass that scores a run's final parameters.
     checkpoint : str, os.PathLike or None, default=None
         Path of a checkpoint file (``.npz``, no pickle), written atomically after EM
         iterations. A fit of the same data and parameters resumes from it to the
@@ -325,6 +328,7 @@ class GaussianMixture(BaseMixture):
                 if idx is None:
                     idx = np.arange(source.n_samples)
                 sample = source.take(idx, block_size)
+            sample = init_sample(sample, source.description)
             if sample.shape[0] < self.n_components:
                 # (n_samples >= n_components was checked: the subsample is short)
                 raise ValueError(

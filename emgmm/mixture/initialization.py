@@ -98,3 +98,47 @@ def parameters_from_responsibilities(X, resp, reg_covar, covariance_type):
     covariances = get_covariance_type(covariance_type).covariances_from_responsibilities(
         X64, resp, means, nk, reg_covar)
     return nk / m, means, covariances
+
+
+def spread_fits(sample, dtype):
+    """Whether the squared distances of ``sample``'s rows from their column means
+    stay within the range of ``dtype`` (values within ~sqrt(max / d) / 2 of the
+    mean)."""
+    limit = np.sqrt(np.finfo(dtype).max / max(sample.shape[1], 1)) / 2
+    centre = sample.mean(axis=0, dtype=np.float64)
+    return bool(np.max(np.abs(sample - centre), initial=0.0) <= limit)
+
+
+def init_sample(sample, description):
+    """The initialisation subsample as k-means and the first covariances get it.
+
+    float32 data whose squared spread overflows float32 is cast to float64 (k-means
+    on it would overflow; whether the fitted float32 attributes can hold the
+    components is checked on the starting model). Data whose squared spread
+    overflows float64 is refused before any distance or variance is computed: every
+    covariance would be infinite, after a series of numpy overflow warnings.
+
+    Parameters
+    ----------
+    sample : ndarray of shape (n, d)
+    description : str
+        How messages name the data.
+
+    Returns
+    -------
+    ndarray of shape (n, d)
+
+    Raises
+    ------
+    ValueError
+    """
+    if not spread_fits(sample, np.float64):
+        limit = np.sqrt(np.finfo(np.float64).max / max(sample.shape[1], 1)) / 2
+        raise ValueError(
+            f"The covariances of {description} are not finite: the data's variances "
+            f"overflow float64 (values beyond ~{limit:.0e} from the mean in the "
+            "initialisation's subsample). Scale the input data."
+        )
+    if sample.dtype == np.float32 and not spread_fits(sample, np.float32):
+        return sample.astype(np.float64)
+    return sample

@@ -40,13 +40,14 @@ _STRAY_UNTAGGED = re.compile(rf"^{TEMP_PREFIX}(\d+)-[0-9a-f]{{12}}$")
 def joblib_temp_folder():
     """The folder joblib would memory-map into: parallel_config(temp_folder=...),
     else ``JOBLIB_TEMP_FOLDER``, else the system temporary folder (on disk, so the
-    copy of an in-memory array does not take memory)."""
+    copy of an in-memory array does not take memory). A path-like setting is taken
+    as its ``os.fspath``."""
     from joblib import parallel as _jp
 
     config = getattr(_jp._backend, "config", {})
     folder = config.get("temp_folder")
-    if isinstance(folder, str):
-        return folder
+    if isinstance(folder, (str, os.PathLike)):
+        return os.fspath(folder)
     return os.environ.get("JOBLIB_TEMP_FOLDER") or tempfile.gettempdir()
 
 
@@ -218,6 +219,19 @@ def core_budget(backend):
     return max(1, cores)
 
 
+def means_one_core(n_jobs):
+    """Whether ``n_jobs`` (given, or ``None`` under ``joblib.parallel_config(n_jobs=1)``)
+    asks for one core at the top level: then one BLAS thread too, as in
+    scikit-learn's joblib-based estimators (not inside a joblib worker, whose BLAS
+    threads joblib sets)."""
+    backend, config_n_jobs = get_active_backend()
+    if getattr(backend, "nesting_level", 0) > 0:
+        return False
+    if n_jobs is None and config_n_jobs is None:
+        return False
+    return max(1, effective_n_jobs(n_jobs)) == 1
+
+
 def blas_thread_count():
     """The BLAS threads this process may use now (1 when no BLAS is loaded)."""
     counts = [info["num_threads"] for info in threadpool_info()
@@ -251,7 +265,13 @@ class Executor:
     worker_source : Source
         What the tasks receive: never an in-memory array for process workers.
     blas_threads : int
-        BLAS threads each worker may use, ``max(1, core_budget // n_workers)``.
+        BLAS threads each worker may use, ``max(1, core_budget // n_workers)``; 1
+        with :attr:`one_core`.
+    one_core : bool
+        ``n_jobs=1``, given or from ``joblib.parallel_config``, at the top level:
+        the passes and this process's BLAS calls run on one thread while the
+        executor is open (OpenBLAS's spare threads would otherwise contend for the
+        one core, 7.5x slower on a busy machine).
     row_threads : int
         With ``n_jobs=None`` resolving to one worker at the top level, the threads
         of this process that run the tasks of a pass (one BLAS thread each):
@@ -288,6 +308,11 @@ class Executor:
             if threads > 1:
                 self.row_threads = threads
         self.blas_threads = max(1, budget // self.n_workers)
+        # n_jobs=1 (here or in joblib.parallel_config) means one core, as in
+        # scikit-learn's joblib-based estimators: one BLAS thread too
+        self.one_core = means_one_core(n_jobs)
+        if self.one_core:
+            self.blas_threads = 1
         self.uses_threads = False
         self.worker_source = source
         self._folder = None
@@ -323,7 +348,8 @@ class Executor:
             except BaseException:
                 self.__exit__(None, None, None)
                 raise
-        if self.n_workers > 1 or self.row_threads or self._one_blas_thread:
+        if (self.n_workers > 1 or self.row_threads or self._one_blas_thread
+                or self.one_core):
             # Tasks run concurrently (or are tiny: then in this process too, with
             # one BLAS thread). In threads of this process the limit is theirs
             # (threadpoolctl limits are process-wide: per-thread limits would race).
@@ -368,11 +394,23 @@ class Executor:
             # freed blocks in one arena, where the next block finds them)
             run = per_thread(func) if self.uses_threads else func
             # One joblib call per map (the loky workers are reused between calls).
-            results = Parallel(n_jobs=self.n_jobs, return_as=self._return_as)(
+            # joblib's memmapping folders go into this fit's own (removed when it
+            # ends): left to joblib, every call with a reused pool creates one in
+            # /dev/shm that stays until the pool stops
+            temp = {"temp_folder": self._joblib_folder()} if self._shares_files else {}
+            results = Parallel(n_jobs=self.n_jobs, return_as=self._return_as, **temp)(
                 delayed(run)(self.worker_source, *args, blas_threads=blas_threads)
                 for args in task_args
             )
         return self._reported(results, len(task_args))
+
+    def _joblib_folder(self):
+        """The folder given to joblib as ``temp_folder``: ``joblib/`` in this fit's
+        temporary folder (created on first use)."""
+        if self._folder is None:
+            self._folder = make_temp_folder(joblib_temp_folder(), 0,
+                                            "joblib's memmapping folder")
+        return os.path.join(self._folder, "joblib")
 
     def _threaded(self, func, task_args):
         """The tasks in ``row_threads`` threads of this process, one BLAS thread each

@@ -395,6 +395,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
         At least 1, at most ``n_samples``.
     """
     per_row = bytes_per_row(n_features, n_components, itemsize)
+    working_memory = working_memory_mib  # (the user's, before the streaming cap)
     # a block of whole chunks may take all of working_memory
     chunk_budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
     if get_covariance_type(covariance_type).streams_blocks:
@@ -418,11 +419,14 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
             rows = chunk_rows
         else:
             warnings.warn(
-                f"{description} is stored in chunks of {chunk_rows} rows, "
-                f"{chunk_rows / rows:.1f}x the {rows} rows a block may hold within "
-                f"working_memory ({chunk_budget_rows} rows): every block read "
-                "decompresses a whole chunk, more than it uses. Rechunk the dataset by "
-                "rows (e.g. chunks=(1024, n_features)), or raise working_memory or "
+                f"{description} is stored in chunks of {chunk_rows} rows, and one "
+                f"chunk ({chunk_rows} rows) exceeds the {chunk_budget_rows} rows that "
+                f"fit working_memory ({working_memory:g} MiB at {per_row} bytes "
+                f"per row): emgmm reads blocks of {rows} rows, and every block read "
+                "decompresses whole chunks, more than it uses, on every pass. The "
+                "initialisation's subsample read (init_max_samples rows, block by "
+                "block) pays the same before the first iteration. Rechunk the dataset "
+                "by rows (e.g. chunks=(1024, n_features)), or raise working_memory or "
                 "pass block_size (rows per block) a multiple of the chunk rows if the "
                 "memory allows.",
                 UserWarning,

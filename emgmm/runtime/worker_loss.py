@@ -12,8 +12,9 @@ _WORKER_DEATH_NAMES = ("KilledWorker",)
 
 
 @contextmanager
-def explain_worker_loss(model_nbytes, block_nbytes, n_workers):
-    """Turn the death of a worker process into a ``MemoryError`` with the estimate.
+def explain_worker_loss(model_nbytes, block_nbytes, n_workers, source=None):
+    """Turn the death of a worker process into a ``MemoryError`` with the estimate,
+    unless the data file changed under the workers.
 
     A worker that disappears (loky's ``TerminatedWorkerError``, any
     ``BrokenExecutor``, dask's ``KilledWorker``) was most often killed by the
@@ -28,9 +29,15 @@ def explain_worker_loss(model_nbytes, block_nbytes, n_workers):
     block_nbytes : int
         Working memory of one block in one worker.
     n_workers : int
+    source : Source or None, default=None
+        The data: a file truncated or rewritten during the pass kills the worker
+        that reads it (SIGBUS), which is then no memory problem.
 
     Raises
     ------
+    OSError, FileNotFoundError
+        If the data file was deleted, truncated or modified (checked first, by its
+        size and modification time), chained to the pool's error.
     MemoryError
         Chained to the pool's error; names the likely cause and the estimate.
     """
@@ -40,6 +47,11 @@ def explain_worker_loss(model_nbytes, block_nbytes, n_workers):
         names = {cls.__name__ for cls in type(exc).__mro__}
         if not (isinstance(exc, BrokenExecutor) or names & set(_WORKER_DEATH_NAMES)):
             raise
+        if source is not None:
+            try:
+                source.check_unchanged()
+            except OSError as changed:
+                raise changed from exc
         total = model_nbytes + n_workers * block_nbytes
         available = available_memory()
         # (the dead workers' memory is free again: what is available now is an upper

@@ -1,0 +1,167 @@
+"""Issue 28.2: a file-backed source truncated or rewritten while a pass reads it
+ends in an error that names the file (never SIGBUS), in fit, predict,
+score_samples and the command line, for every source kind and with workers."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+h5py = pytest.importorskip("h5py")
+
+ROWS, COLS = 6000, 4
+
+# Installed in every process of a child run (its workers too) through
+# sitecustomize: the first block read in any of them cuts the data file to its
+# first 128 bytes while the block is still in use. A SIGBUS in the child is a
+# negative return code, not a dead test session.
+_SITECUSTOMIZE = textwrap.dedent("""
+    import os
+    if os.environ.get("EMGMM_TEST_CUT"):
+        import numpy as np
+        import emgmm.io.sources as sources
+        path, marker = os.environ["EMGMM_TEST_CUT"].split(os.pathsep)
+        read = sources.Source.read
+
+        def mapped(array):  # (an array over a file map: its bases hold a memmap)
+            while array is not None:
+                if isinstance(array, np.memmap):
+                    return True
+                array = getattr(array, "base", None)
+            return False
+
+        def read_then_cut(self, start, stop, dtype=None):
+            block = read(self, start, stop, dtype)
+            if isinstance(self, sources.ArraySource) and not mapped(self.array):
+                return block
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return block
+            os.truncate(path, 128)
+            return block
+
+        sources.Source.read = read_then_cut
+""")
+
+_CHILD = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import emgmm
+    kind, where, n_jobs, path, spec = sys.argv[1:6]
+    n_jobs = None if n_jobs == "None" else int(n_jobs)
+    data = spec
+    if kind in ("memmap", "memmap-c"):
+        mode = "c" if kind == "memmap-c" else "r"  # (copy-on-write: read as an array)
+        data = np.memmap(path, dtype=np.float64, mode=mode, shape=(%(rows)d, %(cols)d))
+    gm = emgmm.GaussianMixture(3, max_iter=2, random_state=0, init_params="random")
+    if where != "fit":
+        gm.fit(np.random.default_rng(0).standard_normal((50, %(cols)d)))
+    gm.set_params(block_size=200, n_jobs=n_jobs)
+    getattr(gm, where)(data)
+    print("no error")
+""" % {"rows": ROWS, "cols": COLS})
+
+
+def _write(tmp_path, kind):
+    X = np.random.default_rng(0).standard_normal((ROWS, COLS))
+    if kind == "h5":
+        path = tmp_path / "x.h5"
+        with h5py.File(path, "w") as f:
+            f["x"] = X
+        return path, f"{path}:/x"
+    if kind in ("memmap", "memmap-c"):
+        path = tmp_path / "x.raw"
+        X.tofile(path)
+        return path, str(path)
+    path = tmp_path / "x.npy"
+    np.save(path, X)
+    return path, str(path)
+
+
+def _run(args, tmp_path, path):
+    """Run ``python args`` with the file cut during its first block read."""
+    (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]),
+               EMGMM_TEST_CUT=f"{path}{os.pathsep}{tmp_path / 'cut'}")
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+@pytest.mark.parametrize("kind", ["npy", "memmap", "h5"])
+@pytest.mark.parametrize("where,n_jobs", [("fit", "None"), ("fit", "2"),
+                                          ("predict", "None"),
+                                          ("score_samples", "None")])
+def test_file_truncated_during_a_pass_names_the_file(tmp_path, kind, where, n_jobs):
+    path, spec = _write(tmp_path, kind)
+    out = _run(["-c", _CHILD, kind, where, n_jobs, str(path), spec], tmp_path, path)
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("OSError"), last
+    assert str(path) in last and ("truncated" in last or "modified" in last), last
+    assert "MemoryError" not in out.stderr
+
+
+@pytest.mark.parametrize("kind", ["npy", "h5"])
+def test_cli_predict_on_a_file_truncated_during_the_pass(tmp_path, kind):
+    path, spec = _write(tmp_path, kind)
+    model = tmp_path / "m.h5"
+    X = np.random.default_rng(0).standard_normal((50, COLS))
+    np.save(tmp_path / "small.npy", X)
+    fit = subprocess.run([sys.executable, "-m", "emgmm", "fit",
+                          str(tmp_path / "small.npy"), "-k", "2", "-q", "-o", str(model)],
+                         capture_output=True, text=True)
+    assert fit.returncode == 0, fit.stderr
+    out = _run(["-m", "emgmm", "predict", str(model), spec, "--block-size", "200",
+                "-o", str(tmp_path / "labels.npy")], tmp_path, path)
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
+    assert str(path) in out.stderr and "truncated" in out.stderr, out.stderr
+    assert not (tmp_path / "labels.npy").exists()
+
+
+@pytest.mark.parametrize("n_jobs", ["None", "1"])
+def test_copy_on_write_memmap_truncated_during_fit(tmp_path, n_jobs):
+    """A memmap that emgmm reads as an array (mode 'c'): its blocks are copied out
+    of the map after a check of the file's size, never used as views."""
+    path, spec = _write(tmp_path, "memmap-c")
+    out = _run(["-c", _CHILD, "memmap-c", "fit", n_jobs, str(path), spec], tmp_path,
+               path)
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("OSError") and str(path) in last and "truncated" in last, last
+
+
+_DYING_WORKER = textwrap.dedent("""
+    import os
+    if os.environ.get("EMGMM_TEST_DIE") and os.getpid() != int(os.environ["EMGMM_TEST_DIE"]):
+        import emgmm.io.sources as sources
+        read = sources.Source.read
+
+        def cut_and_die(self, start, stop, dtype=None):
+            os.truncate(self.filename, 128)
+            os._exit(1)  # as a worker killed by SIGBUS would vanish
+
+        sources.Source.read = cut_and_die
+""")
+
+
+def test_worker_death_on_a_cut_file_names_the_file_not_memory(tmp_path):
+    path, spec = _write(tmp_path, "npy")
+    (tmp_path / "sitecustomize.py").write_text(_DYING_WORKER)
+    code = textwrap.dedent(f"""
+        import os
+        os.environ["EMGMM_TEST_DIE"] = str(os.getpid())
+        import emgmm
+        emgmm.GaussianMixture(3, n_jobs=2, max_iter=2, block_size=200,
+                              init_params="random", random_state=0).fit({spec!r})
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("OSError") and str(path) in last and "truncated" in last, last
+    assert "MemoryError" not in last

@@ -1,0 +1,63 @@
+"""Issue 28.4: every path-like is taken where a ``str`` path is (data, model files,
+checkpoints, joblib's temp_folder)."""
+
+import os
+import pathlib
+
+import joblib
+import numpy as np
+import pytest
+
+import emgmm
+from emgmm.runtime import executor as _parallel
+from emgmm.io.model_file import load_model, read_header, save_model
+
+
+class OtherPath(os.PathLike):
+    """A path-like that is not a pathlib.Path."""
+
+    def __init__(self, path):
+        self._path = str(path)
+
+    def __fspath__(self):
+        return self._path
+
+
+@pytest.mark.parametrize("wrap", [pathlib.Path, OtherPath])
+def test_joblib_temp_folder_given_as_a_path(tmp_path, wrap):
+    folder = tmp_path / "joblib-temp"
+    folder.mkdir()
+    with joblib.parallel_config(temp_folder=wrap(folder)):
+        assert _parallel.joblib_temp_folder() == str(folder)
+    with joblib.parallel_config(temp_folder=str(folder)):
+        assert _parallel.joblib_temp_folder() == str(folder)
+
+
+def test_fit_shares_x_in_a_path_temp_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "joblib-temp"
+    folder.mkdir()
+    seen = []
+    dump = _parallel.dump_array
+
+    def recording_dump(array, parent, description="X"):
+        seen.append(parent)
+        return dump(array, parent, description)
+
+    monkeypatch.setattr(_parallel, "dump_array", recording_dump)
+    X = np.random.default_rng(0).standard_normal((2000, 3))
+    with joblib.parallel_config(temp_folder=pathlib.Path(folder)):
+        emgmm.GaussianMixture(2, n_jobs=2, max_iter=3, tol=1e3, random_state=0).fit(X)
+    assert seen == [str(folder)]
+
+
+@pytest.mark.parametrize("wrap", [pathlib.Path, OtherPath])
+def test_path_likes_for_data_models_and_checkpoints(tmp_path, wrap):
+    X = np.random.default_rng(0).standard_normal((300, 2))
+    np.save(tmp_path / "x.npy", X)
+    gm = emgmm.GaussianMixture(2, random_state=0, max_iter=3, tol=1e3,
+                               checkpoint=wrap(tmp_path / "c.npz"))
+    gm.fit(wrap(tmp_path / "x.npy"))
+    save_model(gm, wrap(tmp_path / "m.h5"))
+    assert read_header(wrap(tmp_path / "m.h5"))["n_components"] == 2
+    again = load_model(wrap(tmp_path / "m.h5"))
+    np.testing.assert_array_equal(again.predict(wrap(tmp_path / "x.npy")), gm.predict(X))
