@@ -13,6 +13,7 @@ import importlib
 __version__ = "0.1.0"
 
 _PUBLIC = {
+    "BayesianGaussianMixture": ".mixture.bayesian_mixture",
     "GaussianMixture": ".mixture.gaussian_mixture",
     "ModelFileError": ".io.model_file",
     "load_model": ".io.model_file",
