@@ -362,3 +362,63 @@ def test_benchmark_script_runs_and_agrees(tmp_path):
     for row in results.values():
         assert row["sklearn_s"] > 0 and row["emgmm_s"] > 0
         assert row["max_rel_diff_lower_bounds"] < 1e-9
+
+
+# ------------------------------------------------------------------- checkpoints
+
+class Stop(Exception):
+    pass
+
+
+def _stop_at(init, n_iter):
+    def callback(record):
+        if record["init"] == init and record["n_iter"] == n_iter:
+            raise Stop
+
+    return callback
+
+
+@pytest.mark.parametrize(("prior_type", "init", "n_iter"), [
+    ("dirichlet_process", 0, 3), ("dirichlet_process", 1, 2),
+    ("dirichlet_distribution", 1, 4)])
+def test_checkpoint_resumes_to_the_uninterrupted_fit(data, tmp_path, prior_type, init,
+                                                     n_iter):
+    path = tmp_path / "ck.npz"
+    params = {"n_components": 4, "n_init": 2, "max_iter": 6, "tol": 0.0,
+              "random_state": 0, "init_params": "random",
+              "weight_concentration_prior_type": prior_type}
+    reference = _fit(BayesianGaussianMixture(**params), data)
+    with pytest.raises(Stop):
+        _fit(BayesianGaussianMixture(**params, checkpoint=path,
+                                     callback=_stop_at(init, n_iter)), data)
+    assert path.exists()
+    seen = []
+    resumed = BayesianGaussianMixture(
+        **params, checkpoint=path, callback=lambda r: seen.append((r["init"],
+                                                                   r["n_iter"])))
+    _fit(resumed, data)
+    assert seen[0] == (init, n_iter + 1)
+    assert not path.exists()
+    assert_allclose(resumed.lower_bounds_, reference.lower_bounds_, rtol=1e-12)
+    assert resumed.lower_bound_ == pytest.approx(reference.lower_bound_, rel=1e-12)
+    for name in ATTRIBUTES:
+        assert_allclose(getattr(resumed, name), getattr(reference, name), rtol=1e-12,
+                        err_msg=name)
+
+
+def test_checkpoint_of_other_priors_or_of_a_gaussian_mixture_is_refused(data,
+                                                                        tmp_path):
+    path = tmp_path / "ck.npz"
+    params = {"n_components": 3, "max_iter": 5, "tol": 0.0, "random_state": 0}
+    with pytest.raises(Stop):
+        _fit(BayesianGaussianMixture(**params, mean_prior=[0.0, 0.0, 0.0],
+                                     checkpoint=path, callback=_stop_at(0, 2)), data)
+    with pytest.raises(ValueError, match="differs in: mean_prior"):
+        BayesianGaussianMixture(**params, mean_prior=[1.0, 0.0, 0.0],
+                                checkpoint=path).fit(data)
+    gaussian = tmp_path / "gmm.npz"
+    with pytest.raises(Stop):
+        _fit(GaussianMixture(**params, checkpoint=gaussian, callback=_stop_at(0, 2)),
+             data)
+    with pytest.raises(ValueError, match="other parameters"):
+        BayesianGaussianMixture(**params, checkpoint=gaussian).fit(data)

@@ -88,7 +88,7 @@ _BAYESIAN_FLAGS = [
     (("--covariance-prior",), "covariance_prior", {"metavar": "NPY|FLOAT"}),
 ]
 #: GaussianMixture's parameters that BayesianGaussianMixture has not.
-_GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate", "checkpoint", "checkpoint_interval")
+_GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate",)
 
 
 class CommandError(Exception):

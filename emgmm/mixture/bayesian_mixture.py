@@ -30,7 +30,8 @@ _SHARED = (
     "n_components", "covariance_type", "tol", "reg_covar", "max_iter", "n_init",
     "init_params", "random_state", "warm_start", "verbose", "verbose_interval",
     "n_jobs", "working_memory", "block_size", "memory_limit", "schedule",
-    "init_max_samples", "compute_dtype", "resp_threshold", "callback",
+    "init_max_samples", "compute_dtype", "resp_threshold", "callback", "checkpoint",
+    "checkpoint_interval",
 )
 _POSITIVE = Interval(Real, 0.0, None, closed="neither")
 
@@ -69,8 +70,9 @@ class BayesianGaussianMixture(BaseMixture):
         of ``X`` (``ddof=1``), its diagonal, or the mean of that.
     random_state, warm_start, verbose, verbose_interval
         As scikit-learn's.
-    n_jobs, working_memory, block_size, memory_limit, schedule, init_max_samples, compute_dtype, resp_threshold, callback
-        As :class:`emgmm.GaussianMixture`'s.
+    n_jobs, working_memory, block_size, memory_limit, schedule, init_max_samples, compute_dtype, resp_threshold, callback, checkpoint, checkpoint_interval
+        As :class:`emgmm.GaussianMixture`'s (a checkpoint holds the posterior; the
+        priors are recomputed from the data, which it fingerprints).
 
     Attributes
     ----------
@@ -91,9 +93,9 @@ class BayesianGaussianMixture(BaseMixture):
 
     Notes
     -----
-    ``on_degenerate`` and ``checkpoint`` of :class:`emgmm.GaussianMixture` are not
-    parameters here: a component without data falls back to the prior, whose
-    covariance is positive definite, so none degenerates.
+    ``on_degenerate`` of :class:`emgmm.GaussianMixture` is no parameter here: a
+    component without data falls back to the prior, whose covariance is positive
+    definite, so none degenerates.
     """
 
     _parameter_constraints: dict = {  # noqa: RUF012 (scikit-learn's convention)
@@ -105,12 +107,9 @@ class BayesianGaussianMixture(BaseMixture):
         "degrees_of_freedom_prior": [None, _POSITIVE],
         "covariance_prior": [None, "array-like", _POSITIVE],
     }
-    # BaseMixture's parameters without a meaning here: no component degenerates
-    # (starved ones fall back to the prior, kept as scikit-learn keeps them), and the
-    # checkpoints hold maximum-likelihood models only
+    # BaseMixture's parameter without a meaning here: no component degenerates
+    # (starved ones fall back to the prior, kept as scikit-learn keeps them)
     on_degenerate = "raise"
-    checkpoint = None
-    checkpoint_interval = 0.0
 
     def __init__(self, *, n_components=1, covariance_type="full", tol=1e-3,
                  reg_covar=1e-6, max_iter=100, n_init=1, init_params="kmeans",
@@ -120,7 +119,8 @@ class BayesianGaussianMixture(BaseMixture):
                  random_state=None, warm_start=False, verbose=0, verbose_interval=10,
                  n_jobs=None, working_memory=None, block_size=None, memory_limit=None,
                  schedule="auto", init_max_samples=100_000, compute_dtype=None,
-                 resp_threshold=1e-20, callback=None):
+                 resp_threshold=1e-20, callback=None, checkpoint=None,
+                 checkpoint_interval=0.0):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -147,6 +147,8 @@ class BayesianGaussianMixture(BaseMixture):
         self.compute_dtype = compute_dtype
         self.resp_threshold = resp_threshold
         self.callback = callback
+        self.checkpoint = checkpoint
+        self.checkpoint_interval = checkpoint_interval
 
     def _check_priors(self, n_features):
         """Validated ``(mean_prior, covariance_prior)`` as float64 (``None`` kept);
@@ -228,14 +230,24 @@ class BayesianGaussianMixture(BaseMixture):
         return sample
 
     def _best_run(self, plan, source, want_labels):
-        """The priors, then every initialisation; ``(lower bound, run, labels)`` of
-        the run with the highest final lower bound (scikit-learn's choice)."""
+        """The priors, then every initialisation (from a checkpoint's, if
+        resuming); ``(lower bound, run, labels)`` of the run with the highest final
+        lower bound (scikit-learn's choice)."""
         self._set_priors(plan)
-        best = None
-        for init in range(plan.n_init):
+        resume = None if plan.checkpointer is None else plan.checkpointer.resume
+        best, first = None, 0
+        if resume is not None:
+            first = resume.init_index
+            if resume.best_run is not None:
+                best = (resume.best_score, resume.best_run, None)
+        for init in range(first, plan.n_init):
             if self.verbose:
                 print(f"Initialization {init}")
-            run = self._run_once(plan, source, init, None, None)
+            start = None
+            if resume is not None and init == first:
+                plan.random_state.set_state(resume.rng_state)
+                start = resume.run
+            run = self._run_once(plan, source, init, start, best)
             bound = run.lower_bounds[-1] if run.lower_bounds else (
                 -np.inf if plan.do_init else self.lower_bound_)
             if self.verbose:
@@ -246,7 +258,7 @@ class BayesianGaussianMixture(BaseMixture):
         if want_labels:
             model = self._update_rule().e_step_model(best[1].model)
             _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size, model,
-                                   plan.compute_dtype, True)
+                                        plan.compute_dtype, True)
             best = best[:2] + (labels,)
         return best
 
@@ -254,8 +266,9 @@ class BayesianGaussianMixture(BaseMixture):
         if plan.do_init:
             return super()._run_once(plan, source, init, start, best)
         # a warm start measures its first change from the fitted lower bound
-        # (scikit-learn's), which is no bound of this run
-        start = RunResult(self._current_model(), [self.lower_bound_], 0, False, [])
+        # (scikit-learn's), which is no bound of this run (a resumed one has it)
+        if start is None:
+            start = RunResult(self._current_model(), [self.lower_bound_], 0, False, [])
         run = super()._run_once(plan, source, init, start, best)
         run.lower_bounds = run.lower_bounds[1:]
         return run
