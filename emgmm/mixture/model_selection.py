@@ -10,11 +10,11 @@ from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ..covariance import REGISTRY
 from ..engine.shared_pass import SharedPasses
 from ..io.sources import as_source, is_file_backed
 from ..runtime.executor import Executor
 from ..runtime.memory import (
-    _mib,
     available_memory,
     bytes_per_row,
     partition,
@@ -25,7 +25,7 @@ from ..runtime.worker_loss import explain_worker_loss
 from .base import FitPlan
 from .gaussian_mixture import GaussianMixture
 
-COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+COVARIANCE_TYPES = tuple(REGISTRY)
 CRITERIA = ("bic", "aic")
 #: GaussianMixture's parameters that every candidate shares (passed through as given).
 SHARED_PARAMETERS = (
@@ -56,7 +56,7 @@ def _covariance_types(covariance_type):
     unknown = [t for t in types if t not in COVARIANCE_TYPES]
     if not types or unknown or len(set(types)) != len(types):
         raise ValueError(
-            "covariance_type must be one of 'full', 'tied', 'diag', 'spherical', "
+            f"covariance_type must be one of {', '.join(map(repr, COVARIANCE_TYPES))}, "
             f"'all' or a list of distinct ones; got {covariance_type!r}.")
     return types
 
@@ -292,9 +292,9 @@ def _check_memory(candidates, n_features, n_workers, memory_limit):
     if total > budget:
         raise MemoryError(
             f"The {len(candidates)} candidates fitted side by side need about "
-            f"{_mib(total)} MiB for their models with {n_workers} worker(s), more than "
-            f"the budget of {_mib(budget)} MiB. Use a smaller grid (max_components, "
-            "covariance_type), fewer n_jobs, or raise memory_limit.")
+            f"{total / 2**20:,.1f} MiB for their models with {n_workers} worker(s), "
+            f"more than the budget of {budget / 2**20:,.1f} MiB. Use a smaller grid "
+            "(max_components, covariance_type), fewer n_jobs, or raise memory_limit.")
     return total
 
 
