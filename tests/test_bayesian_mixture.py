@@ -422,3 +422,12 @@ def test_checkpoint_of_other_priors_or_of_a_gaussian_mixture_is_refused(data,
              data)
     with pytest.raises(ValueError, match="other parameters"):
         BayesianGaussianMixture(**params, checkpoint=gaussian).fit(data)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import emgmm.mixture.bayesian_mixture as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

@@ -162,3 +162,12 @@ def test_benchmark_script_runs(tmp_path):
     result = json.loads(out.read_text())
     assert result["same_choice"]
     assert result["shared_passes"] < result["loop_passes_at_least"]
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import emgmm.mixture.model_selection as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

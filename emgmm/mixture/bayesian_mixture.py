@@ -96,6 +96,18 @@ class BayesianGaussianMixture(BaseMixture):
     ``on_degenerate`` of :class:`emgmm.GaussianMixture` is no parameter here: a
     component without data falls back to the prior, whose covariance is positive
     definite, so none degenerates.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from emgmm import BayesianGaussianMixture
+    >>> X = np.array([[1, 2], [1, 4], [1, 0], [4, 2], [12, 4], [10, 7]], dtype=float)
+    >>> bgm = BayesianGaussianMixture(n_components=2, random_state=42).fit(X)
+    >>> bgm.means_.round(2)
+    array([[2.5 , 2.29],
+           [8.46, 4.52]])
+    >>> bgm.predict([[0, 0], [9, 3]])
+    array([0, 1])
     """
 
     _parameter_constraints: dict = {  # noqa: RUF012 (scikit-learn's convention)

@@ -118,6 +118,19 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when ``X`` has string feature names.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from emgmm import GaussianMixtureIC
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.vstack([rng.normal(0, 1, (200, 2)), rng.normal(8, 1, (200, 2))])
+    >>> selector = GaussianMixtureIC(1, 4, covariance_type=["full", "spherical"],
+    ...                              random_state=0).fit(X)
+    >>> selector.n_components_, selector.covariance_type_
+    (2, 'spherical')
+    >>> selector.criteria_.shape
+    (4, 2)
     """
 
     def __init__(self, min_components=1, max_components=10, *, covariance_type="full",
