@@ -171,3 +171,32 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_cancelled_shared_passes_end_every_member():
+    """What a Ctrl-C during GaussianMixtureIC.fit does to the candidates' threads:
+    each ends at its next pass instead of running its fit to the end."""
+    import threading
+
+    from emgmm.engine.model import Model
+    from emgmm.engine.shared_pass import FitCancelled, SharedPasses
+
+    model = Model(np.ones(1), np.zeros((1, 2)), np.ones((1, 2)), np.ones((1, 2)), "diag")
+    passes = SharedPasses(None, [], 1, n_members=2)  # (no round can run: 2 members)
+    raised = []
+
+    def member():
+        try:
+            passes.score_pass(None, None, None, model, np.float64, False)
+        except FitCancelled as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=member)
+    thread.start()
+    while not passes._waiting:
+        pass
+    passes.cancel()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and len(raised) == 1
+    with pytest.raises(FitCancelled):
+        passes.score_pass(None, None, None, model, np.float64, False)

@@ -79,6 +79,10 @@ def shared_task(source, start, stop, block_size, requests, *, blas_threads):
     return results
 
 
+class FitCancelled(RuntimeError):
+    """The fits of a :class:`SharedPasses` were cancelled (:meth:`SharedPasses.cancel`)."""
+
+
 @dataclass
 class _Request:
     kind: str
@@ -111,6 +115,7 @@ class SharedPasses:
         self._members = n_members
         self._waiting = []
         self._cond = threading.Condition()
+        self._cancelled = None
         self.rounds = 0
         self.rows_read = 0
 
@@ -134,8 +139,20 @@ class SharedPasses:
             self._members -= 1
             self._run_if_ready()
 
+    def cancel(self):
+        """End every member at its next pass (after the round under way, if any):
+        their waiting and later passes raise :class:`FitCancelled`."""
+        self._cancelled = FitCancelled("the fit was stopped")
+        with self._cond:
+            for request in self._waiting:
+                request.error, request.done = self._cancelled, True
+            self._waiting = []
+            self._cond.notify_all()
+
     def _ask(self, request):
         with self._cond:
+            if self._cancelled is not None:
+                raise self._cancelled
             self._waiting.append(request)
             self._run_if_ready()
             self._cond.wait_for(lambda: request.done)

@@ -383,8 +383,14 @@ def _run_members(candidates, source, passes, plan):
                for i in range(len(candidates))]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:  # (Ctrl-C in this thread) the members end at their next pass
+        passes.cancel()
+        for t in threads:
+            t.join()
+        raise
     return [e for e in errors if e is not None]
 
 
