@@ -464,14 +464,14 @@ def _invalid_variational(values, covariance_type, n_components, n_features):
     """What makes a stored posterior inconsistent with its mixture (``None`` if
     nothing): a shape, or a value not finite and positive where it must be."""
     K, d = n_components, n_features
+    kind = REGISTRY[covariance_type]
     expected = {
         "weight_concentration": (2, K) if isinstance(values["weight_concentration"],
                                                      tuple) else (K,),
         "mean_precision": (K,),
-        "degrees_of_freedom": () if covariance_type == "tied" else (K,),
+        "degrees_of_freedom": () if kind.shared else (K,),
         "mean_prior": (d,),
-        "covariance_prior": {"full": (d, d), "tied": (d, d), "diag": (d,),
-                             "spherical": ()}[covariance_type],
+        "covariance_prior": kind.covariance_prior_shape(d),
     }
     for name, shape in expected.items():
         value = np.asarray(values[name])
