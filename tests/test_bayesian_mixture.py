@@ -431,3 +431,23 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_nan_in_a_file_is_named_by_row_before_any_fit(data, tmp_path):
+    """The priors' pass reads every row first: its check names the row."""
+    X = data.copy()
+    X[17, 1] = np.nan
+    path = tmp_path / "x.npy"
+    np.save(path, X)
+    mine = BayesianGaussianMixture(n_components=2, random_state=0, block_size=10)
+    with pytest.raises(ValueError, match="row 17"):
+        mine.fit(str(path))
+    assert not hasattr(mine, "means_")
+
+
+def test_warm_start_with_the_other_prior_type_is_refused(data):
+    mine = BayesianGaussianMixture(n_components=2, warm_start=True,
+                                   random_state=0).fit(data)
+    mine.set_params(weight_concentration_prior_type="dirichlet_distribution")
+    with pytest.raises(ValueError, match="weight concentration prior is not"):
+        mine.fit(data)
