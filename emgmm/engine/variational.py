@@ -121,6 +121,16 @@ class Priors:
     covariance_prior: object
 
 
+def check_degrees_of_freedom_prior(degrees_of_freedom_prior, n_features):
+    """Raise scikit-learn's ``ValueError`` unless ``degrees_of_freedom_prior`` is
+    ``None`` or greater than ``n_features - 1`` (a proper Wishart prior)."""
+    if degrees_of_freedom_prior is not None and not (
+            degrees_of_freedom_prior > n_features - 1.0):
+        raise ValueError(
+            "The parameter 'degrees_of_freedom_prior' should be greater than "
+            f"{n_features - 1}, but got {degrees_of_freedom_prior:.3f}.")
+
+
 def resolve_priors(moments, n_components, covariance_type, weight_concentration_prior_type,
                    weight_concentration_prior=None, mean_precision_prior=None,
                    mean_prior=None, degrees_of_freedom_prior=None, covariance_prior=None):
@@ -153,12 +163,9 @@ def resolve_priors(moments, n_components, covariance_type, weight_concentration_
         ``degrees_of_freedom_prior <= n_features - 1`` (scikit-learn's message).
     """
     d = moments.mean.shape[0]
+    check_degrees_of_freedom_prior(degrees_of_freedom_prior, d)
     if degrees_of_freedom_prior is None:
         degrees_of_freedom_prior = d
-    elif not degrees_of_freedom_prior > d - 1.0:
-        raise ValueError(
-            "The parameter 'degrees_of_freedom_prior' should be greater than "
-            f"{d - 1}, but got {degrees_of_freedom_prior:.3f}.")
     if covariance_prior is None:
         covariance_prior = get_covariance_type(covariance_type).default_covariance_prior(
             moments.scatter / (moments.n_samples - 1))

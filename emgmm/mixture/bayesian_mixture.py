@@ -11,6 +11,7 @@ from ..engine.variational import (
     VariationalBayes,
     VariationalModel,
     block_moments,
+    check_degrees_of_freedom_prior,
     moments_task,
     resolve_priors,
     update_posterior,
@@ -164,7 +165,8 @@ class BayesianGaussianMixture(BaseMixture):
 
     def _check_priors(self, n_features):
         """Validated ``(mean_prior, covariance_prior)`` as float64 (``None`` kept);
-        raises ``ValueError`` naming the parameter."""
+        raises ``ValueError`` naming the parameter (before any pass)."""
+        check_degrees_of_freedom_prior(self.degrees_of_freedom_prior, n_features)
         mean = _checked_array(self.mean_prior, (n_features,), "mean_prior")
         kind = self._kind()
         cov = _checked_array(self.covariance_prior, kind.covariance_prior_shape(n_features),
