@@ -13,7 +13,9 @@ import importlib
 __version__ = "0.1.0"
 
 _PUBLIC = {
+    "BayesianGaussianMixture": ".mixture.bayesian_mixture",
     "GaussianMixture": ".mixture.gaussian_mixture",
+    "GaussianMixtureIC": ".mixture.model_selection",
     "ModelFileError": ".io.model_file",
     "load_model": ".io.model_file",
     "save_model": ".io.model_file",

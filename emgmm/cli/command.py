@@ -127,6 +127,19 @@ _ESTIMATOR_FLAGS = [
      dict(type=at_least(float, 0.0), metavar="SECONDS")),
 ]
 _INIT_ARRAYS = ("weights_init", "means_init", "precisions_init")
+#: Flags of ``emgmm fit --bayesian`` only: the priors of ``BayesianGaussianMixture``
+#: (``--mean-prior`` a .npy file, ``--covariance-prior`` a .npy file or a number).
+_BAYESIAN_FLAGS = [
+    (("--weight-concentration-prior-type",), "weight_concentration_prior_type",
+     {"choices": ["dirichlet_process", "dirichlet_distribution"]}),
+    (("--weight-concentration-prior",), "weight_concentration_prior", {"type": float}),
+    (("--mean-precision-prior",), "mean_precision_prior", {"type": float}),
+    (("--mean-prior",), "mean_prior", {"metavar": "NPY"}),
+    (("--degrees-of-freedom-prior",), "degrees_of_freedom_prior", {"type": float}),
+    (("--covariance-prior",), "covariance_prior", {"metavar": "NPY|FLOAT"}),
+]
+#: GaussianMixture's parameters that BayesianGaussianMixture has not.
+_GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate",)
 
 
 class CommandError(Exception):
@@ -283,12 +296,48 @@ def _npy_holds_objects(path):
     return dtype.hasobject
 
 
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def _bayesian_params(args, params):
+    """``params`` checked for the estimator ``emgmm fit`` builds, with the Bayesian
+    priors added (their files loaded); whether it is ``BayesianGaussianMixture``
+    (``--bayesian``, or a ``--warm-start`` model of that type)."""
+    priors = {p: getattr(args, p) for _, p, _ in _BAYESIAN_FLAGS if hasattr(args, p)}
+    bayesian = args.bayesian or (
+        args.warm_start is not None and os.path.exists(args.warm_start)
+        and read_header(args.warm_start)["format"] == "emgmm.BayesianGaussianMixture")
+    if not bayesian:
+        if priors:
+            raise CommandError(f"{_flag(next(iter(priors)))} is a prior of "
+                               "BayesianGaussianMixture: add --bayesian")
+        return params, False
+    given = [name for name in _GAUSSIAN_ONLY if name in params]
+    if given:
+        raise CommandError(f"{_flag(given[0])} is a GaussianMixture parameter that "
+                           "BayesianGaussianMixture has not: drop it, or drop --bayesian")
+    if "mean_prior" in priors:
+        priors["mean_prior"] = _load_init_array(priors["mean_prior"], "--mean-prior")
+    if "covariance_prior" in priors:
+        value = priors["covariance_prior"]
+        try:
+            priors["covariance_prior"] = float(value)
+        except ValueError:
+            priors["covariance_prior"] = _load_init_array(value, "--covariance-prior")
+    return dict(params, **priors), True
+
+
 def _cmd_fit(args):
-    from .. import GaussianMixture
+    from .. import BayesianGaussianMixture, GaussianMixture
 
     params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
+    params, bayesian = _bayesian_params(args, params)
     inputs = [("DATA", args.data)]
-    inputs += [("--" + name.replace("_", "-"), params.get(name)) for name in _INIT_ARRAYS]
+    inputs += [(_flag(name), params.get(name)) for name in _INIT_ARRAYS]
+    inputs += [(_flag(name), getattr(args, name)) for name in ("mean_prior",
+                                                                "covariance_prior")
+               if hasattr(args, name)]
     checkpoint = params.get("checkpoint")
     # (the output may be the --warm-start model: it is read whole before the fit, and
     # the output replaces it only when complete, so a model can be updated in place)
@@ -302,6 +351,9 @@ def _cmd_fit(args):
             params[name] = _load_init_array(params[name], "--" + name.replace("_", "-"))
     if args.warm_start is not None:
         estimator = load_model(args.warm_start)
+        if bayesian != isinstance(estimator, BayesianGaussianMixture):
+            raise CommandError(f"--warm-start {args.warm_start} is a GaussianMixture "
+                               "model: drop --bayesian to continue it")
         for name, flag in (("n_components", "-k"),
                            ("covariance_type", "--covariance-type")):
             if name in params and params[name] != getattr(estimator, name):
@@ -312,7 +364,7 @@ def _cmd_fit(args):
         estimator.set_params(warm_start=True, **params)
         _data_shape(args.data, estimator.n_features_in_)
     else:
-        estimator = GaussianMixture(**params)
+        estimator = (BayesianGaussianMixture if bayesian else GaussianMixture)(**params)
         _data_shape(args.data)
     # one report per iteration: --verbose asks for the estimator's own lines
     # (scikit-learn's), which then replace the reporter's
@@ -462,7 +514,7 @@ def build_parser():
     -------
     parser : argparse.ArgumentParser
     """
-    from .. import GaussianMixture
+    from .. import BayesianGaussianMixture, GaussianMixture
 
     defaults = GaussianMixture().get_params()
     parser = argparse.ArgumentParser(
@@ -489,6 +541,14 @@ def build_parser():
         fit.add_argument(*flags, dest=name, default=argparse.SUPPRESS,
                          help=f"GaussianMixture({name}=...); default "
                               f"{defaults[name]!r}{notes.get(name, '')}", **kwargs)
+    fit.add_argument("--bayesian", action="store_true",
+                     help="fit a BayesianGaussianMixture (variational; the number "
+                          "of components used is inferred up to -k)")
+    bayesian_defaults = BayesianGaussianMixture().get_params()
+    for flags, name, kwargs in _BAYESIAN_FLAGS:
+        fit.add_argument(*flags, dest=name, default=argparse.SUPPRESS,
+                         help=f"with --bayesian: BayesianGaussianMixture({name}=...); "
+                              f"default {bayesian_defaults[name]!r}", **kwargs)
     fit.add_argument("--warm-start", metavar="MODEL", default=None,
                      help="start from the parameters of a saved model "
                           "(warm_start=True)")

@@ -209,6 +209,41 @@ class CovarianceType(ABC):
         stats = block_statistics(X, resp, means, self)
         return m_step(stats, means, reg_covar, self)[2]
 
+    # ------------------------------------- variational Bayes (Bishop 2006, 10.2)
+
+    @abstractmethod
+    def covariance_prior_shape(self, n_features):
+        """Shape of ``covariance_prior`` (``W_0^{-1}``): a tuple, ``()`` a float."""
+
+    @abstractmethod
+    def default_covariance_prior(self, data_covariance):
+        """scikit-learn's default ``covariance_prior`` from the data's covariance
+        (``ddof=1``; (d, d), or its diagonal (d,) for a type with a vector prior)."""
+
+    @abstractmethod
+    def check_covariance_prior(self, covariance_prior):
+        """Raise ``ValueError`` unless ``covariance_prior`` (float64, of
+        :meth:`covariance_prior_shape`) is positive (definite)."""
+
+    def posterior_degrees_of_freedom(self, degrees_of_freedom_prior, nk):
+        """``nu_k = nu_0 + N_k`` (Bishop eq. 10.63; (K,), a float when shared)."""
+        return degrees_of_freedom_prior + nk
+
+    @abstractmethod
+    def posterior_covariances(self, nk, xk, sk, priors, mean_precision,
+                              degrees_of_freedom):
+        """``(W_0^{-1} + N_k S_k + beta_0 N_k / beta_k (x_k - m_0)(x_k - m_0)^T) /
+        nu_k`` (Bishop eq. 10.62, scikit-learn's ``_estimate_wishart_*``), from
+        ``nk`` (K,), the means ``xk`` and covariances ``sk`` of the statistics and
+        ``priors`` (``mean_prior``, ``mean_precision_prior``,
+        ``covariance_prior``)."""
+
+    @abstractmethod
+    def weighted_mahalanobis(self, stats, delta, precisions_cholesky):
+        """``sum_i r_ik ||(x_i - mu_k) U_k||^2`` per component (summed over the
+        components when shared) from statistics around centres ``mu_k - delta_k``:
+        ``tr(U^T S_k U) - 2 (delta_k U).(s_k U) + N_k ||delta_k U||^2``."""
+
     # -------------------------------------------------------- model files
 
     def factor_name(self, index):

@@ -229,6 +229,15 @@ def check_precision_matrix(precision, covariance_type):
             f"'{covariance_type} precision' should be symmetric, positive-definite")
 
 
+def check_symmetric_positive_definite(matrix, covariance_type):
+    """Raise ``ValueError`` naming ``covariance_prior`` unless ``matrix`` (d, d) is
+    symmetric (``np.isclose``) and positive definite (``eigvalsh``)."""
+    if not (np.all(np.isclose(matrix, matrix.T))
+            and np.all(np.linalg.eigvalsh(matrix) > 0.0)):
+        raise ValueError(f"covariance_prior (covariance_type={covariance_type!r}) "
+                         "should be symmetric, positive-definite.")
+
+
 def check_precision_positivity(precision, covariance_type):
     """Raise ``ValueError`` (scikit-learn's wording) unless every entry is > 0."""
     if np.any(np.less_equal(precision, 0.0)):

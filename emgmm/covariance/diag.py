@@ -71,6 +71,31 @@ class DiagCovariance(CovarianceType):
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         return diagonal_variances(stats, nk, shift, reg_covar)
 
+    def covariance_prior_shape(self, n_features):
+        return (n_features,)
+
+    def default_covariance_prior(self, data_covariance):
+        cov = np.asarray(data_covariance)
+        return np.diagonal(cov) if cov.ndim == 2 else cov
+
+    def check_covariance_prior(self, covariance_prior):
+        if np.any(covariance_prior <= 0.0):
+            raise ValueError(f"covariance_prior (covariance_type={self.name!r}) "
+                             "should be positive.")
+
+    def posterior_covariances(self, nk, xk, sk, priors, mean_precision,
+                              degrees_of_freedom):
+        diff = xk - priors.mean_prior
+        cov = priors.covariance_prior + nk[:, np.newaxis] * (
+            sk + (priors.mean_precision_prior / mean_precision)[:, np.newaxis]
+            * np.square(diff))
+        return cov / degrees_of_freedom[:, np.newaxis]
+
+    def weighted_mahalanobis(self, stats, delta, precisions_cholesky):
+        prec = self.diagonal_precisions(precisions_cholesky, delta.shape[1])
+        return np.sum(prec * (stats.sum_xx - 2.0 * delta * stats.sum_x
+                              + stats.nk[:, np.newaxis] * delta**2), axis=1)
+
     def check_precisions(self, precisions, n_components, n_features):
         check_shape(precisions, self.covariance_shape(n_components, n_features),
                     f"{self.name} precision")

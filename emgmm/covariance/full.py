@@ -5,6 +5,7 @@ import numpy as np
 from .base import CovarianceType, check_shape
 from .cholesky import (
     check_precision_matrix,
+    check_symmetric_positive_definite,
     cholesky_factors,
     covariances_of_factors,
     entry_below_diagonal,
@@ -71,6 +72,36 @@ class FullCovariance(CovarianceType):
 
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         return full_covariances(stats, nk, shift, reg_covar, overwrite)
+
+    def covariance_prior_shape(self, n_features):
+        return (n_features, n_features)
+
+    def default_covariance_prior(self, data_covariance):
+        return np.atleast_2d(data_covariance)
+
+    def check_covariance_prior(self, covariance_prior):
+        check_symmetric_positive_definite(covariance_prior, self.name)
+
+    def posterior_covariances(self, nk, xk, sk, priors, mean_precision,
+                              degrees_of_freedom):
+        diff = xk - priors.mean_prior
+        coef = nk * priors.mean_precision_prior / mean_precision
+        cov = np.empty_like(sk)
+        for k in range(len(nk)):  # (one d x d temporary at a time)
+            cov[k] = priors.covariance_prior + nk[k] * sk[k]
+            cov[k] += coef[k] * np.outer(diff[k], diff[k])
+        cov /= degrees_of_freedom[:, np.newaxis, np.newaxis]
+        return cov
+
+    def weighted_mahalanobis(self, stats, delta, precisions_cholesky):
+        u, s, nk = precisions_cholesky, stats.sum_x, stats.nk
+        out = np.empty(len(nk))
+        for k in range(len(nk)):  # (the upper triangle of S_k is meaningful)
+            upper = np.triu(stats.sum_xx[k])
+            dU, sU = delta[k] @ u[k], s[k] @ u[k]
+            out[k] = (np.sum(((upper + np.triu(upper, 1).T) @ u[k]) * u[k])
+                      - 2.0 * dU @ sU + nk[k] * dU @ dU)
+        return out
 
     def factor_diagonals(self, stack):
         return np.diagonal(stack, axis1=-2, axis2=-1)

@@ -33,3 +33,17 @@ class SphericalCovariance(DiagCovariance):
 
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         return super().m_step_covariances(stats, nk, shift, reg_covar).mean(axis=1)
+
+    def covariance_prior_shape(self, n_features):
+        return ()
+
+    def default_covariance_prior(self, data_covariance):
+        return float(super().default_covariance_prior(data_covariance).mean())
+
+    def posterior_covariances(self, nk, xk, sk, priors, mean_precision,
+                              degrees_of_freedom):
+        diff = xk - priors.mean_prior
+        cov = priors.covariance_prior + nk * (
+            sk + priors.mean_precision_prior / mean_precision
+            * np.mean(np.square(diff), 1))
+        return cov / degrees_of_freedom

@@ -5,6 +5,7 @@ import numpy as np
 from .base import CovarianceType, check_shape
 from .cholesky import (
     check_precision_matrix,
+    check_symmetric_positive_definite,
     cholesky_factors,
     covariances_of_factors,
     entry_below_diagonal,
@@ -129,6 +130,34 @@ class TiedCovariance(CovarianceType):
         cov = 0.5 * (cov + cov.T)
         cov[np.diag_indices_from(cov)] += reg_covar
         return cov
+
+    def covariance_prior_shape(self, n_features):
+        return (n_features, n_features)
+
+    def default_covariance_prior(self, data_covariance):
+        return np.atleast_2d(data_covariance)
+
+    def check_covariance_prior(self, covariance_prior):
+        check_symmetric_positive_definite(covariance_prior, self.name)
+
+    def posterior_degrees_of_freedom(self, degrees_of_freedom_prior, nk):
+        # one Wishart for all components, with the mean count (scikit-learn's)
+        return degrees_of_freedom_prior + nk.sum() / len(nk)
+
+    def posterior_covariances(self, nk, xk, sk, priors, mean_precision,
+                              degrees_of_freedom):
+        K = len(nk)
+        diff = xk - priors.mean_prior
+        cov = (priors.covariance_prior + sk * nk.sum() / K
+               + priors.mean_precision_prior / K
+               * np.dot((nk / mean_precision) * diff.T, diff))
+        return cov / degrees_of_freedom
+
+    def weighted_mahalanobis(self, stats, delta, precisions_cholesky):
+        u, nk = precisions_cholesky, stats.nk
+        dU, sU = delta @ u, stats.sum_x @ u
+        return (np.sum((stats.sum_xx @ u) * u) - 2.0 * np.sum(dU * sU)
+                + np.sum(nk * np.einsum("kj,kj->k", dU, dU)))
 
     def factor_name(self, index):
         return "precisions_cholesky (tied)"

@@ -26,6 +26,7 @@ import numpy as np
 from ..engine.model import Model, RunResult
 from ..runtime.executor import _pid_alive, _process_space
 from .atomic import atomic_output, check_writable, reserved_file
+from ..engine.variational import VariationalModel
 
 FORMAT = "emgmm-checkpoint"
 #: 2: the data fingerprint hashes every row (version 1 hashed 16 rows).
@@ -36,6 +37,15 @@ _FINGERPRINT_BLOCK_BYTES = 16 * 2**20
 # entries (ZIP64 local header and central directory record, ~250 bytes with the name)
 _NPZ_SLACK_BYTES = 1024
 _MODEL_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
+#: The rest of a variational posterior (:class:`VariationalModel`).
+_POSTERIOR_FIELDS = ("weight_concentration", "mean_precision", "degrees_of_freedom",
+                     "resp_log_resp")
+#: BayesianGaussianMixture's parameters that change the result (fingerprinted when
+#: the estimator has them).
+_PRIOR_PARAMETERS = ("weight_concentration_prior_type", "weight_concentration_prior",
+                     "mean_precision_prior", "mean_prior", "degrees_of_freedom_prior",
+                     "covariance_prior")
+_ABSENT = object()
 
 
 def _sha256(*arrays):
@@ -121,15 +131,17 @@ def params_fingerprint(estimator, compute_dtype, random_state, warm_model):
         "max_iter": int(estimator.max_iter),
         "n_init": int(estimator.n_init),
         "init_params": estimator.init_params,
-        "weights_init": _value_fingerprint(estimator.weights_init),
-        "means_init": _value_fingerprint(estimator.means_init),
-        "precisions_init": _value_fingerprint(estimator.precisions_init),
+        **{name: _value_fingerprint(getattr(estimator, name, None))
+           for name in ("weights_init", "means_init", "precisions_init")},
         "random_state": rng,
         "warm_start_from": warm,
         "init_max_samples": int(estimator.init_max_samples),
         "compute_dtype": np.dtype(compute_dtype).name,
         "resp_threshold": float(estimator.resp_threshold),
         "on_degenerate": estimator.on_degenerate,
+        **{name: (value if isinstance(value, str) else _value_fingerprint(value))
+           for name in _PRIOR_PARAMETERS
+           if (value := getattr(estimator, name, _ABSENT)) is not _ABSENT},
     }
 
 
@@ -158,14 +170,21 @@ class ResumeState:
 
 
 def _run_arrays(prefix, run):
+    fields = _MODEL_FIELDS
+    if isinstance(run.model, VariationalModel):
+        fields += _POSTERIOR_FIELDS  # (the process's Beta parameters as (2, K))
     out = {f"{prefix}{f}": np.asarray(getattr(run.model, f), dtype=np.float64)
-           for f in _MODEL_FIELDS}
+           for f in fields}
     out[f"{prefix}lower_bounds"] = np.asarray(run.lower_bounds, dtype=np.float64)
     return out
 
 
 def _run_meta(run):
+    model = run.model
     return {
+        "posterior": (None if not isinstance(model, VariationalModel)
+                      else {"stick_breaking": isinstance(model.weight_concentration,
+                                                         tuple)}),
         "covariance_type": run.model.covariance_type,
         "n_iter": int(run.n_iter),
         "converged": bool(run.converged),
@@ -175,8 +194,18 @@ def _run_meta(run):
 
 
 def _run_from(prefix, arrays, meta):
-    model = Model(*(arrays[f"{prefix}{f}"] for f in _MODEL_FIELDS),
-                  meta["covariance_type"])
+    parameters = [arrays[f"{prefix}{f}"] for f in _MODEL_FIELDS]
+    posterior = meta.get("posterior")
+    if posterior is None:
+        model = Model(*parameters, meta["covariance_type"])
+    else:
+        extra = {f: arrays[f"{prefix}{f}"] for f in _POSTERIOR_FIELDS}
+        if posterior["stick_breaking"]:
+            extra["weight_concentration"] = tuple(extra["weight_concentration"])
+        for f in ("degrees_of_freedom", "resp_log_resp"):
+            if extra[f].ndim == 0:
+                extra[f] = float(extra[f])
+        model = VariationalModel(*parameters, meta["covariance_type"], **extra)
     return RunResult(model, arrays[f"{prefix}lower_bounds"].tolist(), meta["n_iter"],
                      meta["converged"], meta["history"], meta["reseed_rows"])
 

@@ -17,6 +17,18 @@ File layout (format ``"emgmm.GaussianMixture"``, version 1)::
     /fit                     attributes: n_iter, converged, lower_bound;
                              dataset lower_bounds (n_iter,)
 
+A ``BayesianGaussianMixture`` (format ``"emgmm.BayesianGaussianMixture"``, version 1)
+has the same layout (``weights`` are its ``weights_``) plus::
+
+    /params/<name>           also mean_prior and covariance_prior when given
+    /variational             attributes: weight_concentration_prior_type,
+                             weight_concentration_prior, mean_precision_prior,
+                             degrees_of_freedom_prior;
+                             datasets weight_concentration ((K,), or (2, K) for
+                             the Dirichlet process), mean_precision (K,),
+                             degrees_of_freedom ((K,), or () for 'tied'),
+                             mean_prior (d,), covariance_prior (sklearn's shape)
+
 Constructor parameters that cannot be written without pickle (a ``callback``
 function, a ``numpy.random.RandomState`` as ``random_state``) are stored as
 ``None``; their names are listed in the ``params_dropped`` attribute. The
@@ -44,12 +56,19 @@ from .atomic import atomic_output, reserve
 from .sources import _hdf5_error, _opens_without_locking
 
 FORMAT_NAME = "emgmm.GaussianMixture"
+BAYESIAN_FORMAT_NAME = "emgmm.BayesianGaussianMixture"
 FORMAT_VERSION = 1
 COVARIANCE_TYPES = REGISTRY  # (the registered names, as they are when asked)
 if TYPE_CHECKING:
     from ..mixture.gaussian_mixture import GaussianMixture
 
-_ARRAY_PARAMS = ("weights_init", "means_init", "precisions_init")
+_ARRAY_PARAMS = ("weights_init", "means_init", "precisions_init", "mean_prior",
+                 "covariance_prior")
+#: The variational posterior's arrays and the priors' scalars (``/variational``).
+_VARIATIONAL_ARRAYS = ("mean_precision", "degrees_of_freedom", "mean_prior",
+                       "covariance_prior")
+_PRIOR_SCALARS = ("weight_concentration_prior", "mean_precision_prior",
+                  "degrees_of_freedom_prior")
 
 
 class ModelFileError(ValueError):
@@ -111,7 +130,11 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
         prec_chol = np.asarray(estimator.precisions_cholesky_, dtype=np.float64)
         n_features = int(estimator.n_features_in_)
         n_iter, converged = int(estimator.n_iter_), bool(estimator.converged_)
-        lower_bound = float(estimator.lower_bound_)
+        # (scikit-learn's 'tied' BayesianGaussianMixture: arrays of shape (1,))
+        lower_bound = float(np.ravel(estimator.lower_bound_)[0])
+        lower_bounds = np.ravel(np.asarray(getattr(estimator, "lower_bounds_", []),
+                                           dtype=np.float64))
+        bayesian = hasattr(estimator, "weight_concentration_")
     except AttributeError as exc:
         raise ValueError(f"cannot save an unfitted estimator ({exc})") from None
     if estimator.covariance_type not in COVARIANCE_TYPES:
@@ -122,7 +145,10 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
     sizes = [np.asarray(a).nbytes for a in (weights, means, prec_chol, *arrays.values())]
     sizes += [len(str(name).encode()) + 16
               for name in getattr(estimator, "feature_names_in_", [])]
-    sizes.append(8 * len(getattr(estimator, "lower_bounds_", [])))
+    sizes.append(lower_bounds.nbytes)
+    if bayesian:
+        sizes += [np.asarray(getattr(estimator, name + "_")).nbytes
+                  for name in _VARIATIONAL_ARRAYS + ("weight_concentration",)]
     nbytes = _RESERVE_SLACK_BYTES + 2 * sum(sizes)
     with atomic_output(path) as tmp_path:
         # Space first: HDF5 meeting a full file system mid-write crashed the process
@@ -132,7 +158,7 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
         with open(tmp_path, "rb+") as fh:
             reserve(fh.fileno(), nbytes, path)
         with h5py.File(tmp_path, "r+") as f:
-            f.attrs["format"] = FORMAT_NAME
+            f.attrs["format"] = BAYESIAN_FORMAT_NAME if bayesian else FORMAT_NAME
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["emgmm_version"] = _package_version()
             f.attrs["covariance_type"] = estimator.covariance_type
@@ -157,8 +183,21 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
             fit.attrs["n_iter"] = n_iter
             fit.attrs["converged"] = converged
             fit.attrs["lower_bound"] = lower_bound
-            lower_bounds = getattr(estimator, "lower_bounds_", [])
-            fit["lower_bounds"] = np.asarray(lower_bounds, dtype=np.float64)
+            fit["lower_bounds"] = lower_bounds
+            if bayesian:
+                _write_variational(f.create_group("variational"), estimator)
+
+
+def _write_variational(group, estimator):
+    """The posterior's and the priors' values of a BayesianGaussianMixture."""
+    group.attrs["weight_concentration_prior_type"] = (
+        estimator.weight_concentration_prior_type)
+    for name in _PRIOR_SCALARS:
+        group.attrs[name] = float(getattr(estimator, name + "_"))
+    group["weight_concentration"] = np.asarray(estimator.weight_concentration_,
+                                               dtype=np.float64)
+    for name in _VARIATIONAL_ARRAYS:
+        group[name] = np.asarray(getattr(estimator, name + "_"), dtype=np.float64)
 
 
 #: Bytes reserved for a model file beyond twice its contents (HDF5's metadata).
@@ -210,10 +249,10 @@ def _check_format(f, path):
         fmt = _text(f.attrs.get("format"), "format")
     except _Damage:
         fmt = None
-    if fmt != FORMAT_NAME:
+    if fmt not in (FORMAT_NAME, BAYESIAN_FORMAT_NAME):
         raise ModelFileError(
             f"{path} is not an emgmm model file (no 'format' attribute "
-            f"{FORMAT_NAME!r})"
+            f"{FORMAT_NAME!r} or {BAYESIAN_FORMAT_NAME!r})"
         )
     version = f.attrs.get("format_version")
     if not (isinstance(version, (int, np.integer)) and version == FORMAT_VERSION):
@@ -389,8 +428,9 @@ def _header(f):
     if not all(isinstance(name, str) for name in dropped):
         raise _Damage("attribute 'params_dropped' is not a list of names")
     n_features = _integer(attrs.get("n_features_in"), "n_features_in", 1)
+    fmt = _text(attrs.get("format"), "format")
     return {
-        "format": FORMAT_NAME,
+        "format": fmt,
         "format_version": FORMAT_VERSION,
         "emgmm_version": _text(attrs.get("emgmm_version"), "emgmm_version"),
         "covariance_type": covariance_type,
@@ -424,6 +464,10 @@ def _arrays(f, header):
     for name in ([] if group is None else group):
         if name in _ARRAY_PARAMS:
             params[name] = _numbers(group, name)
+    if header["format"] == BAYESIAN_FORMAT_NAME:
+        if _member(f, "variational", h5py.Group) is None:
+            raise _Damage("no group 'variational'")
+        values["variational"] = _read_variational(f["variational"])
     return dict(values, params=params)
 
 
@@ -521,11 +565,13 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
         component: not finite, no positive diagonal, not upper triangular, or
         precisions or covariances that overflow float64).
     """
-    from .. import GaussianMixture
+    from .. import BayesianGaussianMixture, GaussianMixture
 
     header, values = _read(path, arrays=True)
     weights, means = values["weights"], values["means"]
     prec_chol, arrays = values["precisions_cholesky"], values["params"]
+    variational = values.get("variational")
+    k = header["n_components"]
     cov_type = header["covariance_type"]
     d = header["n_features_in"]
     problem = _invalid_parameters(weights, means, prec_chol, cov_type)
@@ -535,13 +581,15 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
             covariances = covariances_from_cholesky(prec_chol, cov_type)
             precisions = precisions_from_cholesky(prec_chol, cov_type)
         problem = _singular_factor(covariances, prec_chol, cov_type)
+    if problem is None and variational is not None:
+        problem = _invalid_variational(variational, cov_type, k, d)
     if problem is not None:
         raise ModelFileError(f"{os.fspath(path)} holds no valid mixture: {problem}")
     # (files written before checkpoint was stored as null still carry the path)
     params = dict(header["params"], **arrays, checkpoint=None)
     for name in header["params_dropped"]:
         params.pop(name, None)
-    estimator = GaussianMixture()
+    estimator = GaussianMixture() if variational is None else BayesianGaussianMixture()
     known = estimator.get_params(deep=False)
     estimator.set_params(**{n: v for n, v in params.items() if n in known})
     # float32 for a model fitted in float32, as fit left them (checked in float64)
@@ -560,4 +608,48 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
     estimator.converged_ = header["converged"]
     estimator.lower_bound_ = header["lower_bound"]
     estimator.lower_bounds_ = header["lower_bounds"]
+    for name, value in (variational or {}).items():
+        if name != "weight_concentration_prior_type":
+            setattr(estimator, name + "_", value)
     return estimator
+
+
+def _read_variational(group):
+    """The ``/variational`` group as ``{attribute name without '_': value}``."""
+    values = {name: float(group.attrs[name]) for name in _PRIOR_SCALARS}
+    values["weight_concentration_prior_type"] = str(
+        group.attrs["weight_concentration_prior_type"])
+    for name in _VARIATIONAL_ARRAYS + ("weight_concentration",):
+        values[name] = group[name][()]
+    if values["weight_concentration_prior_type"] == "dirichlet_process":
+        a, b = values["weight_concentration"]
+        values["weight_concentration"] = (a, b)
+    for name in ("degrees_of_freedom", "covariance_prior"):
+        if np.ndim(values[name]) == 0:
+            values[name] = float(values[name])
+    return values
+
+
+def _invalid_variational(values, covariance_type, n_components, n_features):
+    """What makes a stored posterior inconsistent with its mixture (``None`` if
+    nothing): a shape, or a value not finite and positive where it must be."""
+    K, d = n_components, n_features
+    kind = REGISTRY[covariance_type]
+    expected = {
+        "weight_concentration": (2, K) if isinstance(values["weight_concentration"],
+                                                     tuple) else (K,),
+        "mean_precision": (K,),
+        "degrees_of_freedom": () if kind.shared else (K,),
+        "mean_prior": (d,),
+        "covariance_prior": kind.covariance_prior_shape(d),
+    }
+    for name, shape in expected.items():
+        value = np.asarray(values[name])
+        if value.shape != shape:
+            return f"variational/{name} has shape {value.shape}, not {shape}"
+        if not np.isfinite(value).all():
+            return f"variational/{name} must be finite"
+    for name in ("weight_concentration", "mean_precision", "degrees_of_freedom"):
+        if not (np.asarray(values[name]) > 0).all():
+            return f"variational/{name} must be positive"
+    return None

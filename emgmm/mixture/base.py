@@ -183,6 +183,8 @@ class FitPlan:
     model_nbytes: int
     block_nbytes: int
     checkpointer: object
+    #: The scoring pass (a shared one when several fits read the data together).
+    score_pass: object = score_pass
 
 
 class BaseMixture(DensityMixin, BaseEstimator):
@@ -466,7 +468,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
                 self.callback({"event": "final_pass", "init": init})
             # scored as stored (rounded to float32 for float32 data), so that
             # lower_bound_ is score(X) and n_init compares what it returns
-            total, labels = score_pass(plan.executor, plan.tasks, plan.block_size,
+            total, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
                                        _as_stored(run.model, plan.out_dtype),
                                        plan.compute_dtype, want_labels)
             score = total / plan.n_samples
@@ -476,7 +478,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
             if best is None or score > best[0]:
                 best = (score, run, labels)
         if want_labels and best[2] is None:  # best run restored from checkpoint
-            _, labels = score_pass(plan.executor, plan.tasks, plan.block_size,
+            _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
                                    _as_stored(best[1].model, plan.out_dtype),
                                    plan.compute_dtype, True)
             best = best[:2] + (labels,)
@@ -664,3 +666,36 @@ class BaseMixture(DensityMixin, BaseEstimator):
         """
         return self._per_block(X, lambda _, log_resp: _normalised_exp(log_resp),
                                self.n_components, "float", out, "predict_proba")
+
+    def sample(self, n_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Draw samples from the fitted mixture (as scikit-learn draws them).
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+            Number of samples to draw.
+
+        Returns
+        -------
+        X : ndarray of shape (n_samples, n_features)
+            The samples, float64, ordered by component.
+        y : ndarray of shape (n_samples,), int64
+            Component of each sample.
+
+        Raises
+        ------
+        ValueError
+            If ``n_samples < 1``.
+        """
+        check_is_fitted(self)
+        if n_samples < 1:
+            raise ValueError(
+                f"Invalid value for 'n_samples': {n_samples} . The sampling requires at "
+                "least one sample."
+            )
+        rng = check_random_state(self.random_state)
+        counts = rng.multinomial(n_samples, self.weights_)
+        parts = self._kind().sample(rng, self.means_, self.covariances_, counts)
+        X = np.vstack(parts).astype(np.float64)
+        y = np.concatenate([np.full(int(s), k, dtype=np.int64) for k, s in enumerate(counts)])
+        return X, y

@@ -10,8 +10,6 @@ from numbers import Integral, Real
 
 import numpy as np
 from numpy.typing import ArrayLike
-from sklearn.utils import check_random_state
-from sklearn.utils.validation import check_is_fitted
 
 from ..covariance import REGISTRY
 from ..covariance.cholesky import (
@@ -389,39 +387,6 @@ class GaussianMixture(BaseMixture):
         self.covariances_ = model.covariances.astype(dtype)
         self.precisions_cholesky_ = model.precisions_cholesky.astype(dtype)
         self.precisions_ = precisions
-
-    def sample(self, n_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """Draw samples from the fitted mixture (as scikit-learn draws them).
-
-        Parameters
-        ----------
-        n_samples : int, default=1
-            Number of samples to draw.
-
-        Returns
-        -------
-        X : ndarray of shape (n_samples, n_features)
-            The samples, float64, ordered by component.
-        y : ndarray of shape (n_samples,), int64
-            Component of each sample.
-
-        Raises
-        ------
-        ValueError
-            If ``n_samples < 1``.
-        """
-        check_is_fitted(self)
-        if n_samples < 1:
-            raise ValueError(
-                f"Invalid value for 'n_samples': {n_samples} . The sampling requires at "
-                "least one sample."
-            )
-        rng = check_random_state(self.random_state)
-        counts = rng.multinomial(n_samples, self.weights_)
-        parts = self._kind().sample(rng, self.means_, self.covariances_, counts)
-        X = np.vstack(parts).astype(np.float64)
-        y = np.concatenate([np.full(int(s), k, dtype=np.int64) for k, s in enumerate(counts)])
-        return X, y
 
     # ---------------------------------------------------------- model choice
 

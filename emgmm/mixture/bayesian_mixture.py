@@ -1,0 +1,334 @@
+"""Variational Bayesian Gaussian mixture fitted from blocked, out-of-core passes."""
+
+from numbers import Real
+
+import numpy as np
+
+from ..engine.model import RunResult
+from ..engine.variational import (
+    PRIOR_TYPES,
+    Priors,
+    VariationalBayes,
+    VariationalModel,
+    block_moments,
+    check_degrees_of_freedom_prior,
+    moments_task,
+    resolve_priors,
+    update_posterior,
+)
+from ..io.sources import ArraySource
+from .base import BaseMixture
+from .gaussian_mixture import GaussianMixture
+from .initialization import (
+    initial_responsibilities,
+    parameters_from_responsibilities,
+    subsample_indices,
+)
+from .validation import Interval, StrOptions
+
+#: GaussianMixture's parameters that this estimator shares, validated the same way.
+_SHARED = (
+    "n_components", "covariance_type", "tol", "reg_covar", "max_iter", "n_init",
+    "init_params", "random_state", "warm_start", "verbose", "verbose_interval",
+    "n_jobs", "working_memory", "block_size", "memory_limit", "schedule",
+    "init_max_samples", "compute_dtype", "resp_threshold", "callback", "checkpoint",
+    "checkpoint_interval",
+)
+_POSITIVE = Interval(Real, 0.0, None, closed="neither")
+
+
+class BayesianGaussianMixture(BaseMixture):
+    """Variational Bayesian Gaussian mixture, fitted by blocked, out-of-core passes.
+
+    A drop-in for :class:`sklearn.mixture.BayesianGaussianMixture` (scikit-learn
+    1.9.1's parameters, defaults, attributes and lower bound; Bishop 2006, section
+    10.2; Blei and Jordan 2006 for the Dirichlet process) that reads ``np.memmap``,
+    ``.npy`` and HDF5 data in row blocks and runs the blocks on joblib workers, as
+    :class:`emgmm.GaussianMixture`. Each iteration reads ``X`` once: the E step adds
+    per-component offsets (expected log-weights and log-determinants, ``-d / (2
+    beta_k)``) to emgmm's Gaussian kernels, and everything else, ``sum r log r`` of
+    the lower bound included, comes from the blocks' sufficient statistics. The
+    priors' defaults (mean and covariance of ``X``) take one more pass per fit.
+
+    Parameters
+    ----------
+    n_components, covariance_type, tol, reg_covar, max_iter, n_init, init_params
+        As scikit-learn's (``tol`` applies to the change of the lower bound, which
+        is not divided by ``n_samples``); the initialisation runs on at most
+        ``init_max_samples`` rows, whose ``N_k`` are scaled to ``n_samples``.
+    weight_concentration_prior_type : {'dirichlet_process', 'dirichlet_distribution'}, default='dirichlet_process'
+    weight_concentration_prior : float or None, default=None
+        ``gamma_0`` or ``alpha_0`` (> 0); ``None``: ``1 / n_components``.
+    mean_precision_prior : float or None, default=None
+        ``beta_0`` (> 0); ``None``: 1.
+    mean_prior : array-like of shape (n_features,) or None, default=None
+        ``m_0``; ``None``: the mean of ``X``.
+    degrees_of_freedom_prior : float or None, default=None
+        ``nu_0`` (> ``n_features - 1``); ``None``: ``n_features``.
+    covariance_prior : float, array-like or None, default=None
+        ``W_0^{-1}``: (d, d) symmetric positive definite ('full', 'tied'), (d,)
+        positive ('diag'), a positive float ('spherical'); ``None``: the covariance
+        of ``X`` (``ddof=1``), its diagonal, or the mean of that.
+    random_state, warm_start, verbose, verbose_interval
+        As scikit-learn's.
+    n_jobs, working_memory, block_size, memory_limit, schedule, init_max_samples, compute_dtype, resp_threshold, callback, checkpoint, checkpoint_interval
+        As :class:`emgmm.GaussianMixture`'s (a checkpoint holds the posterior; the
+        priors are recomputed from the data, which it fingerprints).
+
+    Attributes
+    ----------
+    weights_, means_, covariances_, precisions_, precisions_cholesky_
+        scikit-learn's (float64).
+    weight_concentration_prior_, weight_concentration_, mean_precision_prior_,
+    mean_precision_, mean_prior_, degrees_of_freedom_prior_, degrees_of_freedom_,
+    covariance_prior_
+        The priors used and the posterior's parameters, as scikit-learn's.
+    converged_, n_iter_, lower_bound_, lower_bounds_
+        As scikit-learn's: ``lower_bounds_[i]`` is the bound after the M step of
+        iteration ``i + 1``.
+    history_ : list of dict
+        One record per iteration of the kept run (see ``callback``).
+    n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Only when ``X`` has string feature names.
+
+    Notes
+    -----
+    ``on_degenerate`` of :class:`emgmm.GaussianMixture` is no parameter here: a
+    component without data falls back to the prior, whose covariance is positive
+    definite, so none degenerates.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from emgmm import BayesianGaussianMixture
+    >>> X = np.array([[1, 2], [1, 4], [1, 0], [4, 2], [12, 4], [10, 7]], dtype=float)
+    >>> bgm = BayesianGaussianMixture(n_components=2, random_state=42).fit(X)
+    >>> bgm.means_.round(2)
+    array([[2.5 , 2.29],
+           [8.46, 4.52]])
+    >>> bgm.predict([[0, 0], [9, 3]])
+    array([0, 1])
+    """
+
+    _parameter_constraints: dict = {  # noqa: RUF012 (scikit-learn's convention)
+        **{name: GaussianMixture._parameter_constraints[name] for name in _SHARED},
+        "weight_concentration_prior_type": [StrOptions(set(PRIOR_TYPES))],
+        "weight_concentration_prior": [None, _POSITIVE],
+        "mean_precision_prior": [None, _POSITIVE],
+        "mean_prior": [None, "array-like"],
+        "degrees_of_freedom_prior": [None, _POSITIVE],
+        "covariance_prior": [None, "array-like", _POSITIVE],
+    }
+    # BaseMixture's parameter without a meaning here: no component degenerates
+    # (starved ones fall back to the prior, kept as scikit-learn keeps them)
+    on_degenerate = "raise"
+
+    def __init__(self, *, n_components=1, covariance_type="full", tol=1e-3,
+                 reg_covar=1e-6, max_iter=100, n_init=1, init_params="kmeans",
+                 weight_concentration_prior_type="dirichlet_process",
+                 weight_concentration_prior=None, mean_precision_prior=None,
+                 mean_prior=None, degrees_of_freedom_prior=None, covariance_prior=None,
+                 random_state=None, warm_start=False, verbose=0, verbose_interval=10,
+                 n_jobs=None, working_memory=None, block_size=None, memory_limit=None,
+                 schedule="auto", init_max_samples=100_000, compute_dtype=None,
+                 resp_threshold=1e-20, callback=None, checkpoint=None,
+                 checkpoint_interval=0.0):
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.tol = tol
+        self.reg_covar = reg_covar
+        self.max_iter = max_iter
+        self.n_init = n_init
+        self.init_params = init_params
+        self.weight_concentration_prior_type = weight_concentration_prior_type
+        self.weight_concentration_prior = weight_concentration_prior
+        self.mean_precision_prior = mean_precision_prior
+        self.mean_prior = mean_prior
+        self.degrees_of_freedom_prior = degrees_of_freedom_prior
+        self.covariance_prior = covariance_prior
+        self.random_state = random_state
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.verbose_interval = verbose_interval
+        self.n_jobs = n_jobs
+        self.working_memory = working_memory
+        self.block_size = block_size
+        self.memory_limit = memory_limit
+        self.schedule = schedule
+        self.init_max_samples = init_max_samples
+        self.compute_dtype = compute_dtype
+        self.resp_threshold = resp_threshold
+        self.callback = callback
+        self.checkpoint = checkpoint
+        self.checkpoint_interval = checkpoint_interval
+
+    def _check_priors(self, n_features):
+        """Validated ``(mean_prior, covariance_prior)`` as float64 (``None`` kept);
+        raises ``ValueError`` naming the parameter (before any pass)."""
+        check_degrees_of_freedom_prior(self.degrees_of_freedom_prior, n_features)
+        mean = _checked_array(self.mean_prior, (n_features,), "mean_prior")
+        kind = self._kind()
+        cov = _checked_array(self.covariance_prior, kind.covariance_prior_shape(n_features),
+                             f"covariance_prior (covariance_type={kind.name!r})")
+        if cov is not None:
+            kind.check_covariance_prior(cov)
+            if cov.ndim == 0:
+                cov = float(cov)
+        return mean, cov
+
+    # ------------------------------------------------------------------ hooks
+
+    def _check_initial_parameters(self, n_features):
+        return self._check_priors(n_features)
+
+    def _priors(self):
+        """The priors of the fit (the ``*_prior_`` attributes)."""
+        return Priors(self.weight_concentration_prior_type,
+                      self.weight_concentration_prior_, self.mean_precision_prior_,
+                      self.mean_prior_, self.degrees_of_freedom_prior_,
+                      self.covariance_prior_)
+
+    def _set_priors(self, plan):
+        """Resolve the priors, their defaults from one pass over the data (mean and
+        covariance), and store them as the ``*_prior_`` attributes."""
+        mean, cov = plan.inits
+        if mean is None or cov is None:
+            full = len(self._kind().covariance_prior_shape(plan.n_features)) == 2
+            args = [(s, e, plan.block_size, full) for s, e in plan.tasks]
+            moments = None
+            for part in plan.executor.map(moments_task, args):
+                moments = part if moments is None else moments + part
+        else:
+            moments = block_moments(np.zeros((0, plan.n_features)), False)
+        priors = resolve_priors(
+            moments, self.n_components, self.covariance_type,
+            self.weight_concentration_prior_type, self.weight_concentration_prior,
+            self.mean_precision_prior, mean, self.degrees_of_freedom_prior, cov)
+        self.weight_concentration_prior_ = priors.weight_concentration_prior
+        self.mean_precision_prior_ = priors.mean_precision_prior
+        self.mean_prior_ = priors.mean_prior
+        self.degrees_of_freedom_prior_ = priors.degrees_of_freedom_prior
+        self.covariance_prior_ = priors.covariance_prior
+
+    def _update_rule(self):
+        priors = self._priors() if hasattr(self, "covariance_prior_") else None
+        return VariationalBayes(priors, self.weight_concentration_prior_type,
+                                self.covariance_type)
+
+    def _initial_model(self, source, random_state, inits, block_size):
+        """scikit-learn's ``_initialize``: the variational M step from the initial
+        responsibilities' ``N_k``, means and covariances, on the subsample of at most
+        ``init_max_samples`` rows (``N_k`` scaled by ``n_samples / m``)."""
+        sample = self._init_sample(source, random_state, block_size)
+        resp = initial_responsibilities(sample, self.n_components, self.init_params,
+                                        random_state)
+        weights, means, covariances = parameters_from_responsibilities(
+            sample, resp, self.reg_covar, self.covariance_type)
+        return update_posterior(weights * source.n_samples, means, covariances,
+                                self._priors(), self.covariance_type)
+
+    def _init_sample(self, source, random_state, block_size):
+        """All rows, or a random subsample of ``init_max_samples`` (sorted)."""
+        if isinstance(source, ArraySource) and source.n_samples <= self.init_max_samples:
+            return source.array
+        idx = subsample_indices(source.n_samples, self.init_max_samples, random_state)
+        if idx is None:
+            idx = np.arange(source.n_samples)
+        sample = source.take(idx, block_size)
+        if sample.shape[0] < self.n_components:
+            raise ValueError(
+                f"init_max_samples={self.init_max_samples} is below n_components="
+                f"{self.n_components}: the initialisation subsample needs at least "
+                "one row per component.")
+        return sample
+
+    def _best_run(self, plan, source, want_labels):
+        """The priors, then every initialisation (from a checkpoint's, if
+        resuming); ``(lower bound, run, labels)`` of the run with the highest final
+        lower bound (scikit-learn's choice)."""
+        self._set_priors(plan)
+        resume = None if plan.checkpointer is None else plan.checkpointer.resume
+        best, first = None, 0
+        if resume is not None:
+            first = resume.init_index
+            if resume.best_run is not None:
+                best = (resume.best_score, resume.best_run, None)
+        for init in range(first, plan.n_init):
+            if self.verbose:
+                print(f"Initialization {init}")
+            start = None
+            if resume is not None and init == first:
+                plan.random_state.set_state(resume.rng_state)
+                start = resume.run
+            run = self._run_once(plan, source, init, start, best)
+            bound = run.lower_bounds[-1] if run.lower_bounds else (
+                -np.inf if plan.do_init else self.lower_bound_)
+            if self.verbose:
+                status = "converged" if run.converged else "did not converge"
+                print(f"Initialization {status}. lower bound {bound:.5f}.")
+            if best is None or bound > best[0] or best[0] == -np.inf:
+                best = (bound, run, None)
+        if want_labels:
+            model = self._update_rule().e_step_model(best[1].model)
+            _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size, model,
+                                        plan.compute_dtype, True)
+            best = best[:2] + (labels,)
+        return best
+
+    def _run_once(self, plan, source, init, start, best):
+        if plan.do_init:
+            return super()._run_once(plan, source, init, start, best)
+        # a warm start measures its first change from the fitted lower bound
+        # (scikit-learn's), which is no bound of this run (a resumed one has it)
+        if start is None:
+            start = RunResult(self._current_model(), [self.lower_bound_], 0, False, [])
+        run = super()._run_once(plan, source, init, start, best)
+        run.lower_bounds = run.lower_bounds[1:]
+        return run
+
+    def _current_model(self):
+        if isinstance(self.weight_concentration_, tuple) != (
+                self.weight_concentration_prior_type == "dirichlet_process"):
+            raise ValueError(
+                "warm_start=True continues the fitted model, whose weight "
+                "concentration prior is not weight_concentration_prior_type="
+                f"{self.weight_concentration_prior_type!r}. Set warm_start=False to "
+                "fit a new model.")
+        return super()._current_model()
+
+    def _fitted_model(self):
+        """The fitted posterior as a float64 :class:`VariationalModel`."""
+        return VariationalModel(
+            *(np.asarray(a, dtype=np.float64) for a in (
+                self.weights_, self.means_, self.covariances_,
+                self.precisions_cholesky_)),
+            self.covariance_type, weight_concentration=self.weight_concentration_,
+            mean_precision=self.mean_precision_,
+            degrees_of_freedom=self.degrees_of_freedom_)
+
+    def _set_model(self, model, dtype, precisions):
+        self.weights_ = model.weights.astype(dtype)
+        self.means_ = model.means.astype(dtype)
+        self.covariances_ = np.asarray(model.covariances).astype(dtype)
+        self.precisions_cholesky_ = np.asarray(model.precisions_cholesky).astype(dtype)
+        self.precisions_ = precisions
+        self.weight_concentration_ = model.weight_concentration
+        self.mean_precision_ = model.mean_precision
+        self.degrees_of_freedom_ = model.degrees_of_freedom
+
+
+def _checked_array(value, shape, name):
+    """``value`` as a finite float64 array of ``shape`` (``None`` kept)."""
+    if value is None:
+        return None
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numeric; got {value!r}.") from exc
+    if array.shape != shape:
+        raise ValueError(f"The parameter '{name}' should have the shape of {shape}, "
+                         f"but got {array.shape}.")
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name} must be finite.")
+    return array
