@@ -1,0 +1,489 @@
+"""Kernels of covariance type 'factor': mixtures of factor analysers.
+
+Component ``k`` has the covariance ``Sigma_k = W_k W_k^T + Psi_k`` with loadings
+``W_k`` of shape ``(d, q)`` and a diagonal ``Psi_k = diag(psi_k)`` of noise variances
+(the model ``x = mu_k + W_k z + e``, ``z ~ N(0, I_q)``, ``e ~ N(0, Psi_k)``).
+No ``(d, d)`` array is ever formed: the log-densities use the Woodbury identity and
+the matrix determinant lemma, the statistics are ``O(d q)`` per component.
+
+Notation: ``M_k = I_q + W_k^T Psi_k^{-1} W_k = L_k L_k^T`` (lower Cholesky factor),
+``G_k = Psi_k^{-1} W_k L_k^{-T}`` (``(d, q)``), and for a row ``x`` the projection
+``p_k(x) = (x - mu_k)^T G_k`` (``(q,)``). Then (Woodbury; determinant lemma)::
+
+    (x - mu)^T Sigma^{-1} (x - mu) = sum_j (x_j - mu_j)^2 / psi_j - ||p(x)||^2
+    log det Sigma = sum_j log psi_j + 2 sum_l log L_ll
+
+and the posterior of the factors is ``z | x ~ N(L^{-T} p(x), M^{-1})`` (Ghahramani &
+Hinton 1996, eq. 3-4, with ``beta = W^T Sigma^{-1} = M^{-1} W^T Psi^{-1}``).
+
+Pure functions of one block of rows and the parameters they are given: none keeps
+state, reads files or starts workers.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import solve_triangular
+from sklearn.utils.extmath import randomized_svd
+
+_LOG_2PI = np.log(2.0 * np.pi)
+# A component whose expanded diagonal distances (around the common shift) may lose
+# more than this many nats is recomputed directly from x - mu_k.
+_REFINE_TOL = 1e-9
+# Expanded sums more than this many times larger than their centred value (a tight
+# component far from the shift) are recomputed centred (about 1e-10 relative left).
+_MAX_CANCELLATION = 1e6
+# The initial loadings take an exact SVD of a component's weighted rows up to this
+# size of their smaller side, a randomized one beyond.
+_EXACT_SVD_SIZE = 600
+
+
+def n_parameters(n_components, n_features, n_factors):
+    """Free parameters: ``K (d q - q (q - 1) / 2 + 2 d) + K - 1``.
+
+    Loadings ``d q`` less the ``q (q - 1) / 2`` of the rotation ``W -> W R`` that leaves
+    ``W W^T`` unchanged, ``d`` noise variances, ``d`` means, and ``K - 1`` weights.
+
+    Returns
+    -------
+    int
+    """
+    K, d, q = n_components, n_features, n_factors
+    return int(K * (d * q - q * (q - 1) // 2 + 2 * d) + K - 1)
+
+
+@dataclass
+class FactorPrecision:
+    """What the kernels need of ``K`` components' ``W_k`` and ``psi_k``.
+
+    Attributes
+    ----------
+    inv_noise : ndarray of shape (K, d), float64
+        ``1 / psi_k``.
+    projection : ndarray of shape (K, d, q), float64
+        ``G_k = Psi_k^{-1} W_k L_k^{-T}``.
+    cholesky_inv : ndarray of shape (K, q, q), float64
+        ``L_k^{-1}`` (lower triangular): ``E[z | x]^T = p_k(x) L_k^{-1}`` and
+        ``Cov[z | x] = L_k^{-T} L_k^{-1} = M_k^{-1}``.
+    log_det : ndarray of shape (K,), float64
+        ``log det Sigma_k``.
+    """
+
+    inv_noise: np.ndarray
+    projection: np.ndarray
+    cholesky_inv: np.ndarray
+    log_det: np.ndarray
+
+    @property
+    def n_factors(self):
+        return self.projection.shape[2]
+
+
+def check_parameters(loadings, noise_variance):
+    """Validated float64 copies of ``loadings`` (K, d, q) and ``noise_variance`` (K, d).
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not match, a non-finite entry, or a noise variance that is not
+        positive (naming the component and feature).
+    """
+    W = np.asarray(loadings, dtype=np.float64)
+    psi = np.asarray(noise_variance, dtype=np.float64)
+    if W.ndim != 3 or psi.ndim != 2 or W.shape[:2] != psi.shape:
+        raise ValueError(
+            f"loadings of shape (K, d, q) and noise variances of shape (K, d) are "
+            f"needed; got {W.shape} and {psi.shape}")
+    for name, a in (("loadings", W), ("noise variances", psi)):
+        bad = np.argwhere(~np.isfinite(a))
+        if bad.size:
+            raise ValueError(f"The {name} of component {bad[0][0]} are not finite "
+                             f"(feature {bad[0][1]}).")
+    bad = np.argwhere(~(psi > 0.0))
+    if bad.size:
+        k, j = bad[0]
+        raise ValueError(f"The noise variance of component {k}, feature {j} is "
+                         f"{psi[k, j]!r}; noise variances must be positive.")
+    return W, psi
+
+
+def factorize(loadings, noise_variance):
+    """:class:`FactorPrecision` of the components: ``O(d q^2 + q^3)`` each.
+
+    Parameters
+    ----------
+    loadings : array-like of shape (K, d, q)
+        ``W_k``; ``q`` may be 0.
+    noise_variance : array-like of shape (K, d)
+        ``psi_k``, positive.
+
+    Returns
+    -------
+    FactorPrecision
+
+    Raises
+    ------
+    ValueError
+        From :func:`check_parameters`.
+    """
+    W, psi = check_parameters(loadings, noise_variance)
+    K, _d, q = W.shape
+    inv_noise = 1.0 / psi
+    scaled = W * inv_noise[:, :, None]                      # Psi^{-1} W
+    inner = np.matmul(np.swapaxes(W, 1, 2), scaled)         # W^T Psi^{-1} W
+    inner[:, np.arange(q), np.arange(q)] += 1.0
+    L = np.linalg.cholesky(inner)
+    projection = np.empty_like(W)
+    chol_inv = np.empty((K, q, q))
+    eye = np.eye(q)
+    for k in range(K):
+        projection[k] = solve_triangular(L[k], scaled[k].T, lower=True).T
+        chol_inv[k] = solve_triangular(L[k], eye, lower=True)
+    log_det = np.log(psi).sum(axis=1)
+    log_det += 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
+    return FactorPrecision(inv_noise, projection, chol_inv, log_det)
+
+
+def _shift(means, weights):
+    """The mixture mean: the common centre of the expanded products."""
+    w = np.ones(len(means)) if weights is None else np.asarray(weights, np.float64)
+    if not w.sum() > 0.0:
+        w = np.ones(len(means))
+    return (w / w.sum()) @ np.asarray(means, dtype=np.float64)
+
+
+@dataclass
+class Projections:
+    """Products of a block kept from the E step for its statistics.
+
+    Attributes
+    ----------
+    Z : ndarray of shape (n, 2 d + 1), float64
+        ``[y^2, y, 1]`` with ``y = x - shift``.
+    P : ndarray of shape (n, K, q), float64
+        ``p_k(x_i) = (x_i - mu_k)^T G_k``.
+    shift : ndarray of shape (d,), float64
+    """
+
+    Z: np.ndarray
+    P: np.ndarray
+    shift: np.ndarray
+
+
+def _diag_distances(X, means, inv_noise, Z, shift):
+    """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, one product of ``[y^2, y, 1]``
+    with the expanded coefficients; components whose expansion may lose more than
+    ``_REFINE_TOL`` (their rounding bound, Higham 2002 eq. 3.5: ``gamma_{2d+3}`` times
+    the sum of the magnitudes of the terms) are recomputed from ``x - mu_k``."""
+    n, d = X.shape
+    m = np.asarray(means, dtype=np.float64) - shift
+    coef = np.concatenate([inv_noise.T, -2.0 * (m * inv_noise).T,
+                           (m * m * inv_noise).sum(axis=1)[None, :]])
+    out = Z @ coef
+    if n == 0:
+        return out
+    unit = np.finfo(np.float64).eps / 2
+    gamma = (2 * d + 3) * unit / (1.0 - (2 * d + 3) * unit)
+    y_max = np.sqrt(Z[:, :d].sum(axis=1).max())
+    bound = gamma * inv_noise.max(axis=1) * (y_max + np.linalg.norm(m, axis=1)) ** 2
+    for k in np.flatnonzero(~(0.5 * bound <= _REFINE_TOL)):
+        diff = np.subtract(X, means[k], dtype=np.float64)
+        out[:, k] = (diff * diff) @ inv_noise[k]
+    return out
+
+
+def _projections(X, means, precision, shift, dtype):
+    """``P`` of :class:`Projections`: one GEMM of the shifted rows against every
+    component's ``G_k`` (``(d, K q)``) in ``dtype``, minus ``(mu_k - shift)^T G_k``."""
+    n, d = X.shape
+    K, _, q = precision.projection.shape
+    G = np.ascontiguousarray(np.swapaxes(precision.projection, 0, 1)).reshape(d, K * q)
+    g = shift.astype(dtype)  # the shift as Y has it, also in m below
+    Y = np.subtract(X, g, dtype=dtype)
+    P = np.matmul(Y, G.astype(dtype, copy=False)).astype(np.float64, copy=False)
+    m = np.asarray(means, dtype=np.float64) - g.astype(np.float64)
+    P = P.reshape(n, K, q)
+    P -= np.einsum("kd,kdq->kq", m, precision.projection)[None]
+    return P
+
+
+def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64):
+    """Log-densities of every row under every component, and the products kept for
+    :func:`block_statistics`.
+
+    ``log N(x | mu_k, Sigma_k) = -d/2 log(2 pi) - 1/2 log det Sigma_k
+    - 1/2 (sum_j (x_j - mu_kj)^2 / psi_kj - ||p_k(x)||^2)`` (see the module's
+    docstring): ``O(d q)`` per pair after :func:`factorize`; the work is one GEMM
+    ``(n, d) x (d, K q)`` and one ``(n, 2 d + 1) x (2 d + 1, K)``.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d), float32 or float64
+        The block; not modified.
+    means : ndarray of shape (K, d)
+    precision : FactorPrecision
+    weights : ndarray of shape (K,), optional
+        Only chooses the shift (the mixture mean); uniform when omitted.
+    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
+        Of the projection GEMM (the diagonal distances are float64).
+
+    Returns
+    -------
+    log_prob : ndarray of shape (n, K), float64
+    projections : Projections
+    """
+    X = np.asarray(X)
+    n, d = X.shape
+    shift = _shift(means, weights)
+    Z = np.empty((n, 2 * d + 1))
+    np.subtract(X, shift, out=Z[:, d:2 * d], dtype=np.float64)
+    np.multiply(Z[:, d:2 * d], Z[:, d:2 * d], out=Z[:, :d])
+    Z[:, 2 * d] = 1.0
+    maha = _diag_distances(X, means, precision.inv_noise, Z, shift)
+    P = _projections(X, means, precision, shift, dtype)
+    maha -= np.einsum("nkq,nkq->nk", P, P)
+    np.maximum(maha, 0.0, out=maha)
+    log_prob = -0.5 * (maha + precision.log_det + d * _LOG_2PI)
+    return log_prob, Projections(Z, P, shift)
+
+
+def log_gaussian_prob(X, means, precision, weights=None):
+    """``(n, K)`` float64 log-densities of :func:`estimate_log_prob` alone."""
+    return estimate_log_prob(X, means, precision, weights)[0]
+
+
+@dataclass
+class FactorStatistics:
+    """Sufficient statistics of the mixture of factor analysers, summed over rows and
+    centred on fixed centres ``c_k`` (the means of the E step), float64.
+
+    With ``u = x - c_k`` and ``e = E[z | x, k]`` under the E step's parameters:
+
+    Attributes
+    ----------
+    nk : ndarray of shape (K,)
+        ``sum_i r_ik``.
+    sum_x : ndarray of shape (K, d)
+        ``sum_i r_ik u_i``.
+    sum_xx : ndarray of shape (K, d)
+        ``sum_i r_ik u_i^2`` (the diagonal of the second moments).
+    sum_xz : ndarray of shape (K, d, q)
+        ``sum_i r_ik u_i e_i^T``.
+    sum_z : ndarray of shape (K, q)
+        ``sum_i r_ik e_i``.
+    sum_zz : ndarray of shape (K, q, q)
+        ``sum_i r_ik E[z z^T | x_i, k] = sum_i r_ik (e_i e_i^T + M_k^{-1})``.
+    log_likelihood : float
+    n_samples : int
+    """
+
+    nk: np.ndarray
+    sum_x: np.ndarray
+    sum_xx: np.ndarray
+    sum_xz: np.ndarray
+    sum_z: np.ndarray
+    sum_zz: np.ndarray
+    log_likelihood: float
+    n_samples: int
+
+    _ARRAYS = ("nk", "sum_x", "sum_xx", "sum_xz", "sum_z", "sum_zz")
+
+    def __add__(self, other):
+        return FactorStatistics(
+            *(getattr(self, a) + getattr(other, a) for a in self._ARRAYS),
+            self.log_likelihood + other.log_likelihood,
+            self.n_samples + other.n_samples)
+
+    def __iadd__(self, other):
+        for a in self._ARRAYS:
+            getattr(self, a).__iadd__(getattr(other, a))
+        self.log_likelihood += other.log_likelihood
+        self.n_samples += other.n_samples
+        return self
+
+
+def zero_statistics(n_components, n_features, n_factors):
+    """:class:`FactorStatistics` of no rows."""
+    K, d, q = n_components, n_features, n_factors
+    return FactorStatistics(np.zeros(K), np.zeros((K, d)), np.zeros((K, d)),
+                            np.zeros((K, d, q)), np.zeros((K, q)), np.zeros((K, q, q)),
+                            0.0, 0)
+
+
+def block_statistics(X, resp, centers, precision, projections, resp_threshold=0.0):
+    """:class:`FactorStatistics` of one block (``log_likelihood = 0``).
+
+    ``e_i^T = p_k(x_i) L_k^{-1}`` from the E step's projections; the sums are two
+    GEMMs over the rows: ``R^T [y^2, y, 1]`` and ``Y^T [r_1 e_1, ..., r_K e_K]``
+    (``(d, n) x (n, K q)``) with ``y = x - shift``, re-centred on ``c_k`` by
+    ``sum r (y - m)^2 = sum r y^2 - 2 m sum r y + N m^2`` and ``sum r (y - m) e^T =
+    Y^T (r e) - m (sum r e)^T`` (``m = c_k - shift``). A component whose expanded
+    second moments exceed ``_MAX_CANCELLATION`` times their centred value in some
+    feature is recomputed from ``x - c_k``.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d), float32 or float64
+        The block; not modified.
+    resp : ndarray of shape (n, K), float64
+        Responsibilities.
+    centers : ndarray of shape (K, d)
+        The means the E step used (``c_k = mu_k``: ``e`` is centred on them).
+    precision : FactorPrecision
+        Of the E step.
+    projections : Projections
+        :func:`estimate_log_prob`'s for this block.
+    resp_threshold : float, default=0.0
+        Pairs with ``r_ik <= resp_threshold`` are left out of every sum.
+
+    Returns
+    -------
+    FactorStatistics
+    """
+    X = np.asarray(X)
+    n, d = X.shape
+    K, _, q = precision.projection.shape
+    resp = np.asarray(resp, dtype=np.float64)
+    if resp_threshold > 0.0:
+        resp = np.where(resp > resp_threshold, resp, 0.0)
+    centers = np.asarray(centers, dtype=np.float64)
+    Z = projections.Z
+    E = np.matmul(np.swapaxes(projections.P, 0, 1), precision.cholesky_inv)  # (K, n, q)
+    rE = E * resp.T[:, :, None]
+    G = resp.T @ Z
+    nk = G[:, 2 * d]
+    m = centers - projections.shift
+    sum_y = G[:, d:2 * d]
+    sum_x = sum_y - nk[:, None] * m
+    sum_xx = G[:, :d] - 2.0 * m * sum_y + nk[:, None] * m**2
+    sum_z = rE.sum(axis=1)
+    flat = np.ascontiguousarray(np.swapaxes(rE, 0, 1)).reshape(n, K * q)
+    sum_xz = np.swapaxes((Z[:, d:2 * d].T @ flat).reshape(d, K, q), 0, 1)
+    sum_xz -= m[:, :, None] * sum_z[:, None, :]
+    cov_z = np.matmul(np.swapaxes(precision.cholesky_inv, 1, 2), precision.cholesky_inv)
+    sum_zz = np.matmul(np.swapaxes(rE, 1, 2), E) + nk[:, None, None] * cov_z
+    scale = G[:, :d] + nk[:, None] * m**2
+    for k in np.flatnonzero((scale / _MAX_CANCELLATION > sum_xx).any(axis=1)):
+        rows = np.flatnonzero(resp[:, k] > 0.0)
+        diff = np.subtract(X[rows], centers[k], dtype=np.float64)
+        sum_x[k] = resp[rows, k] @ diff
+        sum_xx[k] = resp[rows, k] @ (diff * diff)
+        sum_xz[k] = diff.T @ rE[k, rows]
+    np.maximum(sum_xx, 0.0, out=sum_xx)
+    return FactorStatistics(nk, sum_x, sum_xx, sum_xz, sum_z, sum_zz, 0.0, n)
+
+
+def m_step(stats, centers, reg_covar):
+    """Weights, means, loadings and noise variances from summed statistics.
+
+    The exact EM of Ghahramani & Hinton (1996, "The EM algorithm for mixtures of
+    factor analyzers", Tech. Rep. CRG-TR-96-1, University of Toronto, section 3):
+    the augmented loadings ``[W_k, m_k]`` (``m_k = mu_k - c_k``) of the factors
+    ``[z; 1]`` are ``[S_uz, s] Omega^{-1}`` with ``Omega = [[S_zz, S_z], [S_z^T, N]]``,
+    and ``psi_k = diag(S_uu - [W_k, m_k] [S_uz, s]^T) / N_k``, with one ``psi_k``
+    per component as in McLachlan & Peel (2000, *Finite Mixture Models*, section
+    8.5). Means, loadings and noise move together from one E step: one read of the
+    data per iteration (McLachlan, Peel & Bean 2003's AECM form needs a second E
+    step before the loadings). ``N_k`` gets ``10 eps`` as in scikit-learn (also on
+    the diagonal of ``S_zz``, so that an empty component gets ``W = 0``).
+
+    The noise variances are floored: ``psi = max(psi_raw, 0) + reg_covar``, so
+    ``psi >= reg_covar`` (``reg_covar`` on the diagonal of ``Sigma_k``, as the other
+    types add it). With ``q = 0`` this is the 'diag' M step.
+
+    Parameters
+    ----------
+    stats : FactorStatistics
+        Summed over all rows.
+    centers : ndarray of shape (K, d)
+        The centres the statistics were accumulated around.
+    reg_covar : float
+
+    Returns
+    -------
+    weights : ndarray of shape (K,)
+    means : ndarray of shape (K, d)
+    loadings : ndarray of shape (K, d, q)
+    noise_variance : ndarray of shape (K, d)
+    """
+    eps10 = 10 * np.finfo(np.float64).eps
+    nk = stats.nk + eps10
+    K, _d, q = stats.sum_xz.shape
+    omega = np.empty((K, q + 1, q + 1))
+    omega[:, :q, :q] = stats.sum_zz
+    omega[:, np.arange(q), np.arange(q)] += eps10
+    omega[:, :q, q] = stats.sum_z
+    omega[:, q, :q] = stats.sum_z
+    omega[:, q, q] = nk
+    rhs = np.concatenate([np.swapaxes(stats.sum_xz, 1, 2), stats.sum_x[:, None, :]],
+                         axis=1)                               # (K, q + 1, d)
+    aug = np.linalg.solve(omega, rhs)                          # [W, m]^T
+    loadings = np.ascontiguousarray(np.swapaxes(aug[:, :q], 1, 2))
+    shift = aug[:, q]
+    explained = np.einsum("kdq,kdq->kd", loadings, stats.sum_xz) + shift * stats.sum_x
+    noise = np.maximum((stats.sum_xx - explained) / nk[:, None], 0.0) + reg_covar
+    means = np.asarray(centers, dtype=np.float64) + shift
+    return nk / nk.sum(), means, loadings, noise
+
+
+def _principal_axes(A, n_factors, random_state):
+    """Top ``n_factors`` right singular vectors ``(d, r)`` and singular values ``(r,)``
+    of ``A`` (``r = min(n_factors, rank bound)``): exact while the smaller side of
+    ``A`` is at most ``_EXACT_SVD_SIZE``, else scikit-learn's ``randomized_svd``."""
+    if min(A.shape) <= _EXACT_SVD_SIZE or n_factors >= min(A.shape) // 2:
+        _, s, Vt = np.linalg.svd(A, full_matrices=False)
+    else:
+        _, s, Vt = randomized_svd(A, n_factors, n_iter=7, random_state=random_state)
+    r = min(n_factors, len(s))
+    return Vt[:r].T, s[:r]
+
+
+def initial_parameters(X, resp, n_factors, reg_covar, random_state=None):
+    """Weights, means, loadings and noise variances from responsibilities on an
+    in-memory sample (e.g. k-means labels): per component, the probabilistic PCA of
+    its weighted rows, then the noise that gives the sample's variances.
+
+    With ``N_k = sum r + 10 eps``, the weighted mean ``mu_k``, the variances ``v_kj``
+    and the eigenvalues ``lambda_1 >= ...`` of the weighted covariance (by an SVD of
+    ``sqrt(r_i) (x_i - mu_k)``, never the ``(d, d)`` matrix): ``sigma^2`` the mean of
+    the ``d - q`` discarded eigenvalues and ``W_k = V_q (Lambda_q - sigma^2)^{1/2}``,
+    the maximum-likelihood PPCA loadings (Tipping & Bishop 1999, eq. 7-8); then
+    ``psi_kj = v_kj - ||W_kj||^2 + reg_covar`` (``>= reg_covar``), so that
+    ``diag(Sigma_k) = v_k + reg_covar`` as for 'diag'. Weights ``N_k / m`` as in
+    scikit-learn's initialisation.
+
+    Parameters
+    ----------
+    X : ndarray of shape (m, d)
+    resp : ndarray of shape (m, K)
+    n_factors : int
+    reg_covar : float
+    random_state : int, RandomState or None
+        For ``randomized_svd`` (large components only).
+
+    Returns
+    -------
+    weights : ndarray of shape (K,)
+    means : ndarray of shape (K, d)
+    loadings : ndarray of shape (K, d, q)
+    noise_variance : ndarray of shape (K, d)
+    """
+    X = np.asarray(X, dtype=np.float64)
+    resp = np.asarray(resp, dtype=np.float64)
+    m, d = X.shape
+    K, q = resp.shape[1], n_factors
+    nk = resp.sum(axis=0) + 10 * np.finfo(np.float64).eps
+    means = (resp.T @ X) / nk[:, None]
+    loadings = np.zeros((K, d, q))
+    noise = np.empty((K, d))
+    for k in range(K):
+        rows = np.flatnonzero(resp[:, k] > 0.0)
+        A = np.subtract(X[rows], means[k]) * np.sqrt(resp[rows, k] / nk[k])[:, None]
+        var = np.einsum("ij,ij->j", A, A)
+        if q and rows.size:
+            V, s = _principal_axes(A, q, random_state)
+            lam = s**2
+            rest = max(var.sum() - lam.sum(), 0.0) / (d - q) if d > q else 0.0
+            loadings[k, :, :V.shape[1]] = V * np.sqrt(np.maximum(lam - rest, 0.0))
+        noise[k] = np.maximum(var - (loadings[k] ** 2).sum(axis=1), 0.0) + reg_covar
+    return nk / m, means, loadings, noise
