@@ -20,16 +20,16 @@ Pure functions of one block of rows and the parameters they are given: none keep
 state, reads files or starts workers.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.linalg import solve_triangular
 from sklearn.utils.extmath import randomized_svd
 
 _LOG_2PI = np.log(2.0 * np.pi)
-# A component whose expanded diagonal distances (around the common shift) may lose
-# more than this many nats is recomputed directly from x - mu_k.
-_REFINE_TOL = 1e-9
+# A component whose expanded diagonal distances (around the common shift) may be off
+# by more than this relative to the scale of its log-densities is recomputed directly.
+_REFINE_RTOL = 1e-10
 # Expanded sums more than this many times larger than their centred value (a tight
 # component far from the shift) are recomputed centred (about 1e-10 relative left).
 _MAX_CANCELLATION = 1e6
@@ -61,7 +61,7 @@ class FactorPrecision:
     inv_noise : ndarray of shape (K, d), float64
         ``1 / psi_k``.
     projection : ndarray of shape (K, d, q), float64
-        ``G_k = Psi_k^{-1} W_k L_k^{-T}``.
+        ``G_k = Psi_k^{-1} W_k L_k^{-T}``: a view of :attr:`stacked`.
     cholesky_inv : ndarray of shape (K, q, q), float64
         ``L_k^{-1}`` (lower triangular): ``E[z | x]^T = p_k(x) L_k^{-1}`` and
         ``Cov[z | x] = L_k^{-T} L_k^{-1} = M_k^{-1}``.
@@ -73,10 +73,23 @@ class FactorPrecision:
     projection: np.ndarray
     cholesky_inv: np.ndarray
     log_det: np.ndarray
+    _cast: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_factors(self):
         return self.projection.shape[2]
+
+    def stacked(self, dtype=np.float64):
+        """``[G_1, ..., G_K]`` of shape ``(d, K q)`` in ``dtype`` (the float32 copy is
+        made once and kept)."""
+        K, d, q = self.projection.shape
+        base = np.swapaxes(self.projection, 0, 1).reshape(d, K * q)  # no copy
+        key = np.dtype(dtype).str
+        if key == base.dtype.str:
+            return base
+        if key not in self._cast:
+            self._cast[key] = base.astype(dtype)
+        return self._cast[key]
 
 
 def check_parameters(loadings, noise_variance):
@@ -127,18 +140,21 @@ def factorize(loadings, noise_variance):
         From :func:`check_parameters`.
     """
     W, psi = check_parameters(loadings, noise_variance)
-    K, _d, q = W.shape
+    K, d, q = W.shape
     inv_noise = 1.0 / psi
     scaled = W * inv_noise[:, :, None]                      # Psi^{-1} W
     inner = np.matmul(np.swapaxes(W, 1, 2), scaled)         # W^T Psi^{-1} W
     inner[:, np.arange(q), np.arange(q)] += 1.0
     L = np.linalg.cholesky(inner)
-    projection = np.empty_like(W)
     chol_inv = np.empty((K, q, q))
     eye = np.eye(q)
     for k in range(K):
-        projection[k] = solve_triangular(L[k], scaled[k].T, lower=True).T
         chol_inv[k] = solve_triangular(L[k], eye, lower=True)
+    # M >= I: ||L^{-1}|| <= 1, so the product is as accurate as a triangular solve;
+    # laid out (d, K, q) so that every block's GEMM reads it as one (d, K q) matrix
+    stacked = np.empty((d, K, q))
+    np.matmul(scaled, np.swapaxes(chol_inv, 1, 2), out=np.swapaxes(stacked, 0, 1))
+    projection = np.swapaxes(stacked, 0, 1)
     log_det = np.log(psi).sum(axis=1)
     log_det += 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
     return FactorPrecision(inv_noise, projection, chol_inv, log_det)
@@ -172,9 +188,15 @@ class Projections:
 
 def _diag_distances(X, means, inv_noise, Z, shift):
     """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, one product of ``[y^2, y, 1]``
-    with the expanded coefficients; components whose expansion may lose more than
-    ``_REFINE_TOL`` (their rounding bound, Higham 2002 eq. 3.5: ``gamma_{2d+3}`` times
-    the sum of the magnitudes of the terms) are recomputed from ``x - mu_k``."""
+    with the expanded coefficients.
+
+    The rounding of a pair is at most ``gamma_{2d+3}`` times the sum of the
+    magnitudes of the expanded terms, ``b_k = max_j (1 / psi_kj) (max_i ||y_i|| +
+    ||m_k||)^2`` (Higham 2002, eq. 3.5). A component with ``b_k`` above
+    ``_REFINE_RTOL`` times the scale of its log-densities (``d``, or its smallest
+    distance in the block if larger) is recomputed from ``x - mu_k``: a tight
+    component far from the shift, whose expansion cancels.
+    """
     n, d = X.shape
     m = np.asarray(means, dtype=np.float64) - shift
     coef = np.concatenate([inv_noise.T, -2.0 * (m * inv_noise).T,
@@ -186,21 +208,22 @@ def _diag_distances(X, means, inv_noise, Z, shift):
     gamma = (2 * d + 3) * unit / (1.0 - (2 * d + 3) * unit)
     y_max = np.sqrt(Z[:, :d].sum(axis=1).max())
     bound = gamma * inv_noise.max(axis=1) * (y_max + np.linalg.norm(m, axis=1)) ** 2
-    for k in np.flatnonzero(~(0.5 * bound <= _REFINE_TOL)):
+    scale = np.maximum(out.min(axis=0), d)
+    for k in np.flatnonzero(~(bound <= _REFINE_RTOL * scale)):
         diff = np.subtract(X, means[k], dtype=np.float64)
         out[:, k] = (diff * diff) @ inv_noise[k]
     return out
 
 
-def _projections(X, means, precision, shift, dtype):
+def _projections(X, means, precision, shift, dtype, Y64):
     """``P`` of :class:`Projections`: one GEMM of the shifted rows against every
-    component's ``G_k`` (``(d, K q)``) in ``dtype``, minus ``(mu_k - shift)^T G_k``."""
+    component's ``G_k`` (``(d, K q)``) in ``dtype``, minus ``(mu_k - shift)^T G_k``.
+    ``Y64`` is ``X - shift`` in float64 (the float64 GEMM's operand)."""
     n, d = X.shape
     K, _, q = precision.projection.shape
-    G = np.ascontiguousarray(np.swapaxes(precision.projection, 0, 1)).reshape(d, K * q)
     g = shift.astype(dtype)  # the shift as Y has it, also in m below
-    Y = np.subtract(X, g, dtype=dtype)
-    P = np.matmul(Y, G.astype(dtype, copy=False)).astype(np.float64, copy=False)
+    Y = Y64 if np.dtype(dtype) == np.float64 else np.subtract(X, g, dtype=dtype)
+    P = np.matmul(Y, precision.stacked(dtype)).astype(np.float64, copy=False)
     m = np.asarray(means, dtype=np.float64) - g.astype(np.float64)
     P = P.reshape(n, K, q)
     P -= np.einsum("kd,kdq->kq", m, precision.projection)[None]
@@ -240,7 +263,7 @@ def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64):
     np.multiply(Z[:, d:2 * d], Z[:, d:2 * d], out=Z[:, :d])
     Z[:, 2 * d] = 1.0
     maha = _diag_distances(X, means, precision.inv_noise, Z, shift)
-    P = _projections(X, means, precision, shift, dtype)
+    P = _projections(X, means, precision, shift, dtype, Z[:, d:2 * d])
     maha -= np.einsum("nkq,nkq->nk", P, P)
     np.maximum(maha, 0.0, out=maha)
     log_prob = -0.5 * (maha + precision.log_det + d * _LOG_2PI)
