@@ -219,7 +219,7 @@ def _projections(X, means, precision, shift, dtype, Y64):
     """``P`` of :class:`Projections`: one GEMM of the shifted rows against every
     component's ``G_k`` (``(d, K q)``) in ``dtype``, minus ``(mu_k - shift)^T G_k``.
     ``Y64`` is ``X - shift`` in float64 (the float64 GEMM's operand)."""
-    n, d = X.shape
+    n = X.shape[0]
     K, _, q = precision.projection.shape
     g = shift.astype(dtype)  # the shift as Y has it, also in m below
     Y = Y64 if np.dtype(dtype) == np.float64 else np.subtract(X, g, dtype=dtype)
