@@ -383,3 +383,61 @@ def test_initial_parameters_randomized_svd_for_large_components():
     cov_top = np.linalg.svd(X - X.mean(0), full_matrices=False)[2][:q].T
     assert np.max(subspace_angles(W[0], cov_top)) < 1e-3
     assert np.all(psi >= 1e-6)
+
+
+# ------------------------------------------------- dense forms, sampling, re-seeds
+
+
+def test_dense_forms_match_numpy():
+    rng = np.random.default_rng(15)
+    _, _, W, psi = _random_model(rng, 3, 7, 2)
+    cov = factor.covariances(W, psi)
+    prec = factor.precisions(factor.factorize(W, psi))
+    U = factor.precisions_cholesky(W, psi)
+    for k in range(3):
+        dense = _dense_cov(W[k], psi[k])
+        np.testing.assert_allclose(cov[k], dense, rtol=1e-14)
+        np.testing.assert_allclose(prec[k], np.linalg.inv(dense), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(U[k] @ U[k].T, np.linalg.inv(dense), rtol=1e-9,
+                                   atol=1e-12)
+        np.testing.assert_array_equal(np.tril(U[k], -1), 0.0)
+
+
+def test_sample_moments():
+    rng = np.random.default_rng(16)
+    _, means, W, psi = _random_model(rng, 2, 4, 2)
+    X = factor.sample(np.random.default_rng(0), means, W, psi, [40_000, 10])
+    assert X.shape == (40_010, 4)
+    top = X[:40_000]
+    np.testing.assert_allclose(top.mean(axis=0), means[0],
+                               atol=5 * np.sqrt(np.diag(_dense_cov(W[0], psi[0])).max()
+                                                / 40_000))
+    np.testing.assert_allclose(np.cov(top.T), _dense_cov(W[0], psi[0]), rtol=0.05,
+                               atol=0.05)
+
+
+def test_reseed_pools_marginal_variances():
+    rng = np.random.default_rng(17)
+    weights, _, W, psi = _random_model(rng, 3, 5, 2)
+    W0, psi0 = W.copy(), psi.copy()
+    assert factor.reseed_parameters(weights, W, psi, [1])
+    np.testing.assert_array_equal(W[1], 0.0)
+    w = weights[[0, 2]] / weights[[0, 2]].sum()
+    expected = sum(wi * np.diag(_dense_cov(W0[k], psi0[k])) for wi, k in zip(w, [0, 2]))
+    np.testing.assert_allclose(psi[1], expected, rtol=1e-12)
+    np.testing.assert_array_equal(W[[0, 2]], W0[[0, 2]])
+    assert not factor.reseed_parameters(weights, W, psi, [0, 1, 2])
+
+
+def test_bad_components_and_recentring():
+    psi = np.ones((3, 4))
+    psi[2, 1] = 0.0
+    psi[0, 3] = np.nan
+    np.testing.assert_array_equal(factor.bad_components(psi), [0, 2])
+    stats = factor.zero_statistics(2, 3, 1)
+    stats.nk[:] = [10.0, 0.0]
+    stats.sum_x[0] = 10.0 * 1e4  # the mean moved 1e4 from its centre
+    flagged = factor.needs_recentring(stats, np.zeros((2, 3)), np.full((2, 3), 1e-2))
+    np.testing.assert_array_equal(flagged, [True, False])
+    stats.sum_x[0] = 10.0 * 1e-3
+    assert not factor.needs_recentring(stats, np.zeros((2, 3)), np.ones((2, 3))).any()

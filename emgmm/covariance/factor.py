@@ -510,3 +510,87 @@ def initial_parameters(X, resp, n_factors, reg_covar, random_state=None):
             loadings[k, :, :V.shape[1]] = V * np.sqrt(np.maximum(lam - rest, 0.0))
         noise[k] = np.maximum(var - (loadings[k] ** 2).sum(axis=1), 0.0) + reg_covar
     return nk / m, means, loadings, noise
+
+
+def bad_components(noise_variance):
+    """Components whose noise variances are not all positive and finite (``(m,)`` int):
+    degenerate (a component on fewer distinct points than features with
+    ``reg_covar=0``)."""
+    psi = np.asarray(noise_variance)
+    return np.flatnonzero(~(np.isfinite(psi) & (psi > 0.0)).all(axis=1))
+
+
+def needs_recentring(stats, means, noise_variance):
+    """Components whose M step may have cancelled too much: ``(K,)`` bool.
+
+    :func:`m_step` subtracts from second moments around ``c_k`` terms that grow with
+    the squared shift ``delta = s_k / N_k`` of the mean; as for the other types, a
+    component where ``delta_j^2 + 2 |delta_j| |mu_j|`` exceeds ``_MAX_CANCELLATION``
+    times ``psi_kj`` (which is at most the variance) may have lost more than 6 of its
+    digits and is summed again around the new means. Empty components are never
+    flagged.
+    """
+    nk = stats.nk
+    shift = np.abs(stats.sum_x / (nk + 10 * np.finfo(np.float64).eps)[:, None])
+    moved = shift * (shift + 2.0 * np.abs(means))
+    lost = (moved > _MAX_CANCELLATION * np.maximum(noise_variance, 0.0)) & (moved > 0.0)
+    return lost.any(axis=1) & (nk > 0.0)
+
+
+def reseed_parameters(weights, loadings, noise_variance, components):
+    """Loadings and noise for re-seeded ``components`` (in place): no factors, and the
+    weighted mean over the other components of the marginal variances
+    ``diag(Sigma_k) = psi_k + ||W_k,j||^2`` as noise (loadings are only defined up to
+    a rotation: they cannot be averaged). Returns ``False`` if no component is left
+    to pool from."""
+    healthy = np.setdiff1d(np.arange(len(weights)), components)
+    if healthy.size == 0:
+        return False
+    w = weights[healthy] / weights[healthy].sum()
+    marginal = noise_variance[healthy] + (loadings[healthy] ** 2).sum(axis=2)
+    pooled = w @ marginal
+    for k in components:
+        loadings[k] = 0.0
+        noise_variance[k] = pooled
+    return True
+
+
+def covariances(loadings, noise_variance):
+    """Dense ``W_k W_k^T + diag(psi_k)``: ``(K, d, d)`` float64 (for attributes read on
+    demand, never in ``fit``)."""
+    W = np.asarray(loadings, dtype=np.float64)
+    out = np.matmul(W, np.swapaxes(W, 1, 2))
+    d = W.shape[1]
+    out[:, np.arange(d), np.arange(d)] += noise_variance
+    return out
+
+
+def precisions(precision):
+    """Dense ``Sigma_k^{-1} = Psi_k^{-1} - G_k G_k^T`` (Woodbury): ``(K, d, d)``."""
+    G = precision.projection
+    out = -np.matmul(G, np.swapaxes(G, 1, 2))
+    d = G.shape[1]
+    out[:, np.arange(d), np.arange(d)] += precision.inv_noise
+    return out
+
+
+def precisions_cholesky(loadings, noise_variance):
+    """Upper ``U_k`` with ``U_k U_k^T = Sigma_k^{-1}`` (scikit-learn's convention):
+    ``(K, d, d)``, ``U = L^{-T}`` for the Cholesky factor ``Sigma = L L^T`` of the
+    dense covariance, as scikit-learn forms it."""
+    cov = covariances(loadings, noise_variance)
+    eye = np.eye(cov.shape[1])
+    for k, c in enumerate(cov):
+        cov[k] = solve_triangular(np.linalg.cholesky(c), eye, lower=True).T
+    return cov
+
+
+def sample(rng, means, loadings, noise_variance, counts):
+    """``counts[k]`` draws of ``mu_k + W_k z + sqrt(psi_k) e`` per component, stacked in
+    component order: ``(sum(counts), d)`` float64."""
+    parts = []
+    for mu, W, psi, c in zip(means, loadings, noise_variance, counts):
+        z = rng.standard_normal(size=(c, W.shape[1]))
+        e = rng.standard_normal(size=(c, len(mu)))
+        parts.append(mu + z @ W.T + e * np.sqrt(psi))
+    return np.concatenate(parts) if parts else np.empty((0, means.shape[1]))
