@@ -594,3 +594,25 @@ def sample(rng, means, loadings, noise_variance, counts):
         e = rng.standard_normal(size=(c, len(mu)))
         parts.append(mu + z @ W.T + e * np.sqrt(psi))
     return np.concatenate(parts) if parts else np.empty((0, means.shape[1]))
+
+
+def bytes_per_row(n_features, n_components, n_factors, itemsize):
+    """Working memory (bytes) of one row of a block during a pass: the row in the
+    compute dtype and its float32 shifted copy, ``[y^2, y, 1]`` (float64), the
+    projections, posterior means and their weighted copies (``4 K q`` float64) and
+    a few ``(n, K)`` float64 arrays."""
+    d, K, q = n_features, n_components, n_factors
+    return 2 * d * itemsize + (2 * d + 1) * 8 + 4 * K * q * 8 + 4 * K * 8
+
+
+def model_nbytes(n_components, n_features, n_factors):
+    """Bytes of one copy of the model, float64: means, loadings, noise, the
+    factorisation (``G``, ``1 / psi``) and one set of statistics."""
+    K, d, q = n_components, n_features, n_factors
+    return 8 * (3 * K * d * q + 5 * K * d + 2 * K * q * q + K * q)
+
+
+def statistics_nbytes(n_components, n_features, n_factors):
+    """Bytes of one set of :class:`FactorStatistics` (float64)."""
+    K, d, q = n_components, n_features, n_factors
+    return 8 * (K + 2 * K * d + K * d * q + K * q + K * q * q)
