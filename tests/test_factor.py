@@ -441,3 +441,45 @@ def test_bad_components_and_recentring():
     np.testing.assert_array_equal(flagged, [True, False])
     stats.sum_x[0] = 10.0 * 1e-3
     assert not factor.needs_recentring(stats, np.zeros((2, 3)), np.ones((2, 3))).any()
+
+
+def test_statistics_around_other_centres_give_the_same_m_step():
+    """The re-centring pass: sums around the new means, e of the E step."""
+    rng = np.random.default_rng(18)
+    K, d, q, n = 2, 6, 2, 400
+    weights, means, W, psi = _random_model(rng, K, d, q)
+    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
+    resp = rng.dirichlet(np.ones(K), size=n)
+    prec = factor.factorize(W, psi)
+    _, proj = factor.estimate_log_prob(X, means, prec, weights)
+    stats = factor.block_statistics(X, resp, means, prec, proj)
+    again = factor.block_statistics(X, resp, means, prec)  # projections built here
+    for name in factor.FactorStatistics._ARRAYS:
+        np.testing.assert_allclose(getattr(again, name), getattr(stats, name),
+                                   rtol=1e-12, atol=1e-12)
+    first = factor.m_step(stats, means, 1e-6)
+    moved = factor.block_statistics(X, resp, first[1], prec, means=means)
+    second = factor.m_step(moved, first[1], 1e-6)
+    for a, b in zip(first, second):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_component_slices_join_to_the_whole():
+    rng = np.random.default_rng(19)
+    K, d, q, n = 5, 8, 3, 100
+    _weights, means, W, psi = _random_model(rng, K, d, q)
+    X = rng.normal(scale=3.0, size=(n, d))
+    prec = factor.factorize(W, psi)
+    whole = factor.log_gaussian_prob(X, means, prec)
+    resp = rng.dirichlet(np.ones(K), size=n)
+    parts = []
+    for k0, k1 in [(0, 2), (2, 5)]:
+        sub = prec.take(k0, k1)
+        np.testing.assert_allclose(factor.log_gaussian_prob(X, means[k0:k1], sub),
+                                   whole[:, k0:k1], rtol=1e-12)
+        parts.append(factor.block_statistics(X, resp[:, k0:k1], means[k0:k1], sub))
+    joined = factor.concatenate_statistics(parts)
+    ref = factor.block_statistics(X, resp, means, prec)
+    for name in factor.FactorStatistics._ARRAYS:
+        np.testing.assert_allclose(getattr(joined, name), getattr(ref, name),
+                                   rtol=1e-11, atol=1e-11)

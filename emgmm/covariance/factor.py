@@ -79,6 +79,13 @@ class FactorPrecision:
     def n_factors(self):
         return self.projection.shape[2]
 
+    def take(self, k0, k1):
+        """The factorisation of components ``k0:k1`` (its own stacked copy)."""
+        K, d, q = self.projection.shape
+        stacked = np.ascontiguousarray(self.stacked().reshape(d, K, q)[:, k0:k1])
+        return FactorPrecision(self.inv_noise[k0:k1], np.swapaxes(stacked, 0, 1),
+                               self.cholesky_inv[k0:k1], self.log_det[k0:k1])
+
     def stacked(self, dtype=np.float64):
         """``[G_1, ..., G_K]`` of shape ``(d, K q)`` in ``dtype`` (the float32 copy is
         made once and kept)."""
@@ -256,18 +263,28 @@ def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64):
     projections : Projections
     """
     X = np.asarray(X)
+    d = X.shape[1]
+    proj = projections(X, means, precision, weights, dtype)
+    maha = _diag_distances(X, means, precision.inv_noise, proj.Z, proj.shift)
+    maha -= np.einsum("nkq,nkq->nk", proj.P, proj.P)
+    np.maximum(maha, 0.0, out=maha)
+    log_prob = -0.5 * (maha + precision.log_det + d * _LOG_2PI)
+    return log_prob, proj
+
+
+def projections(X, means, precision, weights=None, dtype=np.float64):
+    """:class:`Projections` of the block ``X`` (n, d) under components of ``means``
+    (K, d) and ``precision``, around the mixture mean of ``means`` and ``weights``;
+    the projection GEMM in ``dtype``."""
+    X = np.asarray(X)
     n, d = X.shape
     shift = _shift(means, weights)
     Z = np.empty((n, 2 * d + 1))
     np.subtract(X, shift, out=Z[:, d:2 * d], dtype=np.float64)
     np.multiply(Z[:, d:2 * d], Z[:, d:2 * d], out=Z[:, :d])
     Z[:, 2 * d] = 1.0
-    maha = _diag_distances(X, means, precision.inv_noise, Z, shift)
     P = _projections(X, means, precision, shift, dtype, Z[:, d:2 * d])
-    maha -= np.einsum("nkq,nkq->nk", P, P)
-    np.maximum(maha, 0.0, out=maha)
-    log_prob = -0.5 * (maha + precision.log_det + d * _LOG_2PI)
-    return log_prob, Projections(Z, P, shift)
+    return Projections(Z, P, shift)
 
 
 def log_gaussian_prob(X, means, precision, weights=None):
@@ -325,6 +342,15 @@ class FactorStatistics:
         return self
 
 
+def concatenate_statistics(parts):
+    """:class:`FactorStatistics` of consecutive component slices joined along the
+    components (the log-likelihood and rows of the first part)."""
+    first = parts[0]
+    arrays = (np.concatenate([getattr(p, a) for p in parts])
+              for a in FactorStatistics._ARRAYS)
+    return FactorStatistics(*arrays, first.log_likelihood, first.n_samples)
+
+
 def zero_statistics(n_components, n_features, n_factors):
     """:class:`FactorStatistics` of no rows."""
     K, d, q = n_components, n_features, n_factors
@@ -333,7 +359,8 @@ def zero_statistics(n_components, n_features, n_factors):
                             0.0, 0)
 
 
-def block_statistics(X, resp, centers, precision, projections, resp_threshold=0.0):
+def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
+                     means=None):
     """:class:`FactorStatistics` of one block (``log_likelihood = 0``).
 
     ``e_i^T = p_k(x_i) L_k^{-1}`` from the E step's projections; the sums are two
@@ -351,13 +378,17 @@ def block_statistics(X, resp, centers, precision, projections, resp_threshold=0.
     resp : ndarray of shape (n, K), float64
         Responsibilities.
     centers : ndarray of shape (K, d)
-        The means the E step used (``c_k = mu_k``: ``e`` is centred on them).
+        The centres ``c_k`` of the sums: the E step's means, or others (the M step
+        holds for any centres, as long as ``e`` is that of the E step).
     precision : FactorPrecision
         Of the E step.
-    projections : Projections
-        :func:`estimate_log_prob`'s for this block.
+    proj : Projections or None, default=None
+        :func:`estimate_log_prob`'s for this block; ``None``: computed here (float64)
+        from ``means``.
     resp_threshold : float, default=0.0
         Pairs with ``r_ik <= resp_threshold`` are left out of every sum.
+    means : ndarray of shape (K, d) or None, default=None
+        The E step's means when ``proj`` is ``None`` (default: ``centers``).
 
     Returns
     -------
@@ -370,12 +401,15 @@ def block_statistics(X, resp, centers, precision, projections, resp_threshold=0.
     if resp_threshold > 0.0:
         resp = np.where(resp > resp_threshold, resp, 0.0)
     centers = np.asarray(centers, dtype=np.float64)
-    Z = projections.Z
-    E = np.matmul(np.swapaxes(projections.P, 0, 1), precision.cholesky_inv)  # (K, n, q)
+    if proj is None:
+        proj = projections(X, centers if means is None else means, precision,
+                           resp.sum(axis=0))
+    Z = proj.Z
+    E = np.matmul(np.swapaxes(proj.P, 0, 1), precision.cholesky_inv)  # (K, n, q)
     rE = E * resp.T[:, :, None]
     G = resp.T @ Z
     nk = G[:, 2 * d]
-    m = centers - projections.shift
+    m = centers - proj.shift
     sum_y = G[:, d:2 * d]
     sum_x = sum_y - nk[:, None] * m
     sum_xx = G[:, :d] - 2.0 * m * sum_y + nk[:, None] * m**2
