@@ -36,6 +36,8 @@ _MAX_CANCELLATION = 1e6
 # The initial loadings take an exact SVD of a component's weighted rows up to this
 # size of their smaller side, a randomized one beyond.
 _EXACT_SVD_SIZE = 600
+# Bytes of the row chunks of [y^2, y, 1] (their products with the coefficients).
+_CHUNK_BYTES = 8 * 2**20
 
 
 def n_parameters(n_components, n_features, n_factors):
@@ -181,21 +183,36 @@ class Projections:
 
     Attributes
     ----------
-    Z : ndarray of shape (n, 2 d + 1), float64
-        ``[y^2, y, 1]`` with ``y = x - shift``.
+    Y : ndarray of shape (n, d), float64
+        ``y = x - shift``.
     P : ndarray of shape (n, K, q), float64
         ``p_k(x_i) = (x_i - mu_k)^T G_k``.
     shift : ndarray of shape (d,), float64
     """
 
-    Z: np.ndarray
+    Y: np.ndarray
     P: np.ndarray
     shift: np.ndarray
 
 
-def _diag_distances(X, means, inv_noise, Z, shift):
-    """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, one product of ``[y^2, y, 1]``
-    with the expanded coefficients.
+def _square_chunks(Y):
+    """Yield ``(r0, r1, Z)`` with ``Z = [y^2, y, 1]`` of rows ``r0:r1`` of ``Y``, in
+    chunks of about ``_CHUNK_BYTES`` (one buffer, overwritten by the next chunk)."""
+    n, d = Y.shape
+    rows = int(max(16, min(n, _CHUNK_BYTES // (8 * (2 * d + 1)))))
+    buf = np.empty((min(rows, n), 2 * d + 1))
+    buf[:, 2 * d] = 1.0
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        Z = buf[:r1 - r0]
+        np.multiply(Y[r0:r1], Y[r0:r1], out=Z[:, :d])
+        Z[:, d:2 * d] = Y[r0:r1]
+        yield r0, r1, Z
+
+
+def _diag_distances(X, means, inv_noise, Y, shift):
+    """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, products of ``[y^2, y, 1]``
+    with the expanded coefficients (by row chunks).
 
     The rounding of a pair is at most ``gamma_{2d+3}`` times the sum of the
     magnitudes of the expanded terms, ``b_k = max_j (1 / psi_kj) (max_i ||y_i|| +
@@ -208,12 +225,15 @@ def _diag_distances(X, means, inv_noise, Z, shift):
     m = np.asarray(means, dtype=np.float64) - shift
     coef = np.concatenate([inv_noise.T, -2.0 * (m * inv_noise).T,
                            (m * m * inv_noise).sum(axis=1)[None, :]])
-    out = Z @ coef
+    out = np.empty((n, len(m)))
+    y_max = 0.0
+    for r0, r1, Z in _square_chunks(Y):
+        np.matmul(Z, coef, out=out[r0:r1])
+        y_max = max(y_max, np.sqrt(Z[:, :d].sum(axis=1).max()))
     if n == 0:
         return out
     unit = np.finfo(np.float64).eps / 2
     gamma = (2 * d + 3) * unit / (1.0 - (2 * d + 3) * unit)
-    y_max = np.sqrt(Z[:, :d].sum(axis=1).max())
     bound = gamma * inv_noise.max(axis=1) * (y_max + np.linalg.norm(m, axis=1)) ** 2
     scale = np.maximum(out.min(axis=0), d)
     for k in np.flatnonzero(~(bound <= _REFINE_RTOL * scale)):
@@ -265,11 +285,12 @@ def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64):
     X = np.asarray(X)
     d = X.shape[1]
     proj = projections(X, means, precision, weights, dtype)
-    maha = _diag_distances(X, means, precision.inv_noise, proj.Z, proj.shift)
+    maha = _diag_distances(X, means, precision.inv_noise, proj.Y, proj.shift)
     maha -= np.einsum("nkq,nkq->nk", proj.P, proj.P)
     np.maximum(maha, 0.0, out=maha)
-    log_prob = -0.5 * (maha + precision.log_det + d * _LOG_2PI)
-    return log_prob, proj
+    maha += precision.log_det + d * _LOG_2PI
+    maha *= -0.5
+    return maha, proj
 
 
 def projections(X, means, precision, weights=None, dtype=np.float64):
@@ -277,14 +298,10 @@ def projections(X, means, precision, weights=None, dtype=np.float64):
     (K, d) and ``precision``, around the mixture mean of ``means`` and ``weights``;
     the projection GEMM in ``dtype``."""
     X = np.asarray(X)
-    n, d = X.shape
     shift = _shift(means, weights)
-    Z = np.empty((n, 2 * d + 1))
-    np.subtract(X, shift, out=Z[:, d:2 * d], dtype=np.float64)
-    np.multiply(Z[:, d:2 * d], Z[:, d:2 * d], out=Z[:, :d])
-    Z[:, 2 * d] = 1.0
-    P = _projections(X, means, precision, shift, dtype, Z[:, d:2 * d])
-    return Projections(Z, P, shift)
+    Y = np.subtract(X, shift, dtype=np.float64)
+    P = _projections(X, means, precision, shift, dtype, Y)
+    return Projections(Y, P, shift)
 
 
 def log_gaussian_prob(X, means, precision, weights=None):
@@ -396,7 +413,6 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
     """
     X = np.asarray(X)
     n, d = X.shape
-    K, _, q = precision.projection.shape
     resp = np.asarray(resp, dtype=np.float64)
     if resp_threshold > 0.0:
         resp = np.where(resp > resp_threshold, resp, 0.0)
@@ -404,30 +420,46 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
     if proj is None:
         proj = projections(X, centers if means is None else means, precision,
                            resp.sum(axis=0))
-    Z = proj.Z
-    E = np.matmul(np.swapaxes(proj.P, 0, 1), precision.cholesky_inv)  # (K, n, q)
-    rE = E * resp.T[:, :, None]
-    G = resp.T @ Z
+    G = np.zeros((resp.shape[1], 2 * d + 1))
+    for r0, r1, Z in _square_chunks(proj.Y):
+        G += resp[r0:r1].T @ Z
     nk = G[:, 2 * d]
     m = centers - proj.shift
     sum_y = G[:, d:2 * d]
     sum_x = sum_y - nk[:, None] * m
     sum_xx = G[:, :d] - 2.0 * m * sum_y + nk[:, None] * m**2
-    sum_z = rE.sum(axis=1)
-    flat = np.ascontiguousarray(np.swapaxes(rE, 0, 1)).reshape(n, K * q)
-    sum_xz = np.swapaxes((Z[:, d:2 * d].T @ flat).reshape(d, K, q), 0, 1)
+    sum_z, sum_xz, sum_zz, rE = _factor_sums(proj, resp, precision.cholesky_inv)
     sum_xz -= m[:, :, None] * sum_z[:, None, :]
-    cov_z = np.matmul(np.swapaxes(precision.cholesky_inv, 1, 2), precision.cholesky_inv)
-    sum_zz = np.matmul(np.swapaxes(rE, 1, 2), E) + nk[:, None, None] * cov_z
     scale = G[:, :d] + nk[:, None] * m**2
     for k in np.flatnonzero((scale / _MAX_CANCELLATION > sum_xx).any(axis=1)):
         rows = np.flatnonzero(resp[:, k] > 0.0)
         diff = np.subtract(X[rows], centers[k], dtype=np.float64)
         sum_x[k] = resp[rows, k] @ diff
         sum_xx[k] = resp[rows, k] @ (diff * diff)
-        sum_xz[k] = diff.T @ rE[k, rows]
+        sum_xz[k] = diff.T @ rE[rows, k]
     np.maximum(sum_xx, 0.0, out=sum_xx)
     return FactorStatistics(nk, sum_x, sum_xx, sum_xz, sum_z, sum_zz, 0.0, n)
+
+
+def _factor_sums(proj, resp, cholesky_inv):
+    """``sum r e`` (K, q), ``Y^T (r e)`` (K, d, q), ``sum r E[z z^T | x]`` (K, q, q)
+    and ``r e`` (n, K, q) from the projections: ``e = p L^{-1}`` per component, then
+    ``s = sqrt(r) e`` for ``sum r e e^T = s^T s`` and ``r e = sqrt(r) s``, in one
+    ``(n, K, q)`` buffer besides ``P``."""
+    n, K, q = proj.P.shape
+    d = proj.Y.shape[1]
+    E = np.empty((n, K, q))
+    np.matmul(np.swapaxes(proj.P, 0, 1), cholesky_inv, out=np.swapaxes(E, 0, 1))
+    root = np.sqrt(resp)[:, :, None]
+    E *= root
+    sum_zz = np.matmul(np.transpose(E, (1, 2, 0)), np.swapaxes(E, 0, 1))
+    E *= root
+    sum_z = E.sum(axis=0)
+    sum_xz = np.ascontiguousarray(
+        np.swapaxes((proj.Y.T @ E.reshape(n, K * q)).reshape(d, K, q), 0, 1))
+    cov_z = np.matmul(np.swapaxes(cholesky_inv, 1, 2), cholesky_inv)
+    sum_zz += resp.sum(axis=0)[:, None, None] * cov_z
+    return sum_z, sum_xz, sum_zz, E
 
 
 def m_step(stats, centers, reg_covar):
@@ -632,11 +664,13 @@ def sample(rng, means, loadings, noise_variance, counts):
 
 def bytes_per_row(n_features, n_components, n_factors, itemsize):
     """Working memory (bytes) of one row of a block during a pass: the row in the
-    compute dtype and its float32 shifted copy, ``[y^2, y, 1]`` (float64), the
-    projections, posterior means and their weighted copies (``4 K q`` float64) and
-    a few ``(n, K)`` float64 arrays."""
+    compute dtype (and its shifted copy for a float32 projection GEMM), the shifted
+    row in float64, the projections and the weighted posterior means (``2 K q``
+    float64) and a few ``(n, K)`` float64 arrays. (The chunks of ``[y^2, y, 1]``
+    take ``_CHUNK_BYTES`` per thread whatever the block.)"""
     d, K, q = n_features, n_components, n_factors
-    return 2 * d * itemsize + (2 * d + 1) * 8 + 4 * K * q * 8 + 4 * K * 8
+    copies = 2 if itemsize < 8 else 1
+    return copies * d * itemsize + d * 8 + 2 * K * q * 8 + 4 * K * 8
 
 
 def model_nbytes(n_components, n_features, n_factors):
