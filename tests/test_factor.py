@@ -112,6 +112,32 @@ def test_log_density_float32_projection_close():
     np.testing.assert_allclose(single, exact, rtol=1e-4)
 
 
+def test_float32_with_margin_exact_where_it_matters():
+    """Factors explaining most of the variance: ||p||^2 ~ 1e4 cancels in float32;
+    the pairs within the margin of their row's best are recomputed in float64."""
+    rng = np.random.default_rng(20)
+    K, d, q, n = 6, 300, 8, 400
+    means = rng.normal(scale=2.0, size=(K, d))
+    W = rng.normal(size=(K, d, q))
+    psi = rng.uniform(0.2, 1.0, size=(K, d))
+    weights = np.full(K, 1.0 / K)
+    lab = rng.integers(K, size=n)
+    X = (means[lab] + np.einsum("ndq,nq->nd", W[lab], rng.normal(size=(n, q)))
+         + rng.normal(size=(n, d)) * np.sqrt(psi[lab])).astype(np.float32)
+    prec = factor.factorize(W, psi)
+    exact = factor.log_gaussian_prob(X.astype(np.float64), means, prec, weights)
+    plain = factor.estimate_log_prob(X, means, prec, weights, dtype=np.float32)[0]
+    refined = factor.estimate_log_prob(X, means, prec, weights, dtype=np.float32,
+                                       margin=30.0)[0]
+    own = (np.arange(n), lab)
+    assert np.abs(plain[own] - exact[own]).max() > 1e-6  # the cancellation is real
+    np.testing.assert_allclose(refined[own], exact[own], rtol=1e-12)
+    weighted = exact + np.log(weights)
+    near = weighted >= weighted.max(axis=1, keepdims=True) - 30.0
+    np.testing.assert_allclose(refined[near], exact[near], rtol=1e-12)
+    np.testing.assert_allclose(refined, exact, rtol=1e-4)
+
+
 @pytest.mark.parametrize("bad, message", [
     (0.0, "must be positive"), (-1.0, "must be positive"), (np.nan, "not finite")])
 def test_factorize_refuses_bad_noise(bad, message):
