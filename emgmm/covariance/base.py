@@ -73,6 +73,9 @@ class CovarianceType(ABC):
         The E step's centred products of a block
         (:func:`~emgmm.covariance.log_density.centred_products`) serve its
         statistics too.
+    statistics_need_products : bool
+        Its statistics need the block's products (:meth:`block_products`) also
+        where no E step of the same block made them (the component schedule).
     streams_blocks : bool
         Cheap per-row work: blocks are capped at the memory model's streaming size.
     """
@@ -81,6 +84,7 @@ class CovarianceType(ABC):
     shared = False
     triangular = False
     uses_centred_products = False
+    statistics_need_products = False
     streams_blocks = False
 
     def __repr__(self):
@@ -107,6 +111,17 @@ class CovarianceType(ABC):
     @abstractmethod
     def work_per_row(self, n_features):
         """Multiply-adds per row and component of one E step plus statistics."""
+
+    def for_model(self, model):
+        """The type as it applies to ``model`` (a type with a size parameter, such
+        as 'factor', reads it off the model's arrays)."""
+        return self
+
+    def bytes_per_row(self, n_features, n_components, itemsize):
+        """Bytes of working memory one row of a block needs during a pass: the block
+        in the compute dtype, a centred copy, a float64 copy for the first-order
+        statistics, and a few ``B x K`` float64 arrays."""
+        return 3 * n_features * itemsize + 2 * n_features * 8 + 4 * n_components * 8
 
     def covariance_values(self, n_components, n_features):
         """float64 values of one covariance array."""
@@ -189,6 +204,19 @@ class CovarianceType(ABC):
         the E step, ``log w_k``. See
         :func:`emgmm.covariance.log_density.log_gaussian_prob`."""
 
+    def block_products(self, X, model, g=None):
+        """What the E step of a block computes once for its log-densities and its
+        statistics (``products`` of :meth:`log_prob` and :meth:`block_statistics`),
+        or ``None``: the centred products around ``g`` (default: the mixture mean)
+        for the types that use them."""
+        if not self.uses_centred_products:
+            return None
+        from .log_density import centred_products, centred_products_around
+
+        if g is not None:
+            return centred_products_around(X, g)
+        return centred_products(X, model.means, model.weights)
+
     @abstractmethod
     def block_statistics(self, X, resp, centers, resp_threshold=0.0, products=None,
                          out=None):
@@ -199,6 +227,30 @@ class CovarianceType(ABC):
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         """Covariances of the M step from the summed statistics, the regularised
         counts ``nk`` (K,) and the shifts ``s_k / N_k`` (K, d) of the means."""
+
+    def concatenate_statistics(self, parts):
+        """Statistics of consecutive component slices joined along the components
+        (shared: the one part)."""
+        from .statistics import SufficientStatistics
+
+        if self.shared:
+            return parts[0]
+        return SufficientStatistics(
+            np.concatenate([p.nk for p in parts]),
+            np.concatenate([p.sum_x for p in parts]),
+            np.concatenate([p.sum_xx for p in parts]), 0.0, 0)
+
+    def m_step(self, stats, centers, reg_covar, overwrite=False):
+        """Weights, means and covariances from summed statistics (see
+        :func:`emgmm.covariance.m_step.m_step`): ``mu_k = c_k + s_k / N_k`` and
+        :meth:`m_step_covariances`."""
+        eps = np.finfo(np.float64).eps
+        nk = stats.nk + 10 * eps
+        weights = nk / nk.sum()
+        shift = stats.sum_x / nk[:, None]
+        means = np.asarray(centers, dtype=np.float64) + shift
+        covariances = self.m_step_covariances(stats, nk, shift, reg_covar, overwrite)
+        return weights, means, covariances
 
     def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar):
         """Initial covariances from a sample ``X`` and its responsibilities

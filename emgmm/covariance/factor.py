@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.linalg import solve_triangular
-from sklearn.utils.extmath import randomized_svd
+
+from .base import CovarianceType
 
 _LOG_2PI = np.log(2.0 * np.pi)
 # A component whose expanded diagonal distances (around the common shift) may be off
@@ -188,11 +189,15 @@ class Projections:
     P : ndarray of shape (n, K, q), float64
         ``p_k(x_i) = (x_i - mu_k)^T G_k``.
     shift : ndarray of shape (d,), float64
+    precision : FactorPrecision or None
+        The factorisation they were computed with (set by the covariance type, for
+        the statistics of the same block).
     """
 
     Y: np.ndarray
     P: np.ndarray
     shift: np.ndarray
+    precision: object = None
 
 
 def _square_chunks(Y):
@@ -296,14 +301,25 @@ def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64,
     X = np.asarray(X)
     d = X.shape[1]
     proj = projections(X, means, precision, weights, dtype)
+    log_w = np.log(np.full(len(means), 1.0 / len(means)) if weights is None
+                   else np.asarray(weights, dtype=np.float64))
+    offset = log_w - 0.5 * (precision.log_det + d * _LOG_2PI)
+    out = densities(X, means, precision, proj, offset, margin)
+    out -= log_w
+    return out, proj
+
+
+def densities(X, means, precision, proj, offset, margin=None):
+    """``offset_k - 1/2 (x - mu_k)^T Sigma_k^{-1} (x - mu_k)``: ``(n, K)`` float64
+    from the block's projections ``proj`` (see :func:`estimate_log_prob`; its
+    ``margin`` refinement, for float32 projections, ranks the pairs by these values:
+    ``offset`` should hold ``log w_k``)."""
     diag = _diag_distances(X, means, precision.inv_noise, proj.Y, proj.shift)
     maha = diag - np.einsum("nkq,nkq->nk", proj.P, proj.P)
-    offset = -0.5 * (precision.log_det + d * _LOG_2PI)
-    if margin is not None and np.dtype(dtype) != np.float64 and maha.size:
+    d = X.shape[1]
+    if margin is not None and X.dtype != np.float64 and maha.size:
         bound = _float32_bound(proj, precision, d)
-        log_w = np.log(np.full(len(means), 1.0 / len(means)) if weights is None
-                       else np.asarray(weights, dtype=np.float64))
-        est = offset + log_w - 0.5 * maha
+        est = offset - 0.5 * maha
         floor = (est - 0.5 * bound).max(axis=1, keepdims=True) - margin
         redo = (est + 0.5 * bound >= floor).T
         _exact_projections(proj, means, precision, redo)
@@ -311,7 +327,7 @@ def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64,
     np.maximum(maha, 0.0, out=maha)
     maha *= -0.5
     maha += offset
-    return maha, proj
+    return maha
 
 
 def _float32_bound(proj, precision, d):
@@ -334,12 +350,13 @@ def _exact_projections(proj, means, precision, redo):
         proj.P[rows, k] = (proj.Y[rows] - (means[k] - proj.shift)) @ precision.projection[k]
 
 
-def projections(X, means, precision, weights=None, dtype=np.float64):
+def projections(X, means, precision, weights=None, dtype=np.float64, shift=None):
     """:class:`Projections` of the block ``X`` (n, d) under components of ``means``
-    (K, d) and ``precision``, around the mixture mean of ``means`` and ``weights``;
-    the projection GEMM in ``dtype``."""
+    (K, d) and ``precision``, around ``shift`` (default: the mixture mean of
+    ``means`` and ``weights``); the projection GEMM in ``dtype``."""
     X = np.asarray(X)
-    shift = _shift(means, weights)
+    if shift is None:
+        shift = _shift(means, weights)
     Y = np.subtract(X, shift, dtype=np.float64)
     P = _projections(X, means, precision, shift, dtype, Y)
     return Projections(Y, P, shift)
@@ -563,12 +580,14 @@ def _principal_axes(A, n_factors, random_state):
     if min(A.shape) <= _EXACT_SVD_SIZE or n_factors >= min(A.shape) // 2:
         _, s, Vt = np.linalg.svd(A, full_matrices=False)
     else:
+        from sklearn.utils.extmath import randomized_svd  # (workers never get here)
+
         _, s, Vt = randomized_svd(A, n_factors, n_iter=7, random_state=random_state)
     r = min(n_factors, len(s))
     return Vt[:r].T, s[:r]
 
 
-def initial_parameters(X, resp, n_factors, reg_covar, random_state=None):
+def initial_parameters(X, resp, n_factors, reg_covar, random_state=0):
     """Weights, means, loadings and noise variances from responsibilities on an
     in-memory sample (e.g. k-means labels): per component, the probabilistic PCA of
     its weighted rows, then the noise that gives the sample's variances.
@@ -588,7 +607,7 @@ def initial_parameters(X, resp, n_factors, reg_covar, random_state=None):
     resp : ndarray of shape (m, K)
     n_factors : int
     reg_covar : float
-    random_state : int, RandomState or None
+    random_state : int, RandomState or None, default=0
         For ``randomized_svd`` (large components only).
 
     Returns
@@ -725,3 +744,226 @@ def statistics_nbytes(n_components, n_features, n_factors):
     """Bytes of one set of :class:`FactorStatistics` (float64)."""
     K, d, q = n_components, n_features, n_factors
     return 8 * (K + 2 * K * d + K * d * q + K * q + K * q * q)
+
+
+# ------------------------------------------------------------ the covariance type
+#
+# The engine's Model holds two arrays per covariance type. For 'factor' they are
+# packed, one component per entry of the first axis (so that slices, re-seeds,
+# checkpoints and float32 rounding treat them as the other types' arrays):
+#
+#   covariances          (K, d + q, q + 1): [:, :d, :q] = W_k, [:, :d, q] = psi_k
+#                        (the last q rows are zero)
+#   precisions_cholesky  (K, d + q, q + 1): [:, :d, :q] = G_k, [:, :d, q] = 1 / psi_k,
+#                        [:, d:, :q] = L_k^{-1}
+#
+# so that q is the width less one and d the height less q, in both.
+
+
+def pack_parameters(loadings, noise_variance):
+    """The packed ``covariances`` of ``loadings`` (K, d, q) and ``noise_variance``
+    (K, d): ``(K, d + q, q + 1)``."""
+    W = np.asarray(loadings, dtype=np.float64)
+    K, d, q = W.shape
+    out = np.zeros((K, d + q, q + 1))
+    out[:, :d, :q] = W
+    out[:, :d, q] = noise_variance
+    return out
+
+
+def unpack_parameters(packed):
+    """``(loadings, noise_variance)`` views of packed covariances."""
+    q = packed.shape[-1] - 1
+    d = packed.shape[-2] - q
+    return packed[..., :d, :q], packed[..., :d, q]
+
+
+def pack_precision(precision):
+    """The packed ``precisions_cholesky`` of a :class:`FactorPrecision`."""
+    K, d, q = precision.projection.shape
+    out = np.zeros((K, d + q, q + 1))
+    out[:, :d, :q] = precision.projection
+    out[:, :d, q] = precision.inv_noise
+    out[:, d:, :q] = precision.cholesky_inv
+    return out
+
+
+def unpack_precision(packed):
+    """The :class:`FactorPrecision` of packed factors (its own stacked copy of
+    ``G``); ``log det Sigma = -sum log(1 / psi) - 2 sum log diag L^{-1}``."""
+    packed = np.asarray(packed, dtype=np.float64)
+    K, rows, width = packed.shape
+    q = width - 1
+    d = rows - q
+    stacked = np.empty((d, K, q))
+    stacked[...] = np.swapaxes(packed[:, :d, :q], 0, 1)
+    inv_noise = np.ascontiguousarray(packed[:, :d, q])
+    chol_inv = np.ascontiguousarray(packed[:, d:, :q])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_det = -(np.log(inv_noise).sum(axis=1)
+                    + 2.0 * np.log(np.diagonal(chol_inv, axis1=1, axis2=2)).sum(axis=1))
+    return FactorPrecision(inv_noise, np.swapaxes(stacked, 0, 1), chol_inv, log_det)
+
+
+def _n_factors(packed):
+    return packed.shape[-1] - 1
+
+
+class FactorCovariance(CovarianceType):
+    """'factor': ``Sigma_k = W_k W_k^T + diag(psi_k)`` with ``q`` factors.
+
+    One instance per ``n_factors`` (:meth:`with_factors`); the registry's has
+    ``n_factors=None`` and reads ``q`` off the packed arrays it is given (see the
+    notes above :func:`pack_parameters`). The methods that take no arrays
+    (shapes, counts, sizes) need a configured instance.
+    """
+
+    name = "factor"
+    statistics_need_products = True
+
+    def __init__(self, n_factors=None):
+        self.n_factors = None if n_factors is None else int(n_factors)
+
+    def __reduce__(self):
+        return (FactorCovariance, (self.n_factors,))
+
+    def __eq__(self, other):
+        return (isinstance(other, FactorCovariance)
+                and other.n_factors == self.n_factors)
+
+    def __hash__(self):
+        return hash((self.name, self.n_factors))
+
+    def __str__(self):
+        return self.name
+
+    def with_factors(self, n_factors):
+        """The type with ``n_factors`` factors per component."""
+        return FactorCovariance(n_factors)
+
+    def for_model(self, model):
+        """Configured from a model's packed arrays."""
+        arrays = model.covariances if model.covariances is not None \
+            else model.precisions_cholesky
+        return FactorCovariance(_n_factors(arrays))
+
+    def _q(self):
+        if self.n_factors is None:
+            raise ValueError("covariance_type='factor' needs n_factors here")
+        return self.n_factors
+
+    # -------------------------------------------------------------- sizes
+    def covariance_shape(self, n_components, n_features):
+        q = self._q()
+        return (n_components, n_features + q, q + 1)
+
+    def n_parameters(self, n_components, n_features):
+        # the loadings up to a rotation and the noise; the estimator adds means and
+        # weights (the issue's K (d q - q (q - 1) / 2 + 2 d) + K - 1 in all)
+        return n_parameters(n_components, n_features, self._q()) - (
+            n_components * n_features + n_components - 1)
+
+    def statistics_values(self, n_components, n_features):
+        return statistics_nbytes(n_components, n_features, self._q()) // 8
+
+    def work_per_row(self, n_features):
+        return 2 * n_features * (self._q() + 1)
+
+    def bytes_per_row(self, n_features, n_components, itemsize):
+        return bytes_per_row(n_features, n_components, self._q(), itemsize)
+
+    def factor_terms(self, n_features):
+        return n_features + self._q() + 1
+
+    # ---------------------------------------------------- parameterisation
+    def factorize(self, covariances, dtype=np.float64):
+        W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
+        bad = [int(k) for k in bad_components(psi)]
+        good = np.setdiff1d(np.arange(len(psi)), bad)
+        out = np.full(covariances.shape, np.nan)
+        if good.size:
+            out[good] = pack_precision(factorize(W[good], psi[good]))
+        return out, bad
+
+    def precisions_cholesky_from_precisions(self, precisions):
+        raise ValueError("precisions_init is not supported with "
+                         "covariance_type='factor' (loadings and noise variances "
+                         "define the components; give means_init and weights_init, "
+                         "or warm-start from a fitted model)")
+
+    def precisions_from_cholesky(self, precisions_cholesky):
+        # the packed factors stand for the precisions inside the engine; the dense
+        # precisions_ are formed on demand by the estimator (precisions())
+        return precisions_cholesky
+
+    def covariances_from_cholesky(self, precisions_cholesky):
+        prec = unpack_precision(precisions_cholesky)
+        L = np.linalg.inv(prec.cholesky_inv)
+        psi = 1.0 / prec.inv_noise
+        W = psi[:, :, None] * np.matmul(prec.projection, np.swapaxes(L, 1, 2))
+        return pack_parameters(W, psi)
+
+    def log_det_cholesky(self, precisions_cholesky, n_features):
+        return -0.5 * unpack_precision(precisions_cholesky).log_det
+
+    def feature_variances(self, a):
+        q = _n_factors(a)
+        return a[:, :a.shape[1] - q, q]
+
+    def pooled_covariance(self, weights, covariances, healthy):
+        W, psi = unpack_parameters(covariances)
+        hw = weights[healthy] / weights[healthy].sum()
+        marginal = hw @ (psi[healthy] + (W[healthy] ** 2).sum(axis=2))
+        return pack_parameters(np.zeros((1,) + W.shape[1:]), marginal[None])[0]
+
+    # --------------------------------------------------------- the kernels
+    def block_products(self, X, model, g=None):
+        """The block's :class:`Projections` (with its factorisation) for the E step
+        and the statistics of the same block."""
+        prec = unpack_precision(model.precisions_cholesky)
+        proj = projections(X, model.means, prec, model.weights, X.dtype, shift=g)
+        proj.precision = prec
+        return proj
+
+    def log_prob(self, X, means, precisions_cholesky, g, offset, margin=None,
+                 products=None, out=None):
+        if products is None:
+            prec = unpack_precision(precisions_cholesky)
+            products = projections(X, means, prec, dtype=X.dtype, shift=g)
+            products.precision = prec
+        offset = np.broadcast_to(offset, (len(means),))
+        return densities(X, means, products.precision, products, offset, margin)
+
+    def block_statistics(self, X, resp, centers, resp_threshold=0.0, products=None,
+                         out=None):
+        if products is None:
+            raise ValueError("'factor' statistics need the block's projections")
+        stats = block_statistics(X, resp, centers, products.precision, products,
+                                 resp_threshold)
+        if out is None:
+            return stats
+        out += stats
+        return out
+
+    def concatenate_statistics(self, parts):
+        return concatenate_statistics(parts)
+
+    def m_step(self, stats, centers, reg_covar, overwrite=False):
+        weights, means, W, psi = m_step(stats, centers, reg_covar)
+        return weights, means, pack_parameters(W, psi)
+
+    def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
+        raise NotImplementedError("'factor' moves means and loadings together: m_step")
+
+    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar):
+        _, _, W, psi = initial_parameters(X, resp, self._q(), reg_covar)
+        return pack_parameters(W, psi)
+
+    # ------------------------------------------------ validation, sampling
+    def check_precisions(self, precisions, n_components, n_features):
+        self.precisions_cholesky_from_precisions(precisions)
+
+    def sample(self, rng, means, covariances, counts):
+        W, psi = unpack_parameters(covariances)
+        return [sample(rng, m[None], w[None], p[None], [int(c)])
+                for m, w, p, c in zip(means, W, psi, counts)]

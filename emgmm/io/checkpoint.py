@@ -115,6 +115,8 @@ def params_fingerprint(estimator, compute_dtype, random_state, warm_model):
     return {
         "n_components": int(estimator.n_components),
         "covariance_type": estimator.covariance_type,
+        "n_factors": (int(estimator.n_factors)
+                      if estimator.covariance_type == "factor" else None),
         "tol": float(estimator.tol),
         "reg_covar": float(estimator.reg_covar),
         "max_iter": int(estimator.max_iter),

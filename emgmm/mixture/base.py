@@ -183,7 +183,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
         return block_rows(
             source.n_samples, source.n_features, self.n_components,
             np.dtype(self._compute_dtype(source)).itemsize, budget,
-            source.chunk_rows, source.description, self.covariance_type,
+            source.chunk_rows, source.description, self._kind(),
         )
 
     # ------------------------------------------------------------------ hooks
@@ -349,18 +349,19 @@ class BaseMixture(DensityMixin, BaseEstimator):
         executor = Executor(source, self.n_jobs)
         if getattr(self.callback, "wants_progress", False):
             executor.on_task = self._task_callback
+        kind = self._kind()
         schedule, estimate = choose_schedule(self.schedule, self.n_components, d,
-                                             self.covariance_type, executor.n_workers,
+                                             kind, executor.n_workers,
                                              self.memory_limit)
         if schedule == "components" or not row_threads_worthwhile(
-                n, len(tasks), self.n_components, d, self.covariance_type):
+                n, len(tasks), self.n_components, d, kind):
             executor.row_threads = 0
-        if tasks_are_tiny(n, len(tasks), self.n_components, d, self.covariance_type):
+        if tasks_are_tiny(n, len(tasks), self.n_components, d, kind):
             executor.one_blas_thread()
         checkpointer = open_checkpointer(self, source, compute_dtype, random_state,
                                          None if do_init else self._current_model())
         block_nbytes = block_size * bytes_per_row(
-            d, self.n_components, np.dtype(compute_dtype).itemsize)
+            d, self.n_components, np.dtype(compute_dtype).itemsize, kind)
         return FitPlan(
             n, d, inits, compute_dtype, out_dtype, block_size, tasks, do_init,
             self.n_init if do_init else 1, random_state, executor,

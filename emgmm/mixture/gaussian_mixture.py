@@ -2,6 +2,7 @@
 
 import math
 import os
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -9,11 +10,13 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from ..covariance import REGISTRY
+from ..covariance import factor as factor_kernels
 from ..covariance.cholesky import (
     covariances_from_cholesky,
     not_upper_triangular_message,
     precisions_cholesky_from_precisions,
 )
+from ..covariance.factor import pack_parameters, unpack_parameters
 from ..engine.degenerate import initial_factors
 from ..engine.model import Model
 from ..io.sources import ArraySource
@@ -23,7 +26,19 @@ from .initialization import (
     parameters_from_responsibilities,
     subsample_indices,
 )
-from .validation import Interval, StrOptions, check_means, check_precisions, check_weights
+from .validation import (
+    Interval,
+    StrOptions,
+    check_means,
+    check_precisions,
+    check_weights,
+)
+
+#: The dense attributes of the full-covariance types, formed on demand for 'factor'.
+_DENSE_ATTRIBUTES = ("covariances_", "precisions_", "precisions_cholesky_")
+_FACTOR_ATTRIBUTES = ("loadings_", "noise_variance_")
+#: Size (MiB) of a dense attribute of a 'factor' model above which forming it warns.
+DENSE_WARN_MIB = 256
 
 
 class GaussianMixture(BaseMixture):
@@ -230,6 +245,7 @@ class GaussianMixture(BaseMixture):
     _parameter_constraints: dict = {
         "n_components": [Interval(Integral, 1, None, closed="left")],
         "covariance_type": [StrOptions(set(REGISTRY))],
+        "n_factors": [Interval(Integral, 0, None, closed="left")],
         "tol": [Interval(Real, 0.0, None, closed="left")],
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
@@ -263,6 +279,7 @@ class GaussianMixture(BaseMixture):
         n_components=1,
         *,
         covariance_type="full",
+        n_factors=10,
         tol=1e-3,
         reg_covar=1e-6,
         max_iter=100,
@@ -290,6 +307,7 @@ class GaussianMixture(BaseMixture):
     ):
         self.n_components = n_components
         self.covariance_type = covariance_type
+        self.n_factors = n_factors
         self.tol = tol
         self.reg_covar = reg_covar
         self.max_iter = max_iter
@@ -317,15 +335,25 @@ class GaussianMixture(BaseMixture):
 
     # ------------------------------------------------------------ parameters
 
+    def _kind(self):
+        """The covariance type; for 'factor', with ``n_factors`` factors."""
+        if self.covariance_type == "factor":
+            return REGISTRY["factor"].with_factors(self.n_factors)
+        return super()._kind()
+
     def _check_initial_parameters(self, n_features):
         """Validated copies of the *_init parameters (never stored on self)."""
+        if self.covariance_type == "factor" and self.n_factors > n_features:
+            raise ValueError(
+                f"n_factors={self.n_factors} exceeds the {n_features} features of X: "
+                "a component has at most as many factors as features.")
         weights = means = precisions = None
         if self.weights_init is not None:
             weights = check_weights(self.weights_init, self.n_components)
         if self.means_init is not None:
             means = check_means(self.means_init, self.n_components, n_features)
         if self.precisions_init is not None:
-            precisions = check_precisions(self.precisions_init, self.covariance_type,
+            precisions = check_precisions(self.precisions_init, self._kind(),
                                           self.n_components, n_features)
         return weights, means, precisions
 
@@ -351,14 +379,14 @@ class GaussianMixture(BaseMixture):
             resp = initial_responsibilities(sample, self.n_components, self.init_params,
                                             random_state)
             weights, means, covariances = parameters_from_responsibilities(
-                sample, resp, self.reg_covar, self.covariance_type
+                sample, resp, self.reg_covar, self._kind()
             )
         if weights_init is not None:
             weights = np.asarray(weights_init, dtype=np.float64)
         if means_init is not None:
             means = np.asarray(means_init, dtype=np.float64)
         if precisions_init is None:
-            u = initial_factors(covariances, self.covariance_type, self.on_degenerate,
+            u = initial_factors(covariances, self._kind(), self.on_degenerate,
                                 init_params=self.init_params)
         else:
             u = precisions_cholesky_from_precisions(
@@ -377,6 +405,8 @@ class GaussianMixture(BaseMixture):
             e.g. set by hand to ``numpy.linalg.cholesky(precisions)`` (lower): the
             triangular kernels read the upper triangle only.
         """
+        if self.covariance_type == "factor":
+            return self._fitted_factor_model()
         factors = np.asarray(self.precisions_cholesky_, dtype=np.float64)
         kind = self._kind()
         square = kind.per_component(factors)
@@ -395,12 +425,77 @@ class GaussianMixture(BaseMixture):
             self.covariance_type,
         )
 
+    def _current_model(self):
+        if self.covariance_type != "factor" and "loadings_" not in self.__dict__:
+            return super()._current_model()
+        K, d, q = self.n_components, self.n_features_in_, self.n_factors
+        shape = np.shape(self.__dict__.get("loadings_"))
+        if (self.covariance_type != "factor" or np.shape(self.means_) != (K, d)
+                or shape != (K, d, q)):
+            raise ValueError(
+                "warm_start=True continues the fitted model (means of shape "
+                f"{np.shape(self.means_)}, loadings of shape {shape}), which does not "
+                f"match n_components={K}, covariance_type={self.covariance_type!r}, "
+                f"n_factors={q} and {d} features. Set warm_start=False to fit a new "
+                "model.")
+        return self._fitted_model()
+
+    def _fitted_factor_model(self):
+        """'factor': the Model of ``loadings_`` and ``noise_variance_``."""
+        kind = self._kind()
+        covariances = pack_parameters(np.asarray(self.loadings_, dtype=np.float64),
+                                      np.asarray(self.noise_variance_, dtype=np.float64))
+        u, bad = kind.factorize(covariances)
+        if bad:
+            raise ValueError(f"noise_variance_ of component {bad[0]} is not positive "
+                             "and finite")
+        return Model(np.asarray(self.weights_, dtype=np.float64),
+                     np.asarray(self.means_, dtype=np.float64), covariances, u,
+                     self.covariance_type)
+
     def _set_model(self, model, dtype, precisions):
+        for name in _DENSE_ATTRIBUTES + _FACTOR_ATTRIBUTES:
+            self.__dict__.pop(name, None)  # those of an earlier fit of another type
         self.weights_ = model.weights.astype(dtype)
         self.means_ = model.means.astype(dtype)
+        if self.covariance_type == "factor":
+            loadings, noise = unpack_parameters(model.covariances)
+            self.loadings_ = np.ascontiguousarray(loadings, dtype=dtype)
+            self.noise_variance_ = np.ascontiguousarray(noise, dtype=dtype)
+            return
         self.covariances_ = model.covariances.astype(dtype)
         self.precisions_cholesky_ = model.precisions_cholesky.astype(dtype)
         self.precisions_ = precisions
+
+    def __getattr__(self, name):
+        # 'factor': the dense attributes of the other types, formed on demand
+        # (only called when normal lookup fails)
+        state = self.__dict__
+        if (name not in _DENSE_ATTRIBUTES or state.get("covariance_type") != "factor"
+                or "loadings_" not in state):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute "
+                                 f"{name!r}")
+        return self._dense_attribute(name)
+
+    def _dense_attribute(self, name):
+        """``covariances_``, ``precisions_`` or ``precisions_cholesky_`` of a 'factor'
+        fit: ``(K, d, d)`` float64, formed now (warns above ``DENSE_WARN_MIB``)."""
+        W = np.asarray(self.loadings_, dtype=np.float64)
+        psi = np.asarray(self.noise_variance_, dtype=np.float64)
+        K, d, _ = W.shape
+        mib = 8 * K * d * d / 2**20
+        if mib > DENSE_WARN_MIB:
+            warnings.warn(
+                f"{name} of a covariance_type='factor' model is formed on demand: "
+                f"{K} dense {d} x {d} matrices, {mib:,.0f} MiB (the model itself is "
+                "loadings_ and noise_variance_).", UserWarning, stacklevel=3)
+        if name == "covariances_":
+            out = factor_kernels.covariances(W, psi)
+        elif name == "precisions_":
+            out = factor_kernels.precisions(factor_kernels.factorize(W, psi))
+        else:
+            out = factor_kernels.precisions_cholesky(W, psi)
+        return out.astype(self.loadings_.dtype, copy=False)
 
     def sample(self, n_samples=1):
         """Draw samples from the fitted mixture (as scikit-learn draws them).
@@ -428,7 +523,9 @@ class GaussianMixture(BaseMixture):
             )
         rng = check_random_state(self.random_state)
         counts = rng.multinomial(n_samples, self.weights_)
-        parts = self._kind().sample(rng, self.means_, self.covariances_, counts)
+        covariances = (pack_parameters(self.loadings_, self.noise_variance_)
+                       if self.covariance_type == "factor" else self.covariances_)
+        parts = self._kind().sample(rng, self.means_, covariances, counts)
         X = np.vstack(parts).astype(np.float64)
         y = np.concatenate([np.full(int(s), k, dtype=np.int64) for k, s in enumerate(counts)])
         return X, y
