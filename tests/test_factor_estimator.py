@@ -216,3 +216,44 @@ def test_cli_fit_info_score(tmp_path, data, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert main(["score", str(out), str(npy)]) == 0
+
+
+def test_model_file_with_bad_noise_is_refused(tmp_path, fitted):
+    from emgmm import ModelFileError
+
+    path = tmp_path / "m.h5"
+    save_model(fitted, path)
+    with h5py.File(path, "r+") as f:
+        f["noise_variance"][1, 4] = 0.0
+    with pytest.raises(ModelFileError, match="noise_variance of component 1"):
+        load_model(path)
+
+
+def test_large_dense_attribute_warns(fitted, monkeypatch):
+    from emgmm.mixture import gaussian_mixture
+
+    monkeypatch.setattr(gaussian_mixture, "DENSE_WARN_MIB", 0)
+    with pytest.warns(UserWarning, match="formed on demand"):
+        fitted.precisions_cholesky_
+
+
+def test_refit_with_another_type_drops_the_factor_attributes(data):
+    gm = _fit(data)
+    gm.set_params(covariance_type="diag")
+    gm.fit(data)
+    assert not hasattr(gm, "loadings_") and gm.covariances_.shape == (K, D)
+    gm.set_params(covariance_type="factor")
+    gm.fit(data)
+    assert "covariances_" not in vars(gm) and gm.loadings_.shape == (K, D, Q)
+
+
+def test_cli_warm_start_with_other_n_factors_is_refused(tmp_path, data, fitted, capsys):
+    from emgmm.cli import main
+
+    npy = tmp_path / "x.npy"
+    np.save(npy, data)
+    model = tmp_path / "m.h5"
+    save_model(fitted, model)
+    assert main(["fit", str(npy), "--warm-start", str(model), "--n-factors", "1",
+                 "-o", str(tmp_path / "out.h5"), "-q"]) != 0
+    assert "n_factors=2" in capsys.readouterr().err

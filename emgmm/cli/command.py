@@ -47,6 +47,7 @@ _ESTIMATOR_FLAGS = [
         "covariance_type",
         dict(choices=list(REGISTRY)),
     ),
+    (("--n-factors",), "n_factors", dict(type=int, metavar="Q")),
     (("--tol",), "tol", dict(type=float)),
     (("--reg-covar",), "reg_covar", dict(type=float)),
     (("--max-iter",), "max_iter", dict(type=int)),
@@ -202,7 +203,8 @@ def _cmd_fit(args):
     if args.warm_start is not None:
         estimator = load_model(args.warm_start)
         for name, flag in (("n_components", "-k"),
-                           ("covariance_type", "--covariance-type")):
+                           ("covariance_type", "--covariance-type"),
+                           ("n_factors", "--n-factors")):
             if name in params and params[name] != getattr(estimator, name):
                 raise CommandError(
                     f"--warm-start {args.warm_start} continues a model with "
@@ -336,7 +338,9 @@ def _cmd_info(args):
         ("model file", args.model),
         ("format", f"{header['format']} v{header['format_version']} "
                    f"(written by emgmm {header['emgmm_version']})"),
-        ("covariance type", header["covariance_type"]),
+        ("covariance type", header["covariance_type"]
+         + (f" ({header['params'].get('n_factors')} factors per component)"
+            if header["covariance_type"] == "factor" else "")),
         ("components", header["n_components"]),
         ("features", header["n_features_in"]),
         ("fit", f"{state} after {header['n_iter']} iterations, "

@@ -10,7 +10,9 @@ File layout (format ``"emgmm.GaussianMixture"``, version 1)::
                              params_dropped (JSON list of names)
     /weights                 (n_components,)
     /means                   (n_components, n_features)
-    /precisions_cholesky     sklearn's shape for the covariance type
+    /precisions_cholesky     sklearn's shape for the covariance type (not 'factor')
+    /loadings                'factor': (n_components, n_features, n_factors)
+    /noise_variance          'factor': (n_components, n_features)
     /feature_names_in        variable-length UTF-8 strings (only if fitted on them)
     /params/<name>           array-valued constructor parameters
                              (weights_init, means_init, precisions_init)
@@ -101,7 +103,7 @@ def save_model(estimator, path):
     try:
         weights = np.asarray(estimator.weights_, dtype=np.float64)
         means = np.asarray(estimator.means_, dtype=np.float64)
-        prec_chol = np.asarray(estimator.precisions_cholesky_, dtype=np.float64)
+        components = _component_arrays(estimator)
         n_features = int(estimator.n_features_in_)
         n_iter, converged = int(estimator.n_iter_), bool(estimator.converged_)
         lower_bound = float(estimator.lower_bound_)
@@ -112,7 +114,8 @@ def save_model(estimator, path):
     params = estimator.get_params(deep=False)
     params["checkpoint"] = None  # the fit's, not the model's (see the module docstring)
     plain, arrays, dropped = _split_params(params)
-    sizes = [np.asarray(a).nbytes for a in (weights, means, prec_chol, *arrays.values())]
+    sizes = [np.asarray(a).nbytes for a in (weights, means, *components.values(),
+                                            *arrays.values())]
     sizes += [len(str(name).encode()) + 16
               for name in getattr(estimator, "feature_names_in_", [])]
     sizes.append(8 * len(getattr(estimator, "lower_bounds_", [])))
@@ -137,7 +140,8 @@ def save_model(estimator, path):
             f.attrs["params_dropped"] = json.dumps(dropped)
             f["weights"] = weights
             f["means"] = means
-            f["precisions_cholesky"] = prec_chol
+            for name, value in components.items():
+                f[name] = value
             if hasattr(estimator, "feature_names_in_"):
                 names = [str(n) for n in estimator.feature_names_in_]
                 f.create_dataset(
@@ -152,6 +156,47 @@ def save_model(estimator, path):
             fit.attrs["lower_bound"] = lower_bound
             lower_bounds = getattr(estimator, "lower_bounds_", [])
             fit["lower_bounds"] = np.asarray(lower_bounds, dtype=np.float64)
+
+
+def _component_arrays(estimator):
+    """The datasets of the components' covariances: ``precisions_cholesky``, or for
+    'factor' ``loadings`` and ``noise_variance`` (float64)."""
+    if estimator.covariance_type == "factor":
+        return {"loadings": np.asarray(estimator.loadings_, dtype=np.float64),
+                "noise_variance": np.asarray(estimator.noise_variance_,
+                                             dtype=np.float64)}
+    return {"precisions_cholesky": np.asarray(estimator.precisions_cholesky_,
+                                              dtype=np.float64)}
+
+
+def _read_factor_model(f, path, header):
+    """'factor': ``(loadings, noise_variance)`` of an open model file, checked.
+
+    Raises
+    ------
+    ModelFileError
+        Missing or inconsistent arrays, loadings that are not finite, or noise
+        variances that are not positive and finite (naming the component).
+    """
+    try:
+        loadings = f["loadings"][()]
+        noise = f["noise_variance"][()]
+    except KeyError as exc:
+        raise ModelFileError(f"{os.fspath(path)} is a damaged emgmm model file "
+                             f"({exc})") from None
+    k, d = header["n_components"], header["n_features_in"]
+    q = header["params"].get("n_factors")
+    if loadings.shape != (k, d, q) or noise.shape != (k, d):
+        raise ModelFileError(f"{os.fspath(path)} has inconsistent model arrays")
+    for name, a, ok in (("loadings", loadings, np.isfinite(loadings)),
+                        ("noise_variance", noise, np.isfinite(noise) & (noise > 0))):
+        bad = np.argwhere(~ok)
+        if bad.size:
+            raise ModelFileError(
+                f"{os.fspath(path)} holds no valid mixture: {name} of component "
+                f"{bad[0][0]} must be finite{' and positive' if a is noise else ''} "
+                f"(entry {tuple(int(i) for i in bad[0][1:])})")
+    return loadings, noise
 
 
 #: Bytes reserved for a model file beyond twice its contents (HDF5's metadata).
@@ -267,6 +312,8 @@ def _invalid_parameters(weights, means, precisions_cholesky, covariance_type):
         return "weights must be finite, nonnegative and sum to 1"
     if not np.isfinite(means).all():
         return "means must be finite"
+    if precisions_cholesky is None:  # 'factor': its arrays are checked on reading
+        return None
     stack = _per_component(precisions_cholesky, covariance_type)
     diagonal = REGISTRY[covariance_type].factor_diagonals(stack)
     flat = stack.reshape(len(stack), -1)
@@ -343,11 +390,14 @@ def load_model(path):
     from .. import GaussianMixture
 
     header = read_header(path)
+    factor = header["covariance_type"] == "factor"
     with _open(path) as f:
+        if factor:
+            loadings, noise = _read_factor_model(f, path, header)
         try:
             weights = f["weights"][()]
             means = f["means"][()]
-            prec_chol = f["precisions_cholesky"][()]
+            prec_chol = None if factor else f["precisions_cholesky"][()]
             arrays = {name: value[()] for name, value in f["params"].items()}
         except KeyError as exc:
             raise ModelFileError(
@@ -359,11 +409,11 @@ def load_model(path):
         cov_type not in COVARIANCE_TYPES
         or weights.shape != (k,)
         or means.shape != (k, d)
-        or prec_chol.shape != _expected_chol_shape(cov_type, k, d)
+        or not (factor or prec_chol.shape == _expected_chol_shape(cov_type, k, d))
     ):
         raise ModelFileError(f"{os.fspath(path)} has inconsistent model arrays")
     problem = _invalid_parameters(weights, means, prec_chol, cov_type)
-    if problem is None:
+    if problem is None and not factor:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             # a factor close to singular: found just below, by component
             covariances = covariances_from_cholesky(prec_chol, cov_type)
@@ -382,9 +432,13 @@ def load_model(path):
     dtype = np.float32 if header["attributes_dtype"] == "float32" else np.float64
     estimator.weights_ = weights.astype(dtype, copy=False)
     estimator.means_ = means.astype(dtype, copy=False)
-    estimator.precisions_cholesky_ = prec_chol.astype(dtype, copy=False)
-    estimator.covariances_ = covariances.astype(dtype, copy=False)
-    estimator.precisions_ = precisions.astype(dtype, copy=False)
+    if factor:
+        estimator.loadings_ = loadings.astype(dtype, copy=False)
+        estimator.noise_variance_ = noise.astype(dtype, copy=False)
+    else:
+        estimator.precisions_cholesky_ = prec_chol.astype(dtype, copy=False)
+        estimator.covariances_ = covariances.astype(dtype, copy=False)
+        estimator.precisions_ = precisions.astype(dtype, copy=False)
     estimator.n_features_in_ = d
     if header["feature_names_in"] is not None:
         estimator.feature_names_in_ = np.asarray(
