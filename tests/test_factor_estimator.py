@@ -6,9 +6,9 @@ import warnings
 import h5py
 import numpy as np
 import pytest
-from sklearn.exceptions import ConvergenceWarning
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
+from sklearn.exceptions import ConvergenceWarning
 
 from emgmm import GaussianMixture, load_model, save_model
 from emgmm.covariance import factor
@@ -32,8 +32,8 @@ def data():
 def _fit(X, **kw):
     """Converged (tol=1e-5, 24 iterations), or a fixed number of iterations with
     tol=0 (which warns that it did not converge)."""
-    params = dict(n_components=K, covariance_type="factor", n_factors=Q,
-                  random_state=0, max_iter=100, tol=1e-5)
+    params = {"n_components": K, "covariance_type": "factor", "n_factors": Q,
+                  "random_state": 0, "max_iter": 100, "tol": 1e-5}
     params.update(kw)
     gm = GaussianMixture(**params)
     if params["tol"] == 0.0 and params["max_iter"] > 0:
@@ -123,9 +123,9 @@ def test_sources_give_identical_fits(tmp_path, data, fitted, kind):
     np.testing.assert_array_equal(other.loadings_, fitted.loadings_)
 
 
-@pytest.mark.parametrize("kw", [dict(block_size=64), dict(block_size=7),
-                                dict(n_jobs=2), dict(n_jobs=2, schedule="components"),
-                                dict(n_jobs=2, block_size=100)])
+@pytest.mark.parametrize("kw", [{"block_size": 64}, {"block_size": 7},
+                                {"n_jobs": 2}, {"n_jobs": 2, "schedule": "components"},
+                                {"n_jobs": 2, "block_size": 100}])
 def test_blocks_workers_and_schedules_agree(data, fitted, kw):
     other = _fit(data, **kw)
     np.testing.assert_allclose(other.lower_bounds_, fitted.lower_bounds_, rtol=1e-12)
@@ -234,7 +234,7 @@ def test_large_dense_attribute_warns(fitted, monkeypatch):
 
     monkeypatch.setattr(gaussian_mixture, "DENSE_WARN_MIB", 0)
     with pytest.warns(UserWarning, match="formed on demand"):
-        fitted.precisions_cholesky_
+        _ = fitted.precisions_cholesky_
 
 
 def test_refit_with_another_type_drops_the_factor_attributes(data):
