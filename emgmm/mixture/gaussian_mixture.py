@@ -56,9 +56,15 @@ class GaussianMixture(BaseMixture):
     ----------
     n_components : int, default=1
         Number of mixture components.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}, default='full'
+    covariance_type : {'full', 'tied', 'diag', 'spherical', 'factor'}, default='full'
         'full': each component has its own covariance matrix; 'tied': one shared
-        matrix; 'diag': each its own diagonal; 'spherical': each its own variance.
+        matrix; 'diag': each its own diagonal; 'spherical': each its own variance;
+        'factor': each ``W_k W_k^T + diag(psi_k)`` with ``n_factors`` factors (a
+        mixture of factor analysers, Ghahramani & Hinton 1996; see
+        :mod:`emgmm.covariance.factor`).
+    n_factors : int, default=10
+        Factors per component for 'factor' (``0 <= n_factors <= n_features``; 0 is
+        'diag'); ignored by the other types.
     tol : float, default=1e-3
         Convergence threshold: EM stops when the absolute change of the mean
         per-sample log-likelihood (nats per sample) between two iterations is below
@@ -209,13 +215,24 @@ class GaussianMixture(BaseMixture):
     means_ : ndarray of shape (n_components, n_features)
     covariances_ : ndarray
         (n_components, n_features, n_features) 'full'; (n_features, n_features)
-        'tied'; (n_components, n_features) 'diag'; (n_components,) 'spherical'.
+        'tied'; (n_components, n_features) 'diag'; (n_components,) 'spherical';
+        for 'factor' not stored: ``W_k W_k^T + diag(psi_k)`` as (n_components,
+        n_features, n_features) float64, formed each time it is read (as are
+        ``precisions_`` and ``precisions_cholesky_``; a ``UserWarning`` beyond
+        ``DENSE_WARN_MIB``, 256 MiB).
     precisions_ : ndarray
         Inverses of the covariances, same shapes.
     precisions_cholesky_ : ndarray
         Upper-triangular factors ``U`` of the precisions: ``U @ U.T == precisions_``
         for 'full' (per component) and 'tied'; for 'diag' and 'spherical' the
         elementwise square roots of the precisions. Same shapes.
+    loadings_ : ndarray of shape (n_components, n_features, n_factors)
+        'factor' only: the loadings ``W_k`` (scikit-learn's ``FactorAnalysis``
+        stores one ``(n_factors, n_features)`` ``components_``; here one
+        ``(d, q)`` matrix per component, as in ``x = mu_k + W_k z + e``). Defined
+        up to a rotation ``W_k R``.
+    noise_variance_ : ndarray of shape (n_components, n_features)
+        'factor' only: ``psi_k`` (at least ``reg_covar``).
     converged_ : bool
         Whether the kept run met ``tol``.
     n_iter_ : int
