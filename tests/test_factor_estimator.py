@@ -257,3 +257,33 @@ def test_cli_warm_start_with_other_n_factors_is_refused(tmp_path, data, fitted, 
     assert main(["fit", str(npy), "--warm-start", str(model), "--n-factors", "1",
                  "-o", str(tmp_path / "out.h5"), "-q"]) != 0
     assert "n_factors=2" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def collapsed():
+    """Two blobs and 20 copies of one far row: with reg_covar=0 its k-means cluster
+    has zero noise variance."""
+    rng = np.random.default_rng(1)
+    return np.concatenate([rng.normal(size=(300, 6)), rng.normal(loc=8, size=(300, 6)),
+                           np.tile(rng.normal(loc=-50, size=(1, 6)), (20, 1))])
+
+
+def test_collapsed_component_is_reseeded(collapsed):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        gm = GaussianMixture(3, covariance_type="factor", n_factors=2, reg_covar=0.0,
+                             random_state=0, max_iter=30).fit(collapsed)
+    messages = [str(w.message) for w in seen]
+    assert any("components [1] had a covariance that is not positive" in m
+               for m in messages)
+    assert any("were degenerate" in m for m in messages)
+    assert np.isfinite(gm.noise_variance_).all() and np.isfinite(gm.loadings_).all()
+    assert np.isfinite(gm.score(collapsed))
+
+
+def test_collapsed_component_raises_with_raise_policy(collapsed):
+    gm = GaussianMixture(3, covariance_type="factor", n_factors=2, reg_covar=0.0,
+                         random_state=0, on_degenerate="raise")
+    with pytest.raises(ValueError, match="component 1"):
+        gm.fit(collapsed)
+    assert not hasattr(gm, "loadings_")
