@@ -287,3 +287,10 @@ def test_collapsed_component_raises_with_raise_policy(collapsed):
     with pytest.raises(ValueError, match="component 1"):
         gm.fit(collapsed)
     assert not hasattr(gm, "loadings_")
+
+
+def test_float32_data_lower_bound_is_the_score(data):
+    single = data.astype(np.float32)
+    gm = _fit(single)
+    assert gm.loadings_.dtype == np.float32 and gm.noise_variance_.dtype == np.float32
+    assert gm.lower_bound_ == gm.score(single)

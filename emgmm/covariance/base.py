@@ -76,6 +76,10 @@ class CovarianceType(ABC):
     statistics_need_products : bool
         Its statistics need the block's products (:meth:`block_products`) also
         where no E step of the same block made them (the component schedule).
+    stores_covariances : bool
+        The fitted attributes hold the covariance parameters, not the factors
+        ('factor'): float32 attributes are scored with factors formed again from
+        the rounded parameters.
     streams_blocks : bool
         Cheap per-row work: blocks are capped at the memory model's streaming size.
     """
@@ -85,6 +89,7 @@ class CovarianceType(ABC):
     triangular = False
     uses_centred_products = False
     statistics_need_products = False
+    stores_covariances = False
     streams_blocks = False
 
     def __repr__(self):

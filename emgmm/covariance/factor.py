@@ -820,6 +820,7 @@ class FactorCovariance(CovarianceType):
 
     name = "factor"
     statistics_need_products = True
+    stores_covariances = True
 
     def __init__(self, n_factors=None):
         self.n_factors = None if n_factors is None else int(n_factors)

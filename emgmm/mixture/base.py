@@ -53,8 +53,13 @@ def _as_stored(model, dtype):
     """``model`` as the fitted attributes of ``dtype`` hold it, in float64."""
     if np.dtype(dtype) == np.float64:
         return model
-    stored = (np.asarray(a).astype(dtype).astype(np.float64) for a in (
-        model.weights, model.means, model.covariances, model.precisions_cholesky))
+    stored = [np.asarray(a).astype(dtype).astype(np.float64) for a in (
+        model.weights, model.means, model.covariances, model.precisions_cholesky)]
+    kind = model.kind
+    if kind.stores_covariances:
+        # the attributes hold the covariance parameters: their factors are formed
+        # from them again (as score(X) forms them), not rounded themselves
+        stored[3] = kind.factorize(stored[2])[0]
     return Model(*stored, model.covariance_type)
 
 
