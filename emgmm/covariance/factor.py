@@ -184,38 +184,44 @@ class Projections:
 
     Attributes
     ----------
-    Y : ndarray of shape (n, d), float64
-        ``y = x - shift``.
+    X : ndarray of shape (n, d)
+        The block (as read; never modified).
     P : ndarray of shape (n, K, q), float64
         ``p_k(x_i) = (x_i - mu_k)^T G_k``.
     shift : ndarray of shape (d,), float64
+        ``g``: the rows enter every product as ``y = x - g``, formed by chunks.
+    y_norm : ndarray of shape (n,), float64
+        ``||x_i - g||``.
     precision : FactorPrecision or None
         The factorisation they were computed with (set by the covariance type, for
         the statistics of the same block).
     """
 
-    Y: np.ndarray
+    X: np.ndarray
     P: np.ndarray
     shift: np.ndarray
+    y_norm: np.ndarray
     precision: object = None
 
 
-def _square_chunks(Y):
-    """Yield ``(r0, r1, Z)`` with ``Z = [y^2, y, 1]`` of rows ``r0:r1`` of ``Y``, in
-    chunks of about ``_CHUNK_BYTES`` (one buffer, overwritten by the next chunk)."""
-    n, d = Y.shape
+def _square_chunks(X, shift):
+    """Yield ``(r0, r1, Z)`` with ``Z = [y^2, y, 1]`` (float64) of rows ``r0:r1``,
+    ``y = x - shift``, in chunks of about ``_CHUNK_BYTES`` (one buffer, overwritten
+    by the next chunk): no ``(n, d)`` float64 copy of the block is held."""
+    n, d = X.shape
     rows = int(max(16, min(n, _CHUNK_BYTES // (8 * (2 * d + 1)))))
     buf = np.empty((min(rows, n), 2 * d + 1))
     buf[:, 2 * d] = 1.0
     for r0 in range(0, n, rows):
         r1 = min(r0 + rows, n)
         Z = buf[:r1 - r0]
-        np.multiply(Y[r0:r1], Y[r0:r1], out=Z[:, :d])
-        Z[:, d:2 * d] = Y[r0:r1]
+        np.subtract(X[r0:r1], shift, out=Z[:, d:2 * d], dtype=np.float64,
+                    casting="unsafe")
+        np.multiply(Z[:, d:2 * d], Z[:, d:2 * d], out=Z[:, :d])
         yield r0, r1, Z
 
 
-def _diag_distances(X, means, inv_noise, Y, shift):
+def _diag_distances(X, means, inv_noise, shift):
     """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, products of ``[y^2, y, 1]``
     with the expanded coefficients (by row chunks).
 
@@ -232,7 +238,7 @@ def _diag_distances(X, means, inv_noise, Y, shift):
                            (m * m * inv_noise).sum(axis=1)[None, :]])
     out = np.empty((n, len(m)))
     y_max = 0.0
-    for r0, r1, Z in _square_chunks(Y):
+    for r0, r1, Z in _square_chunks(X, shift):
         np.matmul(Z, coef, out=out[r0:r1])
         y_max = max(y_max, np.sqrt(Z[:, :d].sum(axis=1).max()))
     if n == 0:
@@ -247,19 +253,28 @@ def _diag_distances(X, means, inv_noise, Y, shift):
     return out
 
 
-def _projections(X, means, precision, shift, dtype, Y64):
-    """``P`` of :class:`Projections`: one GEMM of the shifted rows against every
-    component's ``G_k`` (``(d, K q)``) in ``dtype``, minus ``(mu_k - shift)^T G_k``.
-    ``Y64`` is ``X - shift`` in float64 (the float64 GEMM's operand)."""
-    n = X.shape[0]
+def _projections(X, means, precision, shift, dtype):
+    """``P`` and ``||y||`` of :class:`Projections`: GEMMs of the shifted rows (by
+    chunks, in ``dtype``) against every component's ``G_k`` stacked as ``(d, K q)``,
+    minus ``(mu_k - shift)^T G_k``."""
+    n, d = X.shape
     K, _, q = precision.projection.shape
-    g = shift.astype(dtype)  # the shift as Y has it, also in m below
-    Y = Y64 if np.dtype(dtype) == np.float64 else np.subtract(X, g, dtype=dtype)
-    P = np.matmul(Y, precision.stacked(dtype)).astype(np.float64, copy=False)
+    g = shift.astype(dtype)  # the shift as the chunks have it, also in m below
+    G = precision.stacked(dtype)
+    P = np.empty((n, K * q))
+    y_norm = np.empty(n)
+    rows = int(max(16, min(n, _CHUNK_BYTES // (8 * d))))
+    buf = np.empty((min(rows, n), d), dtype=dtype)
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        Y = buf[:r1 - r0]
+        np.subtract(X[r0:r1], g, out=Y, dtype=dtype, casting="unsafe")
+        y_norm[r0:r1] = np.sqrt(np.einsum("ij,ij->i", Y, Y, dtype=np.float64))
+        P[r0:r1] = Y @ G
     m = np.asarray(means, dtype=np.float64) - g.astype(np.float64)
     P = P.reshape(n, K, q)
     P -= np.einsum("kd,kdq->kq", m, precision.projection)[None]
-    return P
+    return P, y_norm
 
 
 def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64,
@@ -314,7 +329,7 @@ def densities(X, means, precision, proj, offset, margin=None):
     from the block's projections ``proj`` (see :func:`estimate_log_prob`; its
     ``margin`` refinement, for float32 projections, ranks the pairs by these values:
     ``offset`` should hold ``log w_k``)."""
-    diag = _diag_distances(X, means, precision.inv_noise, proj.Y, proj.shift)
+    diag = _diag_distances(X, means, precision.inv_noise, proj.shift)
     maha = diag - np.einsum("nkq,nkq->nk", proj.P, proj.P)
     d = X.shape[1]
     if margin is not None and X.dtype != np.float64 and maha.size:
@@ -337,7 +352,7 @@ def _float32_bound(proj, precision, d):
     for ``|y|^T |G|``)."""
     unit = np.finfo(np.float32).eps / 2
     gamma = (d + 2) * unit / (1.0 - (d + 2) * unit)
-    err = gamma * np.outer(np.linalg.norm(proj.Y, axis=1),
+    err = gamma * np.outer(proj.y_norm,
                            np.linalg.norm(precision.projection, axis=(1, 2)))
     return 2.0 * np.linalg.norm(proj.P, axis=2) * err + err * err
 
@@ -347,7 +362,8 @@ def _exact_projections(proj, means, precision, redo):
     per component, its rows gathered, one GEMM."""
     for k in np.flatnonzero(redo.any(axis=1)):
         rows = np.flatnonzero(redo[k])
-        proj.P[rows, k] = (proj.Y[rows] - (means[k] - proj.shift)) @ precision.projection[k]
+        diff = np.subtract(proj.X[rows], means[k], dtype=np.float64)
+        proj.P[rows, k] = diff @ precision.projection[k]
 
 
 def projections(X, means, precision, weights=None, dtype=np.float64, shift=None):
@@ -357,9 +373,8 @@ def projections(X, means, precision, weights=None, dtype=np.float64, shift=None)
     X = np.asarray(X)
     if shift is None:
         shift = _shift(means, weights)
-    Y = np.subtract(X, shift, dtype=np.float64)
-    P = _projections(X, means, precision, shift, dtype, Y)
-    return Projections(Y, P, shift)
+    P, y_norm = _projections(X, means, precision, shift, dtype)
+    return Projections(X, P, shift, y_norm)
 
 
 def log_gaussian_prob(X, means, precision, weights=None):
@@ -478,15 +493,19 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
     if proj is None:
         proj = projections(X, centers if means is None else means, precision,
                            resp.sum(axis=0))
-    G = np.zeros((resp.shape[1], 2 * d + 1))
-    for r0, r1, Z in _square_chunks(proj.Y):
+    sum_z, rE, sum_zz = _factor_sums(proj.P, resp, precision.cholesky_inv)
+    K, q = sum_z.shape
+    G = np.zeros((K, 2 * d + 1))
+    flat = np.zeros((d, K * q))
+    for r0, r1, Z in _square_chunks(X, proj.shift):
         G += resp[r0:r1].T @ Z
+        flat += Z[:, d:2 * d].T @ rE[r0:r1].reshape(r1 - r0, K * q)
+    sum_xz = np.ascontiguousarray(np.swapaxes(flat.reshape(d, K, q), 0, 1))
     nk = G[:, 2 * d]
     m = centers - proj.shift
     sum_y = G[:, d:2 * d]
     sum_x = sum_y - nk[:, None] * m
     sum_xx = G[:, :d] - 2.0 * m * sum_y + nk[:, None] * m**2
-    sum_z, sum_xz, sum_zz, rE = _factor_sums(proj, resp, precision.cholesky_inv)
     sum_xz -= m[:, :, None] * sum_z[:, None, :]
     scale = G[:, :d] + nk[:, None] * m**2
     for k in np.flatnonzero((scale / _MAX_CANCELLATION > sum_xx).any(axis=1)):
@@ -499,25 +518,22 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
     return FactorStatistics(nk, sum_x, sum_xx, sum_xz, sum_z, sum_zz, 0.0, n)
 
 
-def _factor_sums(proj, resp, cholesky_inv):
-    """``sum r e`` (K, q), ``Y^T (r e)`` (K, d, q), ``sum r E[z z^T | x]`` (K, q, q)
-    and ``r e`` (n, K, q) from the projections: ``e = p L^{-1}`` per component, then
-    ``s = sqrt(r) e`` for ``sum r e e^T = s^T s`` and ``r e = sqrt(r) s``, in one
-    ``(n, K, q)`` buffer besides ``P``."""
-    n, K, q = proj.P.shape
-    d = proj.Y.shape[1]
+def _factor_sums(P, resp, cholesky_inv):
+    """``sum r e`` (K, q), ``r e`` (n, K, q) and ``sum r E[z z^T | x]`` (K, q, q)
+    from the projections ``P``: ``e = p L^{-1}`` per component, then ``s = sqrt(r)
+    e`` for ``sum r e e^T = s^T s`` and ``r e = sqrt(r) s``, in one ``(n, K, q)``
+    buffer besides ``P``."""
+    n, K, q = P.shape
     E = np.empty((n, K, q))
-    np.matmul(np.swapaxes(proj.P, 0, 1), cholesky_inv, out=np.swapaxes(E, 0, 1))
+    np.matmul(np.swapaxes(P, 0, 1), cholesky_inv, out=np.swapaxes(E, 0, 1))
     root = np.sqrt(resp)[:, :, None]
     E *= root
     sum_zz = np.matmul(np.transpose(E, (1, 2, 0)), np.swapaxes(E, 0, 1))
     E *= root
     sum_z = E.sum(axis=0)
-    sum_xz = np.ascontiguousarray(
-        np.swapaxes((proj.Y.T @ E.reshape(n, K * q)).reshape(d, K, q), 0, 1))
     cov_z = np.matmul(np.swapaxes(cholesky_inv, 1, 2), cholesky_inv)
     sum_zz += resp.sum(axis=0)[:, None, None] * cov_z
-    return sum_z, sum_xz, sum_zz, E
+    return sum_z, E, sum_zz
 
 
 def m_step(stats, centers, reg_covar):
@@ -724,13 +740,11 @@ def sample(rng, means, loadings, noise_variance, counts):
 
 def bytes_per_row(n_features, n_components, n_factors, itemsize):
     """Working memory (bytes) of one row of a block during a pass: the row in the
-    compute dtype (and its shifted copy for a float32 projection GEMM), the shifted
-    row in float64, the projections and the weighted posterior means (``2 K q``
-    float64) and a few ``(n, K)`` float64 arrays. (The chunks of ``[y^2, y, 1]``
-    take ``_CHUNK_BYTES`` per thread whatever the block.)"""
+    compute dtype, its projections and weighted posterior means (``2 K q``
+    float64) and a few ``(n, K)`` float64 arrays. (The shifted rows are formed by
+    chunks of ``_CHUNK_BYTES``, a few per thread whatever the block.)"""
     d, K, q = n_features, n_components, n_factors
-    copies = 2 if itemsize < 8 else 1
-    return copies * d * itemsize + d * 8 + 2 * K * q * 8 + 4 * K * 8
+    return d * itemsize + 2 * K * q * 8 + 6 * K * 8
 
 
 def model_nbytes(n_components, n_features, n_factors):
