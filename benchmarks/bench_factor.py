@@ -24,7 +24,7 @@ scikit-learn sample images (mean removed), 'factor' with q chosen by BIC against
 
 Usage::
 
-    nice python benchmarks/bench_factor.py [--quick] [--patches] [--name NAME]
+    nice python benchmarks/bench_factor.py [--quick] [--patches] [--name NAME | --out PATH]
 """
 
 import argparse
@@ -180,6 +180,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--patches", action="store_true")
     p.add_argument("--name", default=None)
+    p.add_argument("--out", default=None, help="JSON path (overrides --name)")
     p.add_argument("--blas-threads", type=int, default=os.cpu_count())
     p.add_argument("--worker")
     args = p.parse_args(argv)
@@ -213,9 +214,10 @@ def main(argv=None):
     if args.patches:
         result["patches"] = run_patches(args.quick, log)
     result["benchmark_seconds"] = time.perf_counter() - start
-    RESULTS.mkdir(exist_ok=True)
     name = args.name or ("factor_quick" if args.quick else "factor")
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
+    out = Path(args.out) if args.out else RESULTS / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
     log(json.dumps({k: result[k] for k in ("model_mb", "block_mb", "paper")}, indent=1))
     for dtype, rec in rows.items():
         log(f"{dtype}: {rec['seconds_per_iteration']:.2f} s/it = "
