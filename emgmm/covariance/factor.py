@@ -935,7 +935,13 @@ class FactorCovariance(CovarianceType):
     def block_products(self, X, model, g=None):
         """The block's :class:`Projections` (with its factorisation) for the E step
         and the statistics of the same block."""
-        prec = unpack_precision(model.precisions_cholesky)
+        # unpacked once per model object (a task's blocks share it)
+        cached = model.__dict__.get("_factor_precision")
+        if cached is None or cached[0] is not model.precisions_cholesky:
+            cached = (model.precisions_cholesky,
+                      unpack_precision(model.precisions_cholesky))
+            model.__dict__["_factor_precision"] = cached
+        prec = cached[1]
         proj = projections(X, model.means, prec, model.weights, X.dtype, shift=g)
         proj.precision = prec
         return proj
