@@ -12,7 +12,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 from threadpoolctl import threadpool_limits
 
-from emgmm.covariance import factor
+from emgmm.covariance import factor_kernels as factor
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
 
 from emgmm import GaussianMixture, load_model, save_model
-from emgmm.covariance import factor
+from emgmm.covariance import factor_kernels as factor
 
 K, D, Q = 3, 10, 2
 

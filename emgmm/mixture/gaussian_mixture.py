@@ -9,8 +9,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from ..covariance import REGISTRY
-from ..covariance import factor as factor_kernels
+from ..covariance import REGISTRY, factor_kernels
 from ..covariance.cholesky import (
     covariances_from_cholesky,
     not_upper_triangular_message,
@@ -61,7 +60,7 @@ class GaussianMixture(BaseMixture):
         matrix; 'diag': each its own diagonal; 'spherical': each its own variance;
         'factor': each ``W_k W_k^T + diag(psi_k)`` with ``n_factors`` factors (a
         mixture of factor analysers, Ghahramani & Hinton 1996; see
-        :mod:`emgmm.covariance.factor`).
+        :mod:`emgmm.covariance.factor_kernels`).
     n_factors : int, default=10
         Factors per component for 'factor' (``0 <= n_factors <= n_features``; 0 is
         'diag'); ignored by the other types.
