@@ -15,8 +15,8 @@ from emgmm.covariance.diag import DiagCovariance
 K, D = 3, 4
 
 
-def test_registry_holds_scikit_learns_types_in_order():
-    assert tuple(REGISTRY) == COVARIANCE_TYPES
+def test_registry_holds_scikit_learns_types_in_order_then_emgmms():
+    assert tuple(REGISTRY) == COVARIANCE_TYPES + ("factor",)
     for name, kind in REGISTRY.items():
         assert isinstance(kind, CovarianceType) and kind.name == name
         assert get_covariance_type(name) is kind and get_covariance_type(kind) is kind

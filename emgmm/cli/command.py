@@ -95,6 +95,7 @@ _ESTIMATOR_FLAGS = [
         "covariance_type",
         dict(choices=list(REGISTRY)),
     ),
+    (("--n-factors",), "n_factors", dict(type=at_least(int, 0), metavar="Q")),
     (("--tol",), "tol", dict(type=at_least(float, 0.0))),
     (("--reg-covar",), "reg_covar", dict(type=at_least(float, 0.0))),
     (("--max-iter",), "max_iter", dict(type=at_least(int, 0))),
@@ -139,7 +140,7 @@ _BAYESIAN_FLAGS = [
     (("--covariance-prior",), "covariance_prior", {"metavar": "NPY|FLOAT"}),
 ]
 #: GaussianMixture's parameters that BayesianGaussianMixture has not.
-_GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate",)
+_GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate", "n_factors")
 
 
 class CommandError(Exception):
@@ -355,7 +356,8 @@ def _cmd_fit(args):
             raise CommandError(f"--warm-start {args.warm_start} is a GaussianMixture "
                                "model: drop --bayesian to continue it")
         for name, flag in (("n_components", "-k"),
-                           ("covariance_type", "--covariance-type")):
+                           ("covariance_type", "--covariance-type"),
+                           ("n_factors", "--n-factors")):
             if name in params and params[name] != getattr(estimator, name):
                 raise CommandError(
                     f"--warm-start {args.warm_start} continues a model with "
@@ -492,7 +494,9 @@ def _cmd_info(args):
         ("model file", args.model),
         ("format", f"{header['format']} v{header['format_version']} "
                    f"(written by emgmm {header['emgmm_version']})"),
-        ("covariance type", header["covariance_type"]),
+        ("covariance type", header["covariance_type"] + "".join(
+            f", {name}={header['params'].get(name)}"
+            for name in REGISTRY[header["covariance_type"]].parameters)),
         ("components", header["n_components"]),
         ("features", header["n_features_in"]),
         ("fit", f"{state} after {header['n_iter']} iterations, "

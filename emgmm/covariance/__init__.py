@@ -7,6 +7,7 @@ with a :class:`CovarianceType` subclass and one line here.
 
 from .base import CovarianceType, get_covariance_type
 from .diag import DiagCovariance
+from .factor import FactorCovariance
 from .full import FullCovariance
 from .spherical import SphericalCovariance
 from .tied import TiedCovariance
@@ -17,6 +18,7 @@ REGISTRY = {
     "tied": TiedCovariance(),
     "diag": DiagCovariance(),
     "spherical": SphericalCovariance(),
+    "factor": FactorCovariance(),
 }
 
 __all__ = ["REGISTRY", "CovarianceType", "get_covariance_type"]

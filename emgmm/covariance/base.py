@@ -56,6 +56,15 @@ def check_shape(array, shape, name):
                          f"but got {array.shape}")
 
 
+def not_upper_triangular_message(name, entry, value):
+    """Error text for a factor ``name`` with ``value`` at ``entry`` (i, j) below its
+    diagonal."""
+    i, j = entry
+    return (f"{name} is not upper triangular: entry [{i}, {j}] below the diagonal is "
+            f"{value:.6g} (the factor is upper triangular U with U @ U.T == "
+            "precisions_, as scikit-learn's precisions_cholesky_)")
+
+
 class CovarianceType(ABC):
     """One covariance type: its parameters, kernels, sizes and file layout.
 
@@ -73,15 +82,35 @@ class CovarianceType(ABC):
         The E step's centred products of a block
         (:func:`~emgmm.covariance.log_density.centred_products`) serve its
         statistics too.
+    statistics_need_products : bool
+        Its statistics need the block's products (:meth:`block_products`) also
+        where no E step of the same block made them (the component schedule).
+    stores_covariances : bool
+        The fitted attributes hold the covariance parameters, not the factors
+        ('factor'): float32 attributes are scored with factors formed again from
+        the rounded parameters.
     streams_blocks : bool
         Cheap per-row work: blocks are capped at the memory model's streaming size.
+    variational : bool
+        It has the conjugate prior of ``BayesianGaussianMixture`` (the methods
+        of the variational section).
+    parameters : tuple of str
+        The estimator parameters that configure it (read by :meth:`for_params`).
+    attribute_names : tuple of str
+        The fitted attributes that hold the covariances
+        (:meth:`fitted_attributes`).
     """
 
     name = None
     shared = False
     triangular = False
     uses_centred_products = False
+    statistics_need_products = False
+    stores_covariances = False
     streams_blocks = False
+    variational = True
+    parameters = ()
+    attribute_names = ("covariances_", "precisions_cholesky_", "precisions_")
 
     def __repr__(self):
         return f"<covariance type {self.name!r}>"
@@ -107,6 +136,70 @@ class CovarianceType(ABC):
     @abstractmethod
     def work_per_row(self, n_features):
         """Multiply-adds per row and component of one E step plus statistics."""
+
+    def for_params(self, params):
+        """The type as an estimator with ``params`` (``get_params()``) uses it (a
+        type with a size parameter, such as 'factor', reads it from there)."""
+        return self
+
+    def for_model(self, model):
+        """The type as it applies to ``model`` (a type with a size parameter, such
+        as 'factor', reads it off the model's arrays)."""
+        return self
+
+    def stored_shapes(self, n_components, n_features):
+        """``{name: shape}`` of the fitted arrays that hold the covariances, as
+        estimators (with a trailing ``_``) and model files store them."""
+        return {"precisions_cholesky": self.covariance_shape(n_components, n_features)}
+
+    def check_n_features(self, n_features):
+        """Raise ``ValueError`` when the configured type cannot model
+        ``n_features`` features."""
+
+    def fitted_attributes(self, model, dtype, precisions):
+        """``{name: array}``: the fitted attributes of ``model``'s covariances in
+        ``dtype`` (``precisions`` formed by the caller, as the fit's BLAS threads
+        round them)."""
+        return {"covariances_": model.covariances.astype(dtype),
+                "precisions_cholesky_": model.precisions_cholesky.astype(dtype),
+                "precisions_": precisions}
+
+    def model_arrays(self, attributes):
+        """``(covariances, precisions_cholesky)`` in float64 from the fitted
+        attributes (a mapping of name to array).
+
+        Raises
+        ------
+        ValueError
+            If ``precisions_cholesky_`` of a triangular type is not upper
+            triangular (e.g. set to ``numpy.linalg.cholesky(precisions)``, lower):
+            the triangular kernels read the upper triangle only.
+        """
+        factors = np.asarray(attributes["precisions_cholesky_"], dtype=np.float64)
+        below = self.first_below_diagonal(self.per_component(factors))
+        if below is not None:
+            k, i, j = below
+            name = ("precisions_cholesky_" if self.shared
+                    else f"precisions_cholesky_[{k}]")
+            value = self.per_component(factors)[k, i, j]
+            raise ValueError(not_upper_triangular_message(name, (i, j), value))
+        return np.asarray(attributes["covariances_"], dtype=np.float64), factors
+
+    def derived_attribute(self, attributes, name):
+        """A fitted attribute formed on demand from the stored ones (``attributes``,
+        a mapping); ``AttributeError`` when the type has no such attribute."""
+        raise AttributeError(name)
+
+    def stored_problem(self, stored):
+        """What makes the stored arrays (:meth:`stored_shapes`) no covariances, or
+        ``None``; the precision Cholesky factors are checked by the model file."""
+        return None
+
+    def bytes_per_row(self, n_features, n_components, itemsize):
+        """Bytes of working memory one row of a block needs during a pass: the block
+        in the compute dtype, a centred copy, a float64 copy for the first-order
+        statistics, and a few ``B x K`` float64 arrays."""
+        return 3 * n_features * itemsize + 2 * n_features * 8 + 4 * n_components * 8
 
     def covariance_values(self, n_components, n_features):
         """float64 values of one covariance array."""
@@ -189,6 +282,19 @@ class CovarianceType(ABC):
         the E step, ``log w_k``. See
         :func:`emgmm.covariance.log_density.log_gaussian_prob`."""
 
+    def block_products(self, X, model, g=None):
+        """What the E step of a block computes once for its log-densities and its
+        statistics (``products`` of :meth:`log_prob` and :meth:`block_statistics`),
+        or ``None``: the centred products around ``g`` (default: the mixture mean)
+        for the types that use them."""
+        if not self.uses_centred_products:
+            return None
+        from .log_density import centred_products, centred_products_around
+
+        if g is not None:
+            return centred_products_around(X, g)
+        return centred_products(X, model.means, model.weights)
+
     @abstractmethod
     def block_statistics(self, X, resp, centers, resp_threshold=0.0, products=None,
                          out=None):
@@ -199,6 +305,30 @@ class CovarianceType(ABC):
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         """Covariances of the M step from the summed statistics, the regularised
         counts ``nk`` (K,) and the shifts ``s_k / N_k`` (K, d) of the means."""
+
+    def concatenate_statistics(self, parts):
+        """Statistics of consecutive component slices joined along the components
+        (shared: the one part)."""
+        from .statistics import SufficientStatistics
+
+        if self.shared:
+            return parts[0]
+        return SufficientStatistics(
+            np.concatenate([p.nk for p in parts]),
+            np.concatenate([p.sum_x for p in parts]),
+            np.concatenate([p.sum_xx for p in parts]), 0.0, 0)
+
+    def m_step(self, stats, centers, reg_covar, overwrite=False):
+        """Weights, means and covariances from summed statistics (see
+        :func:`emgmm.covariance.m_step.m_step`): ``mu_k = c_k + s_k / N_k`` and
+        :meth:`m_step_covariances`."""
+        eps = np.finfo(np.float64).eps
+        nk = stats.nk + 10 * eps
+        weights = nk / nk.sum()
+        shift = stats.sum_x / nk[:, None]
+        means = np.asarray(centers, dtype=np.float64) + shift
+        covariances = self.m_step_covariances(stats, nk, shift, reg_covar, overwrite)
+        return weights, means, covariances
 
     def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar):
         """Initial covariances from a sample ``X`` and its responsibilities
@@ -267,6 +397,10 @@ class CovarianceType(ABC):
         float array, has the type's shape and is positive (definite)."""
 
     # ---------------------------------------------------------- sampling
+
+    def sampling_covariances(self, estimator):
+        """The covariances :meth:`sample` takes, from a fitted ``estimator``."""
+        return estimator.covariances_
 
     @abstractmethod
     def sample(self, rng, means, covariances, counts):

@@ -53,15 +53,6 @@ def entry_below_diagonal(factors):
     return None
 
 
-def not_upper_triangular_message(name, entry, value):
-    """Error text for a factor ``name`` with ``value`` at ``entry`` (i, j) below its
-    diagonal."""
-    i, j = entry
-    return (f"{name} is not upper triangular: entry [{i}, {j}] below the diagonal is "
-            f"{value:.6g} (the factor is upper triangular U with U @ U.T == "
-            "precisions_, as scikit-learn's precisions_cholesky_)")
-
-
 def factor_limit(covariance_type, n_features, dtype=np.float64):
     """The bound on ``|U_ij|`` below which every precision formed from the factors is
     finite in ``dtype``.

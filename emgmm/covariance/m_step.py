@@ -75,14 +75,8 @@ def m_step(stats, centers, reg_covar, covariance_type, overwrite=False):
     covariances : ndarray, float64
         sklearn's ``covariances_`` shapes.
     """
-    eps = np.finfo(np.float64).eps
-    nk = stats.nk + 10 * eps
-    weights = nk / nk.sum()
-    shift = stats.sum_x / nk[:, None]
-    means = np.asarray(centers, dtype=np.float64) + shift
-    covariances = get_covariance_type(covariance_type).m_step_covariances(
-        stats, nk, shift, reg_covar, overwrite)
-    return weights, means, covariances
+    return get_covariance_type(covariance_type).m_step(stats, centers, reg_covar,
+                                                       overwrite)
 
 
 def full_covariances(stats, nk, shift, reg_covar, overwrite=False):

@@ -35,7 +35,7 @@ from .model import Model
 from .passes import Worst, check_explained, smallest
 from .estep import _logsumexp_rows, exp_flushed, weighted_log_prob
 from ..covariance.log_density import relevance_margin
-from ..covariance.statistics import SufficientStatistics, block_statistics
+from ..covariance.statistics import block_statistics
 from ..runtime.memory import buffer_rows, component_slices, range_pieces
 from ..runtime.blas import limit_blas
 from ..runtime.executor import joblib_temp_folder, make_temp_folder
@@ -142,8 +142,10 @@ def component_statistics_task(source, r0, start, stop, block_size, model, k0, bu
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1, compute_dtype)
             resp = exp_flushed(np.array(buf[b0 - r0:b1 - r0, k0:k1]))
+            products = (model.kind.block_products(X, model)
+                        if model.kind.statistics_need_products else None)
             total = block_statistics(X, resp, centers, model.covariance_type,
-                                     resp_threshold, out=total)
+                                     resp_threshold, products, out=total)
         del buf
     return total
 
@@ -158,18 +160,10 @@ def _worst_rows(source, values, rows, n_worst, compute_dtype):
     return Worst(n_worst, values, rows, data.astype(compute_dtype, copy=False))
 
 
-def _concatenate(parts, n_samples, log_likelihood):
+def _concatenate(parts, n_samples, log_likelihood, kind):
     """Join per-slice statistics along the component axis (a shared covariance,
     'tied', has one slice)."""
-    if len(parts) == 1:
-        stats = parts[0]
-    else:
-        stats = SufficientStatistics(
-            np.concatenate([p.nk for p in parts]),
-            np.concatenate([p.sum_x for p in parts]),
-            np.concatenate([p.sum_xx for p in parts]),
-            0.0, n_samples,
-        )
+    stats = parts[0] if len(parts) == 1 else kind.concatenate_statistics(parts)
     stats.log_likelihood = log_likelihood
     stats.n_samples = n_samples
     return stats
@@ -198,8 +192,8 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     """
     n_samples = tasks[-1][1] if tasks else 0
     K, d = model.means.shape
-    ct = model.covariance_type
-    slices = component_slices(K, d, ct)
+    kind = model.kind
+    slices = component_slices(K, d, kind)
     models = [_slice_model(model, k0, k1) for k0, k1 in slices]
     margin = relevance_margin(resp_threshold)
     if margin is not None:  # built once here, shared with the workers
@@ -220,7 +214,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
         for r0 in range(0, n_samples, range_rows):
             r1 = min(r0 + range_rows, n_samples)
             pieces = [(r0 + a, r0 + b) for a, b in
-                      range_pieces(r1 - r0, block_size, K, d, ct, len(slices))]
+                      range_pieces(r1 - r0, block_size, K, d, kind, len(slices))]
             for _ in executor.map(log_prob_task, [
                     (r0, a, b, block_size, m, k0, buffer, compute_dtype, margin)
                     for (k0, _k1), m in zip(slices, models) for a, b in pieces]):
@@ -247,6 +241,6 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                         parts[j] += stats
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    stats = _concatenate(parts, n_samples, log_likelihood)
+    stats = _concatenate(parts, n_samples, log_likelihood, kind)
     worst = _worst_rows(executor.source, values, rows, n_worst, compute_dtype)
     return stats, worst

@@ -41,7 +41,7 @@ class Model:
     @property
     def kind(self):
         """The :class:`~emgmm.covariance.CovarianceType` of ``covariance_type``."""
-        return get_covariance_type(self.covariance_type)
+        return get_covariance_type(self.covariance_type).for_model(self)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..covariance.log_density import centred_products, relevance_margin
+from ..covariance.log_density import relevance_margin
 from ..covariance.statistics import block_statistics
 from ..runtime.blas import limit_blas
 from ..runtime.memory import RELEASE_MIN_BYTES, bytes_per_row, release_free_memory
@@ -103,8 +103,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1, compute_dtype)
             # ('diag'/'spherical') the centred block of the E step serves the M step
-            products = (centred_products(X, model.means, model.weights)
-                        if model.kind.uses_centred_products else None)
+            products = model.kind.block_products(X, model)
             with borrow("resp", (b1 - b0, len(model.weights)), order="F") as out:
                 log_prob_norm, resp = estimate_resp(
                     X, model.weights, model.means, model.precisions_cholesky,
@@ -131,7 +130,7 @@ def release_after_pass(model, compute_dtype, block_rows):
     (``n_jobs >= 2``) run their tasks in one thread, and so in one arena each."""
     K, d = model.means.shape
     itemsize = np.dtype(compute_dtype).itemsize
-    if block_rows * bytes_per_row(d, K, itemsize) >= RELEASE_MIN_BYTES:
+    if block_rows * bytes_per_row(d, K, itemsize, model.kind) >= RELEASE_MIN_BYTES:
         release_free_memory()
 
 

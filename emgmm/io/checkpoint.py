@@ -126,6 +126,9 @@ def params_fingerprint(estimator, compute_dtype, random_state, warm_model):
     return {
         "n_components": int(estimator.n_components),
         "covariance_type": estimator.covariance_type,
+        # (the parameters that configure the covariance type: 'factor' n_factors)
+        **{name: int(getattr(estimator, name))
+           for name in estimator._kind().parameters},
         "tol": float(estimator.tol),
         "reg_covar": float(estimator.reg_covar),
         "max_iter": int(estimator.max_iter),

@@ -10,7 +10,9 @@ File layout (format ``"emgmm.GaussianMixture"``, version 1)::
                              params_dropped (JSON list of names)
     /weights                 (n_components,)
     /means                   (n_components, n_features)
-    /precisions_cholesky     sklearn's shape for the covariance type
+    /precisions_cholesky     sklearn's shape for the covariance type (not 'factor')
+    /loadings                'factor': (n_components, n_features, n_factors)
+    /noise_variance          'factor': (n_components, n_features)
     /feature_names_in        variable-length UTF-8 strings (only if fitted on them)
     /params/<name>           array-valued constructor parameters
                              (weights_init, means_init, precisions_init)
@@ -46,10 +48,10 @@ import h5py
 import numpy as np
 
 from ..covariance import REGISTRY
+from ..covariance.base import not_upper_triangular_message
 from ..covariance.cholesky import (
     covariances_from_cholesky,
     factor_limit,
-    not_upper_triangular_message,
     precisions_from_cholesky,
 )
 from .atomic import atomic_output, reserve
@@ -127,7 +129,7 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
     try:
         weights = np.asarray(estimator.weights_, dtype=np.float64)
         means = np.asarray(estimator.means_, dtype=np.float64)
-        prec_chol = np.asarray(estimator.precisions_cholesky_, dtype=np.float64)
+        components = _component_arrays(estimator)
         n_features = int(estimator.n_features_in_)
         n_iter, converged = int(estimator.n_iter_), bool(estimator.converged_)
         # (scikit-learn's 'tied' BayesianGaussianMixture: arrays of shape (1,))
@@ -142,7 +144,8 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
     params = estimator.get_params(deep=False)
     params["checkpoint"] = None  # the fit's, not the model's (see the module docstring)
     plain, arrays, dropped = _split_params(params)
-    sizes = [np.asarray(a).nbytes for a in (weights, means, prec_chol, *arrays.values())]
+    sizes = [np.asarray(a).nbytes for a in (weights, means, *components.values(),
+                                            *arrays.values())]
     sizes += [len(str(name).encode()) + 16
               for name in getattr(estimator, "feature_names_in_", [])]
     sizes.append(lower_bounds.nbytes)
@@ -170,7 +173,8 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
             f.attrs["params_dropped"] = json.dumps(dropped)
             f["weights"] = weights
             f["means"] = means
-            f["precisions_cholesky"] = prec_chol
+            for name, value in components.items():
+                f[name] = value
             if hasattr(estimator, "feature_names_in_"):
                 names = [str(n) for n in estimator.feature_names_in_]
                 f.create_dataset(
@@ -198,6 +202,23 @@ def _write_variational(group, estimator):
                                                dtype=np.float64)
     for name in _VARIATIONAL_ARRAYS:
         group[name] = np.asarray(getattr(estimator, name + "_"), dtype=np.float64)
+
+
+def _component_arrays(estimator):
+    """The fitted arrays that hold the covariances (float64), by dataset name."""
+    kind = REGISTRY[estimator.covariance_type].for_params(estimator.get_params())
+    return {name: np.asarray(getattr(estimator, name + "_"), dtype=np.float64)
+            for name in kind.stored_shapes(1, 1)}
+
+
+def _stored_kind(header):
+    """The covariance type of a model file, configured by its parameters."""
+    covariance_type = header["covariance_type"]
+    try:
+        return REGISTRY[covariance_type].for_params(header["params"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _Damage(f"attribute 'params' does not configure covariance_type "
+                      f"{covariance_type!r} ({type(exc).__name__}: {exc})") from None
 
 
 #: Bytes reserved for a model file beyond twice its contents (HDF5's metadata).
@@ -451,8 +472,7 @@ def _arrays(f, header):
     """The parameter arrays (float64), their shapes checked against ``header``."""
     k, d = header["n_components"], header["n_features_in"]
     expected = {"weights": (k,), "means": (k, d),
-                "precisions_cholesky": _expected_chol_shape(
-                    header["covariance_type"], k, d)}
+                **_stored_kind(header).stored_shapes(k, d)}
     values = {}
     for name, shape in expected.items():
         values[name] = _numbers(f, name)
@@ -469,10 +489,6 @@ def _arrays(f, header):
             raise _Damage("no group 'variational'")
         values["variational"] = _read_variational(f["variational"])
     return dict(values, params=params)
-
-
-def _expected_chol_shape(covariance_type, n_components, n_features):
-    return REGISTRY[covariance_type].covariance_shape(n_components, n_features)
 
 
 def _per_component(array, covariance_type):
@@ -496,6 +512,8 @@ def _invalid_parameters(weights, means, precisions_cholesky, covariance_type):
         return "weights must be finite, nonnegative and sum to 1"
     if not np.isfinite(means).all():
         return "means must be finite"
+    if precisions_cholesky is None:  # stored otherwise: see CovarianceType.stored_problem
+        return None
     stack = _per_component(precisions_cholesky, covariance_type)
     diagonal = REGISTRY[covariance_type].factor_diagonals(stack)
     flat = stack.reshape(len(stack), -1)
@@ -568,14 +586,15 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
     from .. import BayesianGaussianMixture, GaussianMixture
 
     header, values = _read(path, arrays=True)
-    weights, means = values["weights"], values["means"]
-    prec_chol, arrays = values["precisions_cholesky"], values["params"]
+    weights, means, arrays = values["weights"], values["means"], values["params"]
+    prec_chol = values.get("precisions_cholesky")
     variational = values.get("variational")
-    k = header["n_components"]
+    k, d = header["n_components"], header["n_features_in"]
     cov_type = header["covariance_type"]
-    d = header["n_features_in"]
-    problem = _invalid_parameters(weights, means, prec_chol, cov_type)
-    if problem is None:
+    kind = REGISTRY[cov_type].for_params(header["params"])
+    problem = (_invalid_parameters(weights, means, prec_chol, cov_type)
+               or kind.stored_problem(values))
+    if problem is None and prec_chol is not None:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             # a factor close to singular: found just below, by component
             covariances = covariances_from_cholesky(prec_chol, cov_type)
@@ -596,9 +615,11 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
     dtype = np.float32 if header["attributes_dtype"] == "float32" else np.float64
     estimator.weights_ = weights.astype(dtype, copy=False)
     estimator.means_ = means.astype(dtype, copy=False)
-    estimator.precisions_cholesky_ = prec_chol.astype(dtype, copy=False)
-    estimator.covariances_ = covariances.astype(dtype, copy=False)
-    estimator.precisions_ = precisions.astype(dtype, copy=False)
+    for name in kind.stored_shapes(k, d):
+        setattr(estimator, name + "_", values[name].astype(dtype, copy=False))
+    if prec_chol is not None:
+        estimator.covariances_ = covariances.astype(dtype, copy=False)
+        estimator.precisions_ = precisions.astype(dtype, copy=False)
     estimator.n_features_in_ = d
     if header["feature_names_in"] is not None:
         estimator.feature_names_in_ = np.asarray(

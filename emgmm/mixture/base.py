@@ -67,8 +67,13 @@ def _as_stored(model, dtype):
     """``model`` as the fitted attributes of ``dtype`` hold it, in float64."""
     if np.dtype(dtype) == np.float64:
         return model
-    stored = (np.asarray(a).astype(dtype).astype(np.float64) for a in (
-        model.weights, model.means, model.covariances, model.precisions_cholesky))
+    stored = [np.asarray(a).astype(dtype).astype(np.float64) for a in (
+        model.weights, model.means, model.covariances, model.precisions_cholesky)]
+    kind = model.kind
+    if kind.stores_covariances:
+        # the attributes hold the covariance parameters: their factors are formed
+        # from them again (as score(X) forms them), not rounded themselves
+        stored[3] = kind.factorize(stored[2])[0]
     return Model(*stored, model.covariance_type)
 
 
@@ -259,7 +264,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
         return block_rows(
             source.n_samples, source.n_features, self.n_components,
             np.dtype(self._compute_dtype(source)).itemsize, budget,
-            source.chunk_rows, source.description, self.covariance_type,
+            source.chunk_rows, source.description, self._kind(),
         )
 
     # ------------------------------------------------------------------ hooks
@@ -300,20 +305,25 @@ class BaseMixture(DensityMixin, BaseEstimator):
             differ from the fitted model's.
         """
         K, d = self.n_components, self.n_features_in_
-        expected = self._kind().covariance_shape(K, d)
-        if np.shape(self.means_) != (K, d) or np.shape(self.covariances_) != expected:
+        kind = self._kind()
+        expected = {"means": (K, d), **kind.stored_shapes(K, d)}
+        found = {name: np.shape(self.__dict__.get(name + "_")) for name in expected}
+        if found != expected:
+            shapes = ", ".join(f"{name} of shape {shape}" for name, shape in found.items())
+            params = "".join(f", {name}={getattr(self, name)!r}"
+                             for name in kind.parameters)
             raise ValueError(
-                "warm_start=True continues the fitted model (means of shape "
-                f"{np.shape(self.means_)}, covariances of shape "
-                f"{np.shape(self.covariances_)}), which does not match "
-                f"n_components={K}, covariance_type={self.covariance_type!r} and {d} "
-                "features. Set warm_start=False to fit a new model."
+                f"warm_start=True continues the fitted model ({shapes}), which does not "
+                f"match n_components={K}, covariance_type={self.covariance_type!r}"
+                f"{params} and {d} features. Set warm_start=False to fit a new model."
             )
         return self._fitted_model()
 
     def _kind(self):
-        """The :class:`~emgmm.covariance.CovarianceType` of ``covariance_type``."""
-        return get_covariance_type(self.covariance_type)
+        """The :class:`~emgmm.covariance.CovarianceType` of ``covariance_type``,
+        configured by the estimator's parameters."""
+        return get_covariance_type(self.covariance_type).for_params(
+            self.get_params(deep=False))
 
     # -------------------------------------------------------------------- fit
 
@@ -427,18 +437,19 @@ class BaseMixture(DensityMixin, BaseEstimator):
         executor = Executor(source, self.n_jobs)
         if getattr(self.callback, "wants_progress", False):
             executor.on_task = self._task_callback
+        kind = self._kind()
         schedule, estimate = choose_schedule(self.schedule, self.n_components, d,
-                                             self.covariance_type, executor.n_workers,
+                                             kind, executor.n_workers,
                                              self.memory_limit)
         if schedule == "components" or not row_threads_worthwhile(
-                n, len(tasks), self.n_components, d, self.covariance_type):
+                n, len(tasks), self.n_components, d, kind):
             executor.row_threads = 0
-        if tasks_are_tiny(n, len(tasks), self.n_components, d, self.covariance_type):
+        if tasks_are_tiny(n, len(tasks), self.n_components, d, kind):
             executor.one_blas_thread()
         checkpointer = open_checkpointer(self, source, compute_dtype, random_state,
                                          None if do_init else self._current_model())
         block_nbytes = block_size * bytes_per_row(
-            d, self.n_components, np.dtype(compute_dtype).itemsize)
+            d, self.n_components, np.dtype(compute_dtype).itemsize, kind)
         return FitPlan(
             n, d, inits, compute_dtype, out_dtype, block_size, tasks, do_init,
             self.n_init if do_init else 1, random_state, executor,
@@ -548,16 +559,16 @@ class BaseMixture(DensityMixin, BaseEstimator):
         The blocks are read in the compute dtype and evaluated as the last pass of
         ``fit`` evaluates them (``SCORE_MARGIN``), so that ``score(X)`` of the
         training data is ``lower_bound_``. ``width`` is the number of columns (``None``:
-        one value per row); ``kind`` is ``"int"`` (int64) or ``"float"`` (float32 for
-        float32 data computed in float32, as scikit-learn returns them; else
-        float64). With ``n_jobs=1`` the pass runs on one BLAS thread.
+        one value per row); ``kind`` is ``"int"`` (int64), ``"float64"`` or ``"float"``
+        (float32 for float32 data computed in float32, as scikit-learn returns them;
+        else float64). With ``n_jobs=1`` the pass runs on one BLAS thread.
         """
         check_is_fitted(self)
         source = self._source(X, reset=False)
         try:
             compute_dtype = self._compute_dtype(source)
             shape = (source.n_samples,) + (() if width is None else (width,))
-            dtype = (np.int64 if kind == "int" else
+            dtype = (np.int64 if kind == "int" else np.float64 if kind == "float64" else
                      np.float32 if (compute_dtype == np.float32
                                     and source.dtype == np.float32) else np.float64)
             out = _check_out(out, shape, dtype, method)
@@ -616,7 +627,10 @@ class BaseMixture(DensityMixin, BaseEstimator):
         float
             The mean log-likelihood per sample, in nats.
         """
-        return float(np.mean(self.score_samples(X), dtype=np.float64))
+        # (from the float64 values, as fit's last pass sums them into lower_bound_)
+        log_prob = self._per_block(X, lambda log_prob_norm, _: log_prob_norm, None,
+                                   "float64")
+        return float(np.mean(log_prob))
 
     def predict(self, X: DataLike, out: np.ndarray | None = None) -> np.ndarray:
         """Label of the most responsible component for each sample.
@@ -695,7 +709,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
             )
         rng = check_random_state(self.random_state)
         counts = rng.multinomial(n_samples, self.weights_)
-        parts = self._kind().sample(rng, self.means_, self.covariances_, counts)
+        kind = self._kind()
+        parts = kind.sample(rng, self.means_, kind.sampling_covariances(self), counts)
         X = np.vstack(parts).astype(np.float64)
         y = np.concatenate([np.full(int(s), k, dtype=np.int64) for k, s in enumerate(counts)])
         return X, y

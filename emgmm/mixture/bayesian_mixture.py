@@ -4,6 +4,7 @@ from numbers import Real
 
 import numpy as np
 
+from ..covariance import REGISTRY
 from ..engine.model import RunResult
 from ..engine.variational import (
     PRIOR_TYPES,
@@ -113,6 +114,8 @@ class BayesianGaussianMixture(BaseMixture):
 
     _parameter_constraints: dict = {  # noqa: RUF012 (scikit-learn's convention)
         **{name: GaussianMixture._parameter_constraints[name] for name in _SHARED},
+        "covariance_type": [StrOptions({name for name, kind in REGISTRY.items()
+                                        if kind.variational})],
         "weight_concentration_prior_type": [StrOptions(set(PRIOR_TYPES))],
         "weight_concentration_prior": [None, _POSITIVE],
         "mean_precision_prior": [None, _POSITIVE],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any, Literal, Optional, Union
 from numbers import Integral, Real
@@ -14,7 +15,6 @@ from numpy.typing import ArrayLike
 from ..covariance import REGISTRY
 from ..covariance.cholesky import (
     covariances_from_cholesky,
-    not_upper_triangular_message,
     precisions_cholesky_from_precisions,
 )
 from ..engine.degenerate import initial_factors
@@ -27,7 +27,17 @@ from .initialization import (
     parameters_from_responsibilities,
     subsample_indices,
 )
-from .validation import Interval, StrOptions, check_means, check_precisions, check_weights
+from .validation import (
+    Interval,
+    StrOptions,
+    check_means,
+    check_precisions,
+    check_weights,
+)
+
+#: The covariances' fitted attributes of every type.
+_COVARIANCE_ATTRIBUTES = {name for kind in REGISTRY.values()
+                          for name in kind.attribute_names}
 
 
 class GaussianMixture(BaseMixture):
@@ -45,9 +55,15 @@ class GaussianMixture(BaseMixture):
     ----------
     n_components : int, default=1
         Number of mixture components.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}, default='full'
+    covariance_type : {'full', 'tied', 'diag', 'spherical', 'factor'}, default='full'
         'full': each component has its own covariance matrix; 'tied': one shared
-        matrix; 'diag': each its own diagonal; 'spherical': each its own variance.
+        matrix; 'diag': each its own diagonal; 'spherical': each its own variance;
+        'factor': each ``W_k W_k^T + diag(psi_k)`` with ``n_factors`` factors (a
+        mixture of factor analysers, Ghahramani & Hinton 1996; see
+        :mod:`emgmm.covariance.factor_kernels`).
+    n_factors : int, default=10
+        Factors per component for 'factor' (``0 <= n_factors <= n_features``; 0 is
+        'diag'); ignored by the other types.
     tol : float, default=1e-3
         Convergence threshold: EM stops when the absolute change of the mean
         per-sample log-likelihood (nats per sample) between two iterations is below
@@ -148,13 +164,24 @@ class GaussianMixture(BaseMixture):
     means_ : ndarray of shape (n_components, n_features)
     covariances_ : ndarray
         (n_components, n_features, n_features) 'full'; (n_features, n_features)
-        'tied'; (n_components, n_features) 'diag'; (n_components,) 'spherical'.
+        'tied'; (n_components, n_features) 'diag'; (n_components,) 'spherical';
+        for 'factor' not stored: ``W_k W_k^T + diag(psi_k)`` as (n_components,
+        n_features, n_features) float64, formed each time it is read (as are
+        ``precisions_`` and ``precisions_cholesky_``; a ``UserWarning`` beyond
+        256 MiB, ``emgmm.covariance.factor.DENSE_WARN_MIB``).
     precisions_ : ndarray
         Inverses of the covariances, same shapes.
     precisions_cholesky_ : ndarray
         Upper-triangular factors ``U`` of the precisions: ``U @ U.T == precisions_``
         for 'full' (per component) and 'tied'; for 'diag' and 'spherical' the
         elementwise square roots of the precisions. Same shapes.
+    loadings_ : ndarray of shape (n_components, n_features, n_factors)
+        'factor' only: the loadings ``W_k`` (scikit-learn's ``FactorAnalysis``
+        stores one ``(n_factors, n_features)`` ``components_``; here one
+        ``(d, q)`` matrix per component, as in ``x = mu_k + W_k z + e``). Defined
+        up to a rotation ``W_k R``.
+    noise_variance_ : ndarray of shape (n_components, n_features)
+        'factor' only: ``psi_k`` (at least ``reg_covar``).
     converged_ : bool
         Whether the kept run met ``tol``.
     n_iter_ : int
@@ -215,6 +242,7 @@ class GaussianMixture(BaseMixture):
     _parameter_constraints: dict = {
         "n_components": [Interval(Integral, 1, None, closed="left")],
         "covariance_type": [StrOptions(REGISTRY)],
+        "n_factors": [Interval(Integral, 0, None, closed="left")],
         "tol": [Interval(Real, 0.0, None, closed="left")],
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
@@ -248,6 +276,7 @@ class GaussianMixture(BaseMixture):
         n_components: int = 1,
         *,
         covariance_type: str = "full",
+        n_factors: int = 10,
         tol: float = 1e-3,
         reg_covar: float = 1e-6,
         max_iter: int = 100,
@@ -275,6 +304,7 @@ class GaussianMixture(BaseMixture):
     ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
+        self.n_factors = n_factors
         self.tol = tol
         self.reg_covar = reg_covar
         self.max_iter = max_iter
@@ -304,13 +334,14 @@ class GaussianMixture(BaseMixture):
 
     def _check_initial_parameters(self, n_features):
         """Validated copies of the *_init parameters (never stored on self)."""
+        self._kind().check_n_features(n_features)
         weights = means = precisions = None
         if self.weights_init is not None:
             weights = check_weights(self.weights_init, self.n_components)
         if self.means_init is not None:
             means = check_means(self.means_init, self.n_components, n_features)
         if self.precisions_init is not None:
-            precisions = check_precisions(self.precisions_init, self.covariance_type,
+            precisions = check_precisions(self.precisions_init, self._kind(),
                                           self.n_components, n_features)
         return weights, means, precisions
 
@@ -337,14 +368,14 @@ class GaussianMixture(BaseMixture):
             resp = initial_responsibilities(sample, self.n_components, self.init_params,
                                             random_state)
             weights, means, covariances = parameters_from_responsibilities(
-                sample, resp, self.reg_covar, self.covariance_type
+                sample, resp, self.reg_covar, self._kind()
             )
         if weights_init is not None:
             weights = np.asarray(weights_init, dtype=np.float64)
         if means_init is not None:
             means = np.asarray(means_init, dtype=np.float64)
         if precisions_init is None:
-            u = initial_factors(covariances, self.covariance_type, self.on_degenerate,
+            u = initial_factors(covariances, self._kind(), self.on_degenerate,
                                 init_params=self.init_params)
         else:
             u = precisions_cholesky_from_precisions(
@@ -359,34 +390,31 @@ class GaussianMixture(BaseMixture):
         Raises
         ------
         ValueError
-            If ``precisions_cholesky_`` ('full', 'tied') is not upper triangular,
-            e.g. set by hand to ``numpy.linalg.cholesky(precisions)`` (lower): the
-            triangular kernels read the upper triangle only.
+            If the attributes hold no valid covariances, e.g. a
+            ``precisions_cholesky_`` set by hand to ``numpy.linalg.cholesky``'s
+            lower factor (see :meth:`CovarianceType.model_arrays`).
         """
-        factors = np.asarray(self.precisions_cholesky_, dtype=np.float64)
-        kind = self._kind()
-        square = kind.per_component(factors)
-        below = kind.first_below_diagonal(square)
-        if below is not None:
-            k, i, j = below
-            name = ("precisions_cholesky_" if kind.shared
-                    else f"precisions_cholesky_[{k}]")
-            raise ValueError(not_upper_triangular_message(name, (i, j),
-                                                          square[k, i, j]))
-        return Model(
-            np.asarray(self.weights_, dtype=np.float64),
-            np.asarray(self.means_, dtype=np.float64),
-            np.asarray(self.covariances_, dtype=np.float64),
-            factors,
-            self.covariance_type,
-        )
+        covariances, factors = self._kind().model_arrays(self.__dict__)
+        return Model(np.asarray(self.weights_, dtype=np.float64),
+                     np.asarray(self.means_, dtype=np.float64), covariances, factors,
+                     self.covariance_type)
 
     def _set_model(self, model, dtype, precisions):
+        for name in _COVARIANCE_ATTRIBUTES:
+            self.__dict__.pop(name, None)  # those of an earlier fit of another type
         self.weights_ = model.weights.astype(dtype)
         self.means_ = model.means.astype(dtype)
-        self.covariances_ = model.covariances.astype(dtype)
-        self.precisions_cholesky_ = model.precisions_cholesky.astype(dtype)
-        self.precisions_ = precisions
+        self.__dict__.update(self._kind().fitted_attributes(model, dtype, precisions))
+
+    def __getattr__(self, name):
+        # (only called when normal lookup fails) the attributes a covariance type
+        # forms on demand: the dense ones of 'factor'
+        state = self.__dict__
+        try:
+            return REGISTRY[state["covariance_type"]].derived_attribute(state, name)
+        except (AttributeError, KeyError, TypeError):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute "
+                                 f"{name!r}") from None
 
     # ---------------------------------------------------------- model choice
 

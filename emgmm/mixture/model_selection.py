@@ -25,7 +25,9 @@ from ..runtime.worker_loss import explain_worker_loss
 from .base import FitPlan
 from .gaussian_mixture import GaussianMixture
 
-COVARIANCE_TYPES = tuple(REGISTRY)
+#: The candidate covariance types: those that no further parameter configures
+#: ('factor' is not one: its n_factors would be a grid axis of its own).
+COVARIANCE_TYPES = tuple(name for name, kind in REGISTRY.items() if not kind.parameters)
 CRITERIA = ("bic", "aic")
 #: GaussianMixture's parameters that every candidate shares (passed through as given).
 SHARED_PARAMETERS = (

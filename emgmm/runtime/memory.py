@@ -28,20 +28,23 @@ from ..covariance import get_covariance_type
 _MIB = 2**20
 
 
-def bytes_per_row(n_features, n_components, itemsize):
-    """Bytes of working memory one row of a block needs during a pass.
+def bytes_per_row(n_features, n_components, itemsize, covariance_type="full"):
+    """Bytes of working memory one row of a block needs during a pass (the
+    covariance type's :meth:`~emgmm.covariance.CovarianceType.bytes_per_row`).
 
     Parameters
     ----------
     n_features, n_components : int
     itemsize : int
         Bytes per value of the compute dtype (4 or 8).
+    covariance_type : str or CovarianceType, default='full'
 
     Returns
     -------
     int
     """
-    return 3 * n_features * itemsize + 2 * n_features * 8 + 4 * n_components * 8
+    return get_covariance_type(covariance_type).bytes_per_row(n_features, n_components,
+                                                             itemsize)
 
 
 def model_nbytes(n_components, n_features, covariance_type):
@@ -352,9 +355,10 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
     if estimate > budget:
         other = "" if schedule == "components" or n_workers == 1 \
             else " schedule='components',"
+        kind_name = get_covariance_type(covariance_type).name
         raise MemoryError(
             f"The model needs about {_mib(estimate)} MiB under the '{schedule}' "
-            f"schedule with {n_workers} worker(s) ({n_components} '{covariance_type}' "
+            f"schedule with {n_workers} worker(s) ({n_components} '{kind_name}' "
             f"components of {n_features} features, float64), more than the budget of "
             f"{_mib(budget)} MiB. Use fewer components or features, a cheaper "
             f"covariance_type ('diag'), fewer n_jobs,{other} or raise memory_limit."
@@ -394,7 +398,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     int
         At least 1, at most ``n_samples``.
     """
-    per_row = bytes_per_row(n_features, n_components, itemsize)
+    per_row = bytes_per_row(n_features, n_components, itemsize, covariance_type)
     working_memory = working_memory_mib  # (the user's, before the streaming cap)
     # a block of whole chunks may take all of working_memory
     chunk_budget_rows = max(1, int(working_memory_mib * _MIB // per_row))

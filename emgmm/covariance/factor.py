@@ -1,0 +1,344 @@
+"""Covariance type 'factor' (mixtures of factor analysers) behind the registry's
+protocol: :class:`FactorCovariance` over the packed arrays of the engine's model.
+The kernels are those of :mod:`emgmm.covariance.factor_kernels`.
+"""
+
+import warnings
+
+import numpy as np
+
+from . import factor_kernels
+from .base import CovarianceType
+from .factor_kernels import (
+    FactorPrecision,
+    bad_components,
+    block_statistics,
+    bytes_per_row,
+    concatenate_statistics,
+    densities,
+    factorize,
+    initial_parameters,
+    m_step,
+    n_parameters,
+    projections,
+    sample,
+    statistics_nbytes,
+)
+
+#: The dense attributes of the other types, formed on demand for 'factor'.
+DENSE_ATTRIBUTES = ("covariances_", "precisions_", "precisions_cholesky_")
+#: Above this size (MiB) forming a dense attribute warns.
+DENSE_WARN_MIB = 256
+
+# ------------------------------------------------------------ the covariance type
+#
+# The engine's Model holds two arrays per covariance type. For 'factor' they are
+# packed, one component per entry of the first axis (so that slices, re-seeds,
+# checkpoints and float32 rounding treat them as the other types' arrays):
+#
+#   covariances          (K, d + q, q + 1): [:, :d, :q] = W_k, [:, :d, q] = psi_k
+#                        (the last q rows are zero)
+#   precisions_cholesky  (K, d + q, q + 1): [:, :d, :q] = G_k, [:, :d, q] = 1 / psi_k,
+#                        [:, d:, :q] = L_k^{-1}
+#
+# so that q is the width less one and d the height less q, in both.
+
+
+def pack_parameters(loadings, noise_variance):
+    """The packed ``covariances`` of ``loadings`` (K, d, q) and ``noise_variance``
+    (K, d): ``(K, d + q, q + 1)``."""
+    W = np.asarray(loadings, dtype=np.float64)
+    K, d, q = W.shape
+    out = np.zeros((K, d + q, q + 1))
+    out[:, :d, :q] = W
+    out[:, :d, q] = noise_variance
+    return out
+
+
+def unpack_parameters(packed):
+    """``(loadings, noise_variance)`` views of packed covariances."""
+    q = packed.shape[-1] - 1
+    d = packed.shape[-2] - q
+    return packed[..., :d, :q], packed[..., :d, q]
+
+
+def pack_precision(precision):
+    """The packed ``precisions_cholesky`` of a :class:`FactorPrecision`."""
+    K, d, q = precision.projection.shape
+    out = np.zeros((K, d + q, q + 1))
+    out[:, :d, :q] = precision.projection
+    out[:, :d, q] = precision.inv_noise
+    out[:, d:, :q] = precision.cholesky_inv
+    return out
+
+
+def unpack_precision(packed):
+    """The :class:`FactorPrecision` of packed factors (its own stacked copy of
+    ``G``); ``log det Sigma = -sum log(1 / psi) - 2 sum log diag L^{-1}``."""
+    packed = np.asarray(packed, dtype=np.float64)
+    K, rows, width = packed.shape
+    q = width - 1
+    d = rows - q
+    stacked = np.empty((d, K, q))
+    stacked[...] = np.swapaxes(packed[:, :d, :q], 0, 1)
+    inv_noise = np.ascontiguousarray(packed[:, :d, q])
+    chol_inv = np.ascontiguousarray(packed[:, d:, :q])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_det = -(np.log(inv_noise).sum(axis=1)
+                    + 2.0 * np.log(np.diagonal(chol_inv, axis1=1, axis2=2)).sum(axis=1))
+    return FactorPrecision(inv_noise, np.swapaxes(stacked, 0, 1), chol_inv, log_det)
+
+
+def _n_factors(packed):
+    return packed.shape[-1] - 1
+
+
+class FactorCovariance(CovarianceType):
+    """'factor': ``Sigma_k = W_k W_k^T + diag(psi_k)`` with ``q`` factors.
+
+    One instance per ``n_factors`` (:meth:`with_factors`); the registry's has
+    ``n_factors=None`` and reads ``q`` off the packed arrays it is given (see the
+    notes above :func:`pack_parameters`). The methods that take no arrays
+    (shapes, counts, sizes) need a configured instance.
+    """
+
+    name = "factor"
+    variational = False
+    parameters = ("n_factors",)
+    attribute_names = ("loadings_", "noise_variance_")
+    statistics_need_products = True
+    stores_covariances = True
+
+    def __init__(self, n_factors=None):
+        self.n_factors = None if n_factors is None else int(n_factors)
+
+    def __reduce__(self):
+        return (FactorCovariance, (self.n_factors,))
+
+    def __eq__(self, other):
+        return (isinstance(other, FactorCovariance)
+                and other.n_factors == self.n_factors)
+
+    def __hash__(self):
+        return hash((self.name, self.n_factors))
+
+    def __str__(self):
+        return self.name
+
+    def with_factors(self, n_factors):
+        """The type with ``n_factors`` factors per component."""
+        return FactorCovariance(n_factors)
+
+    def for_params(self, params):
+        """Configured with the estimator's ``n_factors``."""
+        return self.with_factors(params["n_factors"])
+
+    def for_model(self, model):
+        """Configured from a model's packed arrays."""
+        arrays = model.covariances if model.covariances is not None \
+            else model.precisions_cholesky
+        return FactorCovariance(_n_factors(arrays))
+
+    def _q(self):
+        if self.n_factors is None:
+            raise ValueError("covariance_type='factor' needs n_factors here")
+        return self.n_factors
+
+    # -------------------------------------------------------------- sizes
+    def stored_shapes(self, n_components, n_features):
+        q = self._q()
+        return {"loadings": (n_components, n_features, q),
+                "noise_variance": (n_components, n_features)}
+
+    def check_n_features(self, n_features):
+        if self._q() > n_features:
+            raise ValueError(
+                f"n_factors={self._q()} exceeds the {n_features} features of X: "
+                "a component has at most as many factors as features.")
+
+    def fitted_attributes(self, model, dtype, precisions):
+        """``loadings_`` and ``noise_variance_`` (the dense attributes are formed on
+        demand: :meth:`derived_attribute`)."""
+        loadings, noise = unpack_parameters(model.covariances)
+        return {"loadings_": np.ascontiguousarray(loadings, dtype=dtype),
+                "noise_variance_": np.ascontiguousarray(noise, dtype=dtype)}
+
+    def model_arrays(self, attributes):
+        """The packed arrays of ``loadings_`` and ``noise_variance_``; raises
+        ``ValueError`` naming a component whose noise variance is not positive."""
+        covariances = pack_parameters(
+            np.asarray(attributes["loadings_"], dtype=np.float64),
+            np.asarray(attributes["noise_variance_"], dtype=np.float64))
+        u, bad = self.factorize(covariances)
+        if bad:
+            raise ValueError(f"noise_variance_ of component {bad[0]} is not positive "
+                             "and finite")
+        return covariances, u
+
+    def derived_attribute(self, attributes, name):
+        """``covariances_``, ``precisions_`` or ``precisions_cholesky_``: (K, d, d),
+        formed now (a ``UserWarning`` above ``DENSE_WARN_MIB``)."""
+        if name not in DENSE_ATTRIBUTES or "loadings_" not in attributes:
+            raise AttributeError(name)
+        W = np.asarray(attributes["loadings_"], dtype=np.float64)
+        psi = np.asarray(attributes["noise_variance_"], dtype=np.float64)
+        K, d, _ = W.shape
+        mib = 8 * K * d * d / 2**20
+        if mib > DENSE_WARN_MIB:
+            warnings.warn(
+                f"{name} of a covariance_type='factor' model is formed on demand: "
+                f"{K} dense {d} x {d} matrices, {mib:,.0f} MiB (the model itself is "
+                "loadings_ and noise_variance_).", UserWarning, stacklevel=4)
+        if name == "covariances_":
+            out = factor_kernels.covariances(W, psi)
+        elif name == "precisions_":
+            out = factor_kernels.precisions(factor_kernels.factorize(W, psi))
+        else:
+            out = factor_kernels.precisions_cholesky(W, psi)
+        return out.astype(attributes["loadings_"].dtype, copy=False)
+
+    def stored_problem(self, stored):
+        """Loadings not finite, or noise variances not positive and finite (naming
+        the component and entry)."""
+        noise = stored["noise_variance"]
+        for name, ok in (("loadings", np.isfinite(stored["loadings"])),
+                         ("noise_variance", np.isfinite(noise) & (noise > 0))):
+            bad = np.argwhere(~ok)
+            if bad.size:
+                need = "finite and positive" if name == "noise_variance" else "finite"
+                return (f"{name} of component {bad[0][0]} must be {need} (entry "
+                        f"{tuple(int(i) for i in bad[0][1:])})")
+        return None
+
+    def covariance_shape(self, n_components, n_features):
+        q = self._q()
+        return (n_components, n_features + q, q + 1)
+
+    def n_parameters(self, n_components, n_features):
+        # the loadings up to a rotation and the noise; the estimator adds means and
+        # weights (the issue's K (d q - q (q - 1) / 2 + 2 d) + K - 1 in all)
+        return n_parameters(n_components, n_features, self._q()) - (
+            n_components * n_features + n_components - 1)
+
+    def statistics_values(self, n_components, n_features):
+        return statistics_nbytes(n_components, n_features, self._q()) // 8
+
+    def work_per_row(self, n_features):
+        return 2 * n_features * (self._q() + 1)
+
+    def bytes_per_row(self, n_features, n_components, itemsize):
+        return bytes_per_row(n_features, n_components, self._q(), itemsize)
+
+    def factor_terms(self, n_features):
+        return n_features + self._q() + 1
+
+    # ---------------------------------------------------- parameterisation
+    def factorize(self, covariances, dtype=np.float64):
+        W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
+        bad = [int(k) for k in bad_components(psi)]
+        good = np.setdiff1d(np.arange(len(psi)), bad)
+        out = np.full(covariances.shape, np.nan)
+        if good.size:
+            out[good] = pack_precision(factorize(W[good], psi[good]))
+        return out, bad
+
+    def precisions_cholesky_from_precisions(self, precisions):
+        raise ValueError("precisions_init is not supported with "
+                         "covariance_type='factor' (loadings and noise variances "
+                         "define the components; give means_init and weights_init, "
+                         "or warm-start from a fitted model)")
+
+    def precisions_from_cholesky(self, precisions_cholesky):
+        # the packed factors stand for the precisions inside the engine; the dense
+        # precisions_ are formed on demand by the estimator (precisions())
+        return precisions_cholesky
+
+    def covariances_from_cholesky(self, precisions_cholesky):
+        prec = unpack_precision(precisions_cholesky)
+        L = np.linalg.inv(prec.cholesky_inv)
+        psi = 1.0 / prec.inv_noise
+        W = psi[:, :, None] * np.matmul(prec.projection, np.swapaxes(L, 1, 2))
+        return pack_parameters(W, psi)
+
+    def log_det_cholesky(self, precisions_cholesky, n_features):
+        return -0.5 * unpack_precision(precisions_cholesky).log_det
+
+    def feature_variances(self, a):
+        q = _n_factors(a)
+        return a[:, :a.shape[1] - q, q]
+
+    def pooled_covariance(self, weights, covariances, healthy):
+        W, psi = unpack_parameters(covariances)
+        hw = weights[healthy] / weights[healthy].sum()
+        marginal = hw @ (psi[healthy] + (W[healthy] ** 2).sum(axis=2))
+        return pack_parameters(np.zeros((1,) + W.shape[1:]), marginal[None])[0]
+
+    # --------------------------------------------------------- the kernels
+    def block_products(self, X, model, g=None):
+        """The block's :class:`Projections` (with its factorisation) for the E step
+        and the statistics of the same block."""
+        # unpacked once per model object (a task's blocks share it)
+        cached = model.__dict__.get("_factor_precision")
+        if cached is None or cached[0] is not model.precisions_cholesky:
+            cached = (model.precisions_cholesky,
+                      unpack_precision(model.precisions_cholesky))
+            model.__dict__["_factor_precision"] = cached
+        prec = cached[1]
+        proj = projections(X, model.means, prec, model.weights, X.dtype, shift=g)
+        proj.precision = prec
+        return proj
+
+    def log_prob(self, X, means, precisions_cholesky, g, offset, margin=None,
+                 products=None, out=None):
+        if products is None:
+            prec = unpack_precision(precisions_cholesky)
+            products = projections(X, means, prec, dtype=X.dtype, shift=g)
+            products.precision = prec
+        offset = np.broadcast_to(offset, (len(means),))
+        return densities(X, means, products.precision, products, offset, margin)
+
+    def block_statistics(self, X, resp, centers, resp_threshold=0.0, products=None,
+                         out=None):
+        if products is None:
+            raise ValueError("'factor' statistics need the block's projections")
+        stats = block_statistics(X, resp, centers, products.precision, products,
+                                 resp_threshold)
+        if out is None:
+            return stats
+        out += stats
+        return out
+
+    def concatenate_statistics(self, parts):
+        return concatenate_statistics(parts)
+
+    def m_step(self, stats, centers, reg_covar, overwrite=False):
+        weights, means, W, psi = m_step(stats, centers, reg_covar)
+        return weights, means, pack_parameters(W, psi)
+
+    def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
+        raise NotImplementedError("'factor' moves means and loadings together: m_step")
+
+    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar):
+        _, _, W, psi = initial_parameters(X, resp, self._q(), reg_covar)
+        return pack_parameters(W, psi)
+
+    # ------------------------------------------------ validation, sampling
+    # ---------------------- no conjugate prior: BayesianGaussianMixture refuses it
+    def _no_prior(self, *args, **kwargs):
+        raise NotImplementedError("covariance_type='factor' has no conjugate prior "
+                                  "for BayesianGaussianMixture")
+
+    covariance_prior_shape = default_covariance_prior = check_covariance_prior = \
+        posterior_covariances = weighted_mahalanobis = _no_prior
+
+    def check_precisions(self, precisions, n_components, n_features):
+        self.precisions_cholesky_from_precisions(precisions)
+
+    def sampling_covariances(self, estimator):
+        """The packed loadings and noise variances (not the dense covariances)."""
+        return pack_parameters(estimator.loadings_, estimator.noise_variance_)
+
+    def sample(self, rng, means, covariances, counts):
+        W, psi = unpack_parameters(covariances)
+        return [sample(rng, m[None], w[None], p[None], [int(c)])
+                for m, w, p, c in zip(means, W, psi, counts)]

@@ -1,0 +1,296 @@
+"""GaussianMixture(covariance_type='factor'): the estimator, its sources, schedules,
+workers, model files and command line."""
+
+import warnings
+
+import h5py
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+from scipy.stats import multivariate_normal
+from sklearn.exceptions import ConvergenceWarning
+
+from emgmm import GaussianMixture, load_model, save_model
+from emgmm.covariance import factor_kernels as factor
+
+K, D, Q = 3, 10, 2
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in range(K):
+        W = rng.normal(size=(D, Q))
+        mu = 6.0 * rng.normal(size=D)
+        rows.append(mu + rng.normal(size=(300, Q)) @ W.T
+                    + 0.5 * rng.normal(size=(300, D)))
+    X = np.concatenate(rows)
+    return X[rng.permutation(len(X))]
+
+
+def _fit(X, **kw):
+    """Converged (tol=1e-5, 24 iterations), or a fixed number of iterations with
+    tol=0 (which warns that it did not converge)."""
+    params = {"n_components": K, "covariance_type": "factor", "n_factors": Q,
+                  "random_state": 0, "max_iter": 100, "tol": 1e-5}
+    params.update(kw)
+    gm = GaussianMixture(**params)
+    if params["tol"] == 0.0 and params["max_iter"] > 0:
+        with pytest.warns(ConvergenceWarning):
+            return gm.fit(X)
+    return gm.fit(X)
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    return _fit(data)
+
+
+def _dense_log_likelihood(gm, X):
+    parts = [np.log(w) + multivariate_normal(m, W @ W.T + np.diag(p)).logpdf(X)
+             for w, m, W, p in zip(gm.weights_, gm.means_, gm.loadings_,
+                                   gm.noise_variance_)]
+    return logsumexp(np.stack(parts, axis=1), axis=1)
+
+
+def test_fitted_attributes(fitted):
+    assert fitted.loadings_.shape == (K, D, Q)
+    assert fitted.noise_variance_.shape == (K, D)
+    assert fitted.means_.shape == (K, D)
+    np.testing.assert_allclose(fitted.weights_.sum(), 1.0)
+    assert np.all(fitted.noise_variance_ >= fitted.reg_covar)
+    assert np.all(np.diff(fitted.lower_bounds_) >= -1e-10)
+
+
+def test_score_samples_equal_the_dense_mixture(fitted, data):
+    np.testing.assert_allclose(fitted.score_samples(data),
+                               _dense_log_likelihood(fitted, data), rtol=1e-10)
+    np.testing.assert_allclose(fitted.lower_bound_, fitted.score(data), rtol=1e-12)
+
+
+def test_predict_and_proba(fitted, data):
+    proba = fitted.predict_proba(data)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(fitted.predict(data), proba.argmax(axis=1))
+    labels = GaussianMixture(K, covariance_type="factor", n_factors=Q, random_state=0,
+                             max_iter=100, tol=1e-5).fit_predict(data)
+    np.testing.assert_array_equal(labels, fitted.predict(data))
+
+
+def test_bic_aic_count_factor_parameters(fitted, data):
+    p = factor.n_parameters(K, D, Q)
+    n = len(data)
+    ll = fitted.score(data) * n
+    np.testing.assert_allclose(fitted.bic(data), -2 * ll + p * np.log(n))
+    np.testing.assert_allclose(fitted.aic(data), -2 * ll + 2 * p)
+
+
+def test_sample(fitted):
+    X, y = fitted.sample(3000)
+    assert X.shape == (3000, D)
+    counts = np.bincount(y, minlength=K)
+    assert counts.sum() == 3000
+    k = int(np.argmax(counts))
+    np.testing.assert_allclose(X[y == k].mean(axis=0), fitted.means_[k], atol=0.5)
+
+
+def test_dense_attributes_on_demand(fitted):
+    cov = fitted.covariances_
+    assert cov.shape == (K, D, D)
+    np.testing.assert_allclose(
+        cov, factor.covariances(fitted.loadings_, fitted.noise_variance_))
+    np.testing.assert_allclose(np.matmul(fitted.precisions_, cov),
+                               np.broadcast_to(np.eye(D), (K, D, D)), atol=1e-8)
+    U = fitted.precisions_cholesky_
+    np.testing.assert_allclose(np.matmul(U, np.swapaxes(U, 1, 2)), fitted.precisions_,
+                               rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["memmap", "npy", "h5"])
+def test_sources_give_identical_fits(tmp_path, data, fitted, kind):
+    if kind == "h5":
+        path = tmp_path / "x.h5"
+        with h5py.File(path, "w") as f:
+            f["x"] = data
+        source = f"{path}:/x"
+    else:
+        path = tmp_path / "x.npy"
+        np.save(path, data)
+        source = str(path) if kind == "npy" else np.load(path, mmap_mode="r")
+    other = _fit(source)
+    np.testing.assert_array_equal(other.lower_bounds_, fitted.lower_bounds_)
+    np.testing.assert_array_equal(other.loadings_, fitted.loadings_)
+
+
+@pytest.mark.parametrize("kw", [{"block_size": 64}, {"block_size": 7},
+                                {"n_jobs": 2}, {"n_jobs": 2, "schedule": "components"},
+                                {"n_jobs": 2, "block_size": 100}])
+def test_blocks_workers_and_schedules_agree(data, fitted, kw):
+    other = _fit(data, **kw)
+    np.testing.assert_allclose(other.lower_bounds_, fitted.lower_bounds_, rtol=1e-12)
+    np.testing.assert_allclose(other.loadings_, fitted.loadings_, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(other.noise_variance_, fitted.noise_variance_, rtol=1e-9)
+
+
+def test_float32_compute_close_to_float64(data, fitted):
+    single = _fit(data, compute_dtype="float32", max_iter=5, tol=0.0)
+    double = _fit(data, max_iter=5, tol=0.0)
+    np.testing.assert_allclose(single.lower_bounds_, double.lower_bounds_, rtol=1e-6)
+
+
+def test_model_file_round_trip(tmp_path, data, fitted):
+    path = tmp_path / "m.h5"
+    save_model(fitted, path)
+    loaded = load_model(path)
+    assert loaded.covariance_type == "factor" and loaded.n_factors == Q
+    np.testing.assert_array_equal(loaded.loadings_, fitted.loadings_)
+    np.testing.assert_array_equal(loaded.noise_variance_, fitted.noise_variance_)
+    np.testing.assert_array_equal(loaded.score_samples(data), fitted.score_samples(data))
+
+
+def test_warm_start_continues(data):
+    straight = _fit(data, max_iter=6, tol=0.0)
+    gm = _fit(data, max_iter=3, tol=0.0)
+    gm.set_params(warm_start=True)
+    _fit_again = gm.fit
+    with pytest.warns(ConvergenceWarning):
+        _fit_again(data)
+    np.testing.assert_allclose(gm.lower_bounds_, straight.lower_bounds_[3:], rtol=1e-12)
+    np.testing.assert_allclose(gm.loadings_, straight.loadings_, rtol=1e-9, atol=1e-12)
+
+
+def test_checkpoint_resume_equals_uninterrupted(tmp_path, data):
+    path = tmp_path / "ck.npz"
+    full = _fit(data, max_iter=6, tol=0.0)
+
+    def stop(record):
+        if record["n_iter"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _fit(data, max_iter=6, tol=0.0, checkpoint=path, callback=stop)
+    assert path.exists()
+    resumed = _fit(data, max_iter=6, tol=0.0, checkpoint=path)
+    np.testing.assert_array_equal(resumed.lower_bounds_, full.lower_bounds_)
+    np.testing.assert_array_equal(resumed.loadings_, full.loadings_)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("q, message", [(-1, "n_factors"), (D + 1, "n_factors")])
+def test_bad_n_factors(data, q, message):
+    with pytest.raises(ValueError, match=message):
+        _fit(data, n_factors=q)
+
+
+def test_precisions_init_refused(data):
+    with pytest.raises(ValueError, match="precisions_init"):
+        _fit(data, precisions_init=np.ones((K, D)))
+
+
+def test_q0_fits_like_diag(data):
+    fa = _fit(data, n_factors=0, max_iter=5, tol=0.0)
+    diag = GaussianMixture(K, covariance_type="diag", random_state=0, max_iter=5,
+                           tol=0.0)
+    with pytest.warns(ConvergenceWarning):
+        diag.fit(data)
+    np.testing.assert_allclose(fa.lower_bounds_, diag.lower_bounds_, rtol=1e-10)
+    np.testing.assert_allclose(fa.noise_variance_, diag.covariances_, rtol=1e-8)
+
+
+def test_cli_fit_info_score(tmp_path, data, capsys):
+    from emgmm.cli import main
+
+    npy = tmp_path / "x.npy"
+    np.save(npy, data)
+    out = tmp_path / "m.h5"
+    assert main(["fit", str(npy), "-k", str(K), "--covariance-type", "factor",
+                 "--n-factors", str(Q), "--random-state", "0", "-o", str(out),
+                 "-q"]) == 0
+    model = load_model(out)
+    assert model.loadings_.shape == (K, D, Q)
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "factor" in text and str(Q) in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["score", str(out), str(npy)]) == 0
+
+
+def test_model_file_with_bad_noise_is_refused(tmp_path, fitted):
+    from emgmm import ModelFileError
+
+    path = tmp_path / "m.h5"
+    save_model(fitted, path)
+    with h5py.File(path, "r+") as f:
+        f["noise_variance"][1, 4] = 0.0
+    with pytest.raises(ModelFileError, match="noise_variance of component 1"):
+        load_model(path)
+
+
+def test_large_dense_attribute_warns(fitted, monkeypatch):
+    from emgmm.covariance import factor as factor_covariance
+
+    monkeypatch.setattr(factor_covariance, "DENSE_WARN_MIB", 0)
+    with pytest.warns(UserWarning, match="formed on demand"):
+        _ = fitted.precisions_cholesky_
+
+
+def test_refit_with_another_type_drops_the_factor_attributes(data):
+    gm = _fit(data)
+    gm.set_params(covariance_type="diag")
+    gm.fit(data)
+    assert not hasattr(gm, "loadings_") and gm.covariances_.shape == (K, D)
+    gm.set_params(covariance_type="factor")
+    gm.fit(data)
+    assert "covariances_" not in vars(gm) and gm.loadings_.shape == (K, D, Q)
+
+
+def test_cli_warm_start_with_other_n_factors_is_refused(tmp_path, data, fitted, capsys):
+    from emgmm.cli import main
+
+    npy = tmp_path / "x.npy"
+    np.save(npy, data)
+    model = tmp_path / "m.h5"
+    save_model(fitted, model)
+    assert main(["fit", str(npy), "--warm-start", str(model), "--n-factors", "1",
+                 "-o", str(tmp_path / "out.h5"), "-q"]) != 0
+    assert "n_factors=2" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def collapsed():
+    """Two blobs and 20 copies of one far row: with reg_covar=0 its k-means cluster
+    has zero noise variance."""
+    rng = np.random.default_rng(1)
+    return np.concatenate([rng.normal(size=(300, 6)), rng.normal(loc=8, size=(300, 6)),
+                           np.tile(rng.normal(loc=-50, size=(1, 6)), (20, 1))])
+
+
+def test_collapsed_component_is_reseeded(collapsed):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        gm = GaussianMixture(3, covariance_type="factor", n_factors=2, reg_covar=0.0,
+                             random_state=0, max_iter=30).fit(collapsed)
+    messages = [str(w.message) for w in seen]
+    assert any("components [1] had a covariance that is not positive" in m
+               for m in messages)
+    assert any("were re-seeded on the worst-explained samples" in m for m in messages)
+    assert np.isfinite(gm.noise_variance_).all() and np.isfinite(gm.loadings_).all()
+    assert np.isfinite(gm.score(collapsed))
+
+
+def test_collapsed_component_raises_with_raise_policy(collapsed):
+    gm = GaussianMixture(3, covariance_type="factor", n_factors=2, reg_covar=0.0,
+                         random_state=0, on_degenerate="raise")
+    with pytest.raises(ValueError, match="component 1"):
+        gm.fit(collapsed)
+    assert not hasattr(gm, "loadings_")
+
+
+def test_float32_data_lower_bound_is_the_score(data):
+    single = data.astype(np.float32)
+    gm = _fit(single)
+    assert gm.loadings_.dtype == np.float32 and gm.noise_variance_.dtype == np.float32
+    assert gm.lower_bound_ == gm.score(single)
