@@ -623,6 +623,35 @@ def test_float32_estimate_leaves_only_the_rows_too_far_for_its_products(
     assert log_norm[550] < -1e50
 
 
+def test_the_far_rows_split_allocates_what_the_memory_model_counts_for_it():
+    """A block with a row too far for the float32 estimate is split in two (a copy of
+    the block in two parts, and their results): the peak of that path exceeds the
+    peak of the same block without the far row by at most what the memory model adds
+    per row for it (one row in the compute dtype, 2 K float64 values and 16 bytes of
+    norms and masks; CovarianceType.bytes_per_row), measured with tracemalloc."""
+    rng = np.random.default_rng(5)
+    n, d, K = 20_000, 8, 6
+    weights, means, U = separated_model(rng, K, d, 20.0, 10.0)
+    X32 = sample(rng, weights, means, U, n).astype(np.float32)
+    margin = _log_density.relevance_margin(1e-20)
+    prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
+    split_bytes = n * (d * X32.itemsize + 2 * K * 8 + 16)
+    peaks = []
+    for far in (False, True):
+        block = X32.copy()
+        if far:
+            block[n // 2] = 1e30
+        tracemalloc.start()
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                _estep.weighted_log_prob(block, weights, means, U, "full", margin,
+                                         prepared)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    assert peaks[1] - peaks[0] <= 1.05 * split_bytes, (peaks, split_bytes)
+
+
 def test_a_row_at_the_range_limit_takes_the_plain_path_alone(monkeypatch):
     """A row whose float32 ``x - g`` lies beyond ``y_limit`` while its float64 one
     does not (built at the limit): the rows sent to the plain path are found with

@@ -198,8 +198,12 @@ class CovarianceType(ABC):
     def bytes_per_row(self, n_features, n_components, itemsize):
         """Bytes of working memory one row of a block needs during a pass: the block
         in the compute dtype, a centred copy, a float64 copy for the first-order
-        statistics, and a few ``B x K`` float64 arrays."""
-        return 3 * n_features * itemsize + 2 * n_features * 8 + 4 * n_components * 8
+        statistics, and a few ``B x K`` float64 arrays; plus the rows' split when some
+        are too far for the float32 estimate (a copy of the block in two parts, the
+        result of each beside the block's, the row norms and masks:
+        :func:`~emgmm.engine.estep.weighted_log_prob`)."""
+        return (4 * n_features * itemsize + 2 * n_features * 8 + 6 * n_components * 8
+                + 16)
 
     def covariance_values(self, n_components, n_features):
         """float64 values of one covariance array."""
