@@ -152,6 +152,11 @@ def _check_covariance_type(mp, capsys):
     assert small_fit(covariance_type="spherical").covariances_.shape == (3,)
 
 
+def _check_n_factors(mp, capsys):
+    assert small_fit(covariance_type="factor", n_factors=2).loadings_.shape == (3, 3, 2)
+    assert small_fit(covariance_type="factor", n_factors=1).loadings_.shape == (3, 3, 1)
+
+
 def _check_tol(mp, capsys):
     kw = dict(max_iter=100, init_params="random")
     assert small_fit(tol=1e-1, **kw).n_iter_ < small_fit(tol=1e-12, **kw).n_iter_
