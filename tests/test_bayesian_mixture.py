@@ -174,12 +174,17 @@ def test_fit_predict_is_predict_and_sample_draws_from_the_fit(data):
     assert X.shape == (50, 3) and y.shape == (50,)
 
 
-def test_float32_data_fit_in_float32_attributes_as_gaussian_mixture(data):
+def test_float32_data_gives_scikit_learns_dtypes(data):
+    """scikit-learn's BayesianGaussianMixture returns float64 for float32 data (its
+    GaussianMixture keeps float32): emgmm's does as each of them does, also when it
+    computes in float32."""
     X = data.astype(np.float32)
     mine = BayesianGaussianMixture(n_components=3, random_state=0).fit(X)
-    plain = GaussianMixture(n_components=3, random_state=0).fit(X)
+    sk = SkBayesianGaussianMixture(n_components=3, random_state=0).fit(X)
     for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
-        assert getattr(mine, name).dtype == getattr(plain, name).dtype == np.float32
+        assert getattr(mine, name).dtype == getattr(sk, name).dtype
+    assert mine.score_samples(X).dtype == sk.score_samples(X).dtype
+    assert mine.predict_proba(X).dtype == sk.predict_proba(X).dtype
     assert np.isfinite(mine.lower_bound_)
     assert_allclose(mine.score_samples(X), mine.score_samples(data), rtol=1e-5)
 

@@ -51,6 +51,7 @@ from ..runtime.memory import (
     tasks_are_tiny,
 )
 from ..runtime.worker_loss import explain_worker_loss
+from .initialization import init_sample, subsample_indices
 from .validation import validate_params
 
 from numpy.typing import ArrayLike
@@ -206,6 +207,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
     """
 
     _parameter_constraints: dict = {}
+    #: scikit-learn's estimator keeps float32 data's dtype in its outputs.
+    _keeps_float32 = True
 
     # ------------------------------------------------------------------ input
 
@@ -278,6 +281,27 @@ class BaseMixture(DensityMixin, BaseEstimator):
         """The starting :class:`~emgmm.engine.model.Model` of one initialisation."""
         raise NotImplementedError
 
+    def _init_sample(self, source, random_state, block_size):
+        """The rows the initialisation sees: all, or a random subsample of
+        ``init_max_samples`` (sorted), checked and in float64
+        (:func:`~emgmm.mixture.initialization.init_sample`)."""
+        if isinstance(source, ArraySource) and source.n_samples <= self.init_max_samples:
+            sample = source.array
+        else:
+            idx = subsample_indices(source.n_samples, self.init_max_samples,
+                                    random_state)
+            if idx is None:
+                idx = np.arange(source.n_samples)
+            sample = source.take(idx, block_size)
+        sample = init_sample(sample, source.description)
+        if sample.shape[0] < self.n_components:
+            # (n_samples >= n_components was checked: the subsample is short)
+            raise ValueError(
+                f"init_max_samples={self.init_max_samples} is below n_components="
+                f"{self.n_components}: the initialisation subsample needs at least "
+                "one row per component.")
+        return sample
+
     def _update_rule(self):
         """The engine's update rule: E-step parameters, parameters from statistics
         and the lower bound (default: maximum likelihood)."""
@@ -318,6 +342,14 @@ class BaseMixture(DensityMixin, BaseEstimator):
                 f"{params} and {d} features. Set warm_start=False to fit a new model."
             )
         return self._fitted_model()
+
+    def _output_dtype(self, compute_dtype, data_dtype):
+        """The dtype of the fitted attributes and float per-row outputs: float32 for
+        float32 data computed in float32 where scikit-learn's estimator keeps float32
+        (``_keeps_float32``), else float64."""
+        keep = (self._keeps_float32 and compute_dtype == np.float32
+                and data_dtype == np.float32)
+        return np.float32 if keep else np.float64
 
     def _kind(self):
         """The :class:`~emgmm.covariance.CovarianceType` of ``covariance_type``,
@@ -427,9 +459,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
             )
         inits = self._check_initial_parameters(d)
         compute_dtype = self._compute_dtype(source)
-        # the fitted attributes' dtype: float32 for float32 data computed in float32
-        out_dtype = np.float32 if (compute_dtype == np.float32
-                                   and source.dtype == np.float32) else np.float64
+        out_dtype = self._output_dtype(compute_dtype, source.dtype)
         block_size = self._block_size(source)
         tasks = partition(n, block_size)
         do_init = not (self.warm_start and hasattr(self, "converged_"))
@@ -568,9 +598,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
         try:
             compute_dtype = self._compute_dtype(source)
             shape = (source.n_samples,) + (() if width is None else (width,))
-            dtype = (np.int64 if kind == "int" else np.float64 if kind == "float64" else
-                     np.float32 if (compute_dtype == np.float32
-                                    and source.dtype == np.float32) else np.float64)
+            dtype = (np.int64 if kind == "int" else np.float64 if kind == "float64"
+                     else self._output_dtype(compute_dtype, source.dtype))
             out = _check_out(out, shape, dtype, method)
             block_size = self._block_size(source)
             model = self._update_rule().e_step_model(self._fitted_model())

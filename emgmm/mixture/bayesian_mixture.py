@@ -17,13 +17,11 @@ from ..engine.variational import (
     resolve_priors,
     update_posterior,
 )
-from ..io.sources import ArraySource
 from .base import BaseMixture
 from .gaussian_mixture import GaussianMixture
 from .initialization import (
     initial_responsibilities,
     parameters_from_responsibilities,
-    subsample_indices,
 )
 from .validation import Interval, StrOptions
 
@@ -112,6 +110,8 @@ class BayesianGaussianMixture(BaseMixture):
     array([0, 1])
     """
 
+    #: scikit-learn's BayesianGaussianMixture returns float64 for float32 data.
+    _keeps_float32 = False
     _parameter_constraints: dict = {  # noqa: RUF012 (scikit-learn's convention)
         **{name: GaussianMixture._parameter_constraints[name] for name in _SHARED},
         "covariance_type": [StrOptions({name for name, kind in REGISTRY.items()
@@ -230,21 +230,6 @@ class BayesianGaussianMixture(BaseMixture):
             sample, resp, self.reg_covar, self.covariance_type)
         return update_posterior(weights * source.n_samples, means, covariances,
                                 self._priors(), self.covariance_type)
-
-    def _init_sample(self, source, random_state, block_size):
-        """All rows, or a random subsample of ``init_max_samples`` (sorted)."""
-        if isinstance(source, ArraySource) and source.n_samples <= self.init_max_samples:
-            return source.array
-        idx = subsample_indices(source.n_samples, self.init_max_samples, random_state)
-        if idx is None:
-            idx = np.arange(source.n_samples)
-        sample = source.take(idx, block_size)
-        if sample.shape[0] < self.n_components:
-            raise ValueError(
-                f"init_max_samples={self.init_max_samples} is below n_components="
-                f"{self.n_components}: the initialisation subsample needs at least "
-                "one row per component.")
-        return sample
 
     def _best_run(self, plan, source, want_labels):
         """The priors, then every initialisation (from a checkpoint's, if

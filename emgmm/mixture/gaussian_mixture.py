@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections.abc import Callable
 from typing import Any, Literal, Optional, Union
 from numbers import Integral, Real
@@ -19,13 +18,10 @@ from ..covariance.cholesky import (
 )
 from ..engine.degenerate import initial_factors
 from ..engine.model import Model
-from ..io.sources import ArraySource
 from .base import BaseMixture, DataLike
 from .initialization import (
-    init_sample,
     initial_responsibilities,
     parameters_from_responsibilities,
-    subsample_indices,
 )
 from .validation import (
     Interval,
@@ -349,22 +345,7 @@ class GaussianMixture(BaseMixture):
         weights_init, means_init, precisions_init = inits
         weights = means = covariances = None
         if weights_init is None or means_init is None or precisions_init is None:
-            if isinstance(source, ArraySource) and source.n_samples <= self.init_max_samples:
-                sample = source.array
-            else:
-                idx = subsample_indices(source.n_samples, self.init_max_samples,
-                                        random_state)
-                if idx is None:
-                    idx = np.arange(source.n_samples)
-                sample = source.take(idx, block_size)
-            sample = init_sample(sample, source.description)
-            if sample.shape[0] < self.n_components:
-                # (n_samples >= n_components was checked: the subsample is short)
-                raise ValueError(
-                    f"init_max_samples={self.init_max_samples} is below n_components="
-                    f"{self.n_components}: the initialisation subsample needs at least "
-                    "one row per component."
-                )
+            sample = self._init_sample(source, random_state, block_size)
             resp = initial_responsibilities(sample, self.n_components, self.init_params,
                                             random_state)
             weights, means, covariances = parameters_from_responsibilities(
