@@ -18,13 +18,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from helpers import COVARIANCE_TYPES, make_blobs_data
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import BayesianGaussianMixture as SkBayesianGaussianMixture
 from sklearn.utils.estimator_checks import check_estimator
 
-from conftest import COVARIANCE_TYPES, make_blobs_data
 from emgmm import (
     BayesianGaussianMixture,
     GaussianMixture,

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_blobs_data
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import check_estimator
 
-from conftest import make_blobs_data
 from emgmm import GaussianMixture
 from emgmm.mixture.model_selection import FITTED_ATTRIBUTES, GaussianMixtureIC
 
@@ -200,3 +200,50 @@ def test_cancelled_shared_passes_end_every_member():
     assert not thread.is_alive() and len(raised) == 1
     with pytest.raises(FitCancelled):
         passes.score_pass(None, None, None, model, np.float64, False)
+
+
+@pytest.mark.parametrize(("params", "match"), [
+    ({"tol": -1.0}, "'tol' parameter"),
+    ({"max_iter": -3}, "'max_iter' parameter"),
+    ({"init_params": "bogus"}, "'init_params' parameter"),
+    ({"n_init": 0}, "'n_init' parameter"),
+    ({"on_degenerate": "x"}, "'on_degenerate' parameter"),
+])
+def test_invalid_shared_parameters_raise_before_any_fit(params, match):
+    """The candidates' parameters are checked as GaussianMixture checks them (their
+    fits run on the shared passes, not through GaussianMixture.fit)."""
+    X = np.random.default_rng(0).normal(size=(50, 2))
+    with pytest.raises(ValueError, match=match):
+        GaussianMixtureIC(1, 2, **params).fit(X)
+
+
+def test_a_random_state_instance_gives_reproducible_criteria():
+    """The candidates' threads do not draw from one shared RandomState: each gets a
+    seed of its own from it, in grid order."""
+    X = np.random.default_rng(1).normal(size=(300, 2))
+    tables = [GaussianMixtureIC(1, 4, covariance_type=["full", "diag"], max_iter=5,
+                                init_params="random",
+                                random_state=np.random.RandomState(0)).fit(X).criteria_
+              for _ in range(3)]
+    assert_array_equal(tables[0], tables[1])
+    assert_array_equal(tables[0], tables[2])
+
+
+def test_the_error_of_one_candidate_is_raised_not_the_others_cancellation():
+    """Candidates with K > init_max_samples raise at initialisation; that error ends
+    the other candidates' fits (cancelled at their next pass), and it is what the
+    selector raises, not the cancellation of an earlier candidate of the grid."""
+    X = np.random.default_rng(2).normal(size=(200, 2))
+    with pytest.raises(ValueError, match="init_max_samples=3 is below n_components"):
+        GaussianMixtureIC(1, 6, max_iter=200, tol=0, init_max_samples=3).fit(X)
+
+
+def test_predict_on_a_dataframe_does_not_warn():
+    pandas = pytest.importorskip("pandas")
+    X = np.random.default_rng(3).normal(size=(100, 2))
+    frame = pandas.DataFrame(X, columns=["a", "b"])
+    selector = GaussianMixtureIC(1, 2, random_state=0).fit(frame)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        labels = selector.predict(frame)
+    assert_array_equal(labels, GaussianMixtureIC(1, 2, random_state=0).fit(X).predict(X))

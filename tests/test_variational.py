@@ -11,12 +11,12 @@ previous means, emgmm's log-density kernels plus the per-component offsets.
 
 import numpy as np
 import pytest
+from helpers import COVARIANCE_TYPES, make_blobs_data
 from numpy.testing import assert_allclose
 from scipy.special import logsumexp, xlogy
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import BayesianGaussianMixture as SkBayesianGaussianMixture
 
-from conftest import COVARIANCE_TYPES, make_blobs_data
 from emgmm.covariance.log_density import log_gaussian_prob
 from emgmm.covariance.m_step import m_step
 from emgmm.covariance.statistics import block_statistics

@@ -6,12 +6,13 @@ import threading
 from numbers import Integral
 
 import numpy as np
+from sklearn import get_config
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..covariance import REGISTRY
-from ..engine.shared_pass import SharedPasses
+from ..engine.shared_pass import FitCancelled, SharedPasses
 from ..io.sources import as_source, is_file_backed
 from ..runtime.executor import Executor
 from ..runtime.memory import (
@@ -24,6 +25,7 @@ from ..runtime.memory import (
 from ..runtime.worker_loss import explain_worker_loss
 from .base import FitPlan
 from .gaussian_mixture import GaussianMixture
+from .validation import validate_params
 
 #: The candidate covariance types: those that no further parameter configures
 #: ('factor' is not one: its n_factors would be a grid axis of its own).
@@ -230,7 +232,15 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
                 f"max_components={grid[-1]} exceeds the number of samples ({n}).")
         criteria = np.empty((len(grid), len(types)))
         candidates = [self._candidate(k, kind) for k in grid for kind in types]
+        if not get_config()["skip_parameter_validation"]:
+            validate_params(GaussianMixture._parameter_constraints,
+                            candidates[0].get_params(deep=False), type(self).__name__)
+        _seed(candidates, self.random_state)
         passes = fit_side_by_side(candidates, X)
+        names = getattr(self, "feature_names_in_", None)
+        for c in candidates:  # (X was validated here, on the selector)
+            if names is not None:
+                c.feature_names_in_ = names
         self.n_passes_, self.rows_read_ = passes.rounds, passes.rows_read
         best = None
         for i, k in enumerate(grid):
@@ -298,6 +308,15 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
 
 
 
+def _seed(candidates, random_state):
+    """A ``RandomState`` instance is shared by all candidates' threads: give each
+    candidate a seed of its own drawn from it, in grid order (reproducible). An int
+    or ``None`` is each candidate's as given, as for separate fits."""
+    if isinstance(random_state, np.random.RandomState):
+        for c in candidates:
+            c.random_state = int(random_state.randint(np.iinfo(np.int32).max))
+
+
 def _check_memory(candidates, n_features, n_workers, memory_limit):
     """The bytes of every candidate's model over the parent and the workers; raises
     ``MemoryError`` up front when their sum exceeds the budget."""
@@ -340,8 +359,7 @@ def fit_side_by_side(candidates, X):
     try:
         n, d = source.shape
         compute_dtype = first._compute_dtype(source)
-        out_dtype = np.float32 if (compute_dtype == np.float32
-                                   and source.dtype == np.float32) else np.float64
+        out_dtype = first._output_dtype(compute_dtype, source.dtype)
         block_size = min(c._block_size(source) for c in candidates)
         tasks = partition(n, block_size)
         executor = Executor(source, first.n_jobs)
@@ -378,6 +396,7 @@ def _run_members(candidates, source, passes, plan):
             _fit_member(candidates[i], source, plan)
         except BaseException as exc:  # noqa: BLE001 (raised in the caller's thread)
             errors[i] = exc
+            passes.cancel()  # the first error ends every fit
         finally:
             passes.leave()
 
@@ -393,7 +412,9 @@ def _run_members(candidates, source, passes, plan):
         for t in threads:
             t.join()
         raise
-    return [e for e in errors if e is not None]
+    # the first real error (the others' FitCancelled follow from it)
+    errors = [e for e in errors if e is not None]
+    return sorted(errors, key=lambda e: isinstance(e, FitCancelled))
 
 
 def _fit_member(candidate, source, plan):
