@@ -100,3 +100,23 @@ def test_predict_with_n_jobs_1_runs_one_blas_thread(monkeypatch):
         gm.score_samples(X)
         assert max(_blas_threads()) == 2
     assert seen and all(t == [1] * len(t) for t in seen), seen
+
+
+def test_out_is_no_routed_metadata():
+    """``out=`` is not metadata for scikit-learn's routing: no ``set_*_request``
+    methods appear, and a Pipeline with routing enabled predicts as without it."""
+    from sklearn import config_context
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from numpy.testing import assert_array_equal
+
+    for estimator in (emgmm.GaussianMixture, emgmm.BayesianGaussianMixture):
+        assert not [m for m in dir(estimator) if m.startswith("set_")
+                    and m.endswith("_request")]
+    X = np.random.default_rng(0).normal(size=(60, 2))
+    with config_context(enable_metadata_routing=True):
+        pipe = make_pipeline(StandardScaler(), emgmm.GaussianMixture(2, random_state=0))
+        routed = pipe.fit(X).predict(X)
+    plain = make_pipeline(StandardScaler(), emgmm.GaussianMixture(2, random_state=0))
+    assert_array_equal(routed, plain.fit(X).predict(X))

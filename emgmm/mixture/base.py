@@ -28,7 +28,7 @@ import numpy as np
 from sklearn import config_context, get_config
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import check_random_state
+from sklearn.utils import check_random_state, metadata_routing
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..covariance import get_covariance_type
@@ -209,6 +209,10 @@ class BaseMixture(DensityMixin, BaseEstimator):
     _parameter_constraints: dict = {}
     #: scikit-learn's estimator keeps float32 data's dtype in its outputs.
     _keeps_float32 = True
+    # ``out=`` is where a method writes, not metadata for scikit-learn's routing
+    __metadata_request__predict = {"out": metadata_routing.UNUSED}
+    __metadata_request__predict_proba = {"out": metadata_routing.UNUSED}
+    __metadata_request__score_samples = {"out": metadata_routing.UNUSED}
 
     # ------------------------------------------------------------------ input
 
