@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from helpers import COVARIANCE_TYPES, assert_bound_monotone, assert_valid_model
@@ -245,16 +246,36 @@ def test_tight_component_whose_mean_moves_far_keeps_its_variance(covariance_type
 
 @pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
 def test_components_starving_again_are_kept_and_the_fit_converges(covariance_type):
-    """K close to n: components with less than one sample's weight are re-seeded once;
-    starving again, they are kept (as scikit-learn keeps them), so the fit converges
-    instead of re-seeding on every iteration."""
+    """Components with less than a thousandth of one sample's weight (started far
+    from the data, with many components for the rows) are re-seeded once; starving
+    again, they are kept (as scikit-learn keeps them), so the fit converges instead
+    of re-seeding on every iteration."""
     X = np.random.default_rng(0).normal(size=(40, 4))
+    means = np.concatenate([X[:20], np.full((10, 4), 1e3)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gm = GaussianMixture(30, covariance_type=covariance_type, random_state=0,
-                             max_iter=100).fit(X)
+                             max_iter=100, means_init=means).fit(X)
     reseeded = [k for record in gm.history_ for k in record["reseeded"]]
     assert reseeded, "the case must starve some component"
     assert len(reseeded) == len(set(reseeded))
     assert gm.converged_
     assert_valid_model(gm)
+
+
+def test_a_k_means_singleton_is_kept_as_scikit_learn_keeps_it():
+    """A k-means cluster of one row starts a component with N_k just below 1 after
+    the first E step: a legitimate component, which scikit-learn keeps. With the
+    defaults emgmm keeps it too (no re-seed, no warning); only a component the data
+    have left (N_k < 1e-3) is starved."""
+    from sklearn.cluster import KMeans
+
+    X = np.random.default_rng(0).normal(size=(60, 2))
+    for seed in (0, 2, 3, 4):
+        sizes = np.bincount(KMeans(12, n_init=1, random_state=seed).fit(X).labels_)
+        assert sizes.min() == 1, "the case must start a singleton"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # a re-seed warns
+            warnings.simplefilter("ignore", ConvergenceWarning)  # (tol=0)
+            gm = GaussianMixture(12, random_state=seed, max_iter=30, tol=0).fit(X)
+        assert [k for record in gm.history_ for k in record["reseeded"]] == []

@@ -135,7 +135,7 @@ def reseed(weights, means, covariances, components, worst, covariance_type, used
 def _warn_reseeded(n_iter, reseeded, bad, reg_covar):
     """One warning per cause of the re-seeds of an iteration, with its advice: a
     covariance not positive definite (``bad``: reg_covar helps), a weight below
-    one sample's (starved: reg_covar does not)."""
+    a thousandth of one sample's (starved: reg_covar does not)."""
     collapsed = [k for k in reseeded if k in bad]
     starved = [k for k in reseeded if k not in bad]
     if collapsed:
@@ -149,8 +149,8 @@ def _warn_reseeded(n_iter, reseeded, bad, reg_covar):
         )
     if starved:
         warnings.warn(
-            f"EM iteration {n_iter}: components {starved} fell to a weight below one "
-            "sample's and were re-seeded on the worst-explained samples (the data "
+            f"EM iteration {n_iter}: components {starved} fell to a weight below a "
+            "thousandth of one sample's and were re-seeded on the worst-explained samples (the data "
             "may hold fewer clusters than components, e.g. a warm start on data "
             "without one of them). If this repeats, use fewer components or another "
             "initialisation (n_init, init_params).",

@@ -25,8 +25,10 @@ class EMSettings:
         As the estimator's parameters.
     on_degenerate : {'reinit', 'raise'}
         The degenerate policy (:data:`~emgmm.engine.degenerate.POLICIES`).
-    min_count : float, default=1.0
-        A component whose ``N_k`` falls below this is degenerate.
+    min_count : float, default=1e-3
+        A component whose ``N_k`` falls below this is starved (a thousandth of one
+        sample: a k-means singleton, ``N_k`` just below 1, is kept as scikit-learn
+        keeps it; a component the data have left, ``N_k`` near 0, is not).
     update : MaximumLikelihood or another update rule
         E-step parameters, parameters from statistics, lower bound.
     """
@@ -37,7 +39,7 @@ class EMSettings:
     compute_dtype: type
     resp_threshold: float
     on_degenerate: str
-    min_count: float = 1.0
+    min_count: float = 1e-3
     update: object = field(default_factory=MaximumLikelihood)
 
     def policy(self):

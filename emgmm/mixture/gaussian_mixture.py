@@ -130,7 +130,9 @@ class GaussianMixture(BaseMixture):
         exactly.
     on_degenerate : {'reinit', 'raise'}, default='reinit'
         For a component whose covariance is not positive definite after
-        ``reg_covar``, or whose weight falls below one sample: 'reinit' re-seeds it
+        ``reg_covar``, or whose weight falls below a thousandth of one sample
+        (``N_k < 1e-3``; scikit-learn keeps a k-means singleton, so does emgmm):
+        'reinit' re-seeds it
         on the worst-explained sample, warns and records it in ``history_``;
         'raise' raises scikit-learn's ``ValueError``. Both raise when no component
         is healthy or one re-seeded 10 times degenerates again. See the user
