@@ -443,16 +443,20 @@ def test_sample_moments():
 
 
 def test_reseed_pools_marginal_variances():
+    """A re-seeded component gets no loadings and the healthy components' weighted
+    marginal variances as its noise (FactorCovariance.pooled_covariance), against
+    the dense covariances' diagonals."""
+    from emgmm.covariance.factor import FactorCovariance, pack_parameters, unpack_parameters
+
     rng = np.random.default_rng(17)
     weights, _, W, psi = _random_model(rng, 3, 5, 2)
-    W0, psi0 = W.copy(), psi.copy()
-    assert factor.reseed_parameters(weights, W, psi, [1])
-    np.testing.assert_array_equal(W[1], 0.0)
+    pooled = FactorCovariance(2).pooled_covariance(weights, pack_parameters(W, psi),
+                                                   [0, 2])
+    W1, psi1 = unpack_parameters(pooled[None])
+    np.testing.assert_array_equal(W1, 0.0)
     w = weights[[0, 2]] / weights[[0, 2]].sum()
-    expected = sum(wi * np.diag(_dense_cov(W0[k], psi0[k])) for wi, k in zip(w, [0, 2]))
-    np.testing.assert_allclose(psi[1], expected, rtol=1e-12)
-    np.testing.assert_array_equal(W[[0, 2]], W0[[0, 2]])
-    assert not factor.reseed_parameters(weights, W, psi, [0, 1, 2])
+    expected = sum(wi * np.diag(_dense_cov(W[k], psi[k])) for wi, k in zip(w, [0, 2]))
+    np.testing.assert_allclose(psi1[0], expected, rtol=1e-12)
 
 
 def test_bad_components_and_recentring():
@@ -460,13 +464,20 @@ def test_bad_components_and_recentring():
     psi[2, 1] = 0.0
     psi[0, 3] = np.nan
     np.testing.assert_array_equal(factor.bad_components(psi), [0, 2])
+    # the engine's re-centring rule, on the statistics of 'factor'
+    from emgmm.covariance.factor import FactorCovariance, pack_parameters
+    from emgmm.covariance.m_step import needs_recentring
+
+    kind = FactorCovariance(1)
     stats = factor.zero_statistics(2, 3, 1)
     stats.nk[:] = [10.0, 0.0]
     stats.sum_x[0] = 10.0 * 1e4  # the mean moved 1e4 from its centre
-    flagged = factor.needs_recentring(stats, np.zeros((2, 3)), np.full((2, 3), 1e-2))
+    tight = pack_parameters(np.zeros((2, 3, 1)), np.full((2, 3), 1e-2))
+    flagged = needs_recentring(stats, np.zeros((2, 3)), tight, kind)
     np.testing.assert_array_equal(flagged, [True, False])
     stats.sum_x[0] = 10.0 * 1e-3
-    assert not factor.needs_recentring(stats, np.zeros((2, 3)), np.ones((2, 3))).any()
+    broad = pack_parameters(np.zeros((2, 3, 1)), np.ones((2, 3)))
+    assert not needs_recentring(stats, np.zeros((2, 3)), broad, kind).any()
 
 
 def test_statistics_around_other_centres_give_the_same_m_step():

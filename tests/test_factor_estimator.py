@@ -237,6 +237,19 @@ def test_large_dense_attribute_warns(fitted, monkeypatch):
         _ = fitted.precisions_cholesky_
 
 
+def test_dense_attribute_beyond_memory_is_an_attribute_error(data):
+    """At the workload's sizes the dense (K, d, d) attributes cannot be formed:
+    reading one raises AttributeError naming the size and the stored attributes
+    (hasattr stays usable), not MemoryError."""
+    gm = _fit(data)
+    gm.loadings_ = np.zeros((2, 200_000, 1))  # dense: 2 x 200k x 200k, 596 GiB
+    gm.noise_variance_ = np.ones((2, 200_000))
+    with pytest.warns(UserWarning, match="formed on demand"):
+        assert not hasattr(gm, "covariances_")
+    with pytest.warns(UserWarning), pytest.raises(AttributeError, match="loadings_"):
+        _ = gm.precisions_
+
+
 def test_refit_with_another_type_drops_the_factor_attributes(data):
     gm = _fit(data)
     gm.set_params(covariance_type="diag")

@@ -177,7 +177,8 @@ class FactorCovariance(CovarianceType):
 
     def derived_attribute(self, attributes, name):
         """``covariances_``, ``precisions_`` or ``precisions_cholesky_``: (K, d, d),
-        formed now (a ``UserWarning`` above ``DENSE_WARN_MIB``)."""
+        formed now (a ``UserWarning`` above ``DENSE_WARN_MIB``; ``AttributeError``
+        when they do not fit in memory)."""
         if name not in DENSE_ATTRIBUTES or "loadings_" not in attributes:
             raise AttributeError(name)
         W = np.asarray(attributes["loadings_"], dtype=np.float64)
@@ -189,12 +190,19 @@ class FactorCovariance(CovarianceType):
                 f"{name} of a covariance_type='factor' model is formed on demand: "
                 f"{K} dense {d} x {d} matrices, {mib:,.0f} MiB (the model itself is "
                 "loadings_ and noise_variance_).", UserWarning, stacklevel=4)
-        if name == "covariances_":
-            out = factor_kernels.covariances(W, psi)
-        elif name == "precisions_":
-            out = factor_kernels.precisions(factor_kernels.factorize(W, psi))
-        else:
-            out = factor_kernels.precisions_cholesky(W, psi)
+        try:
+            if name == "covariances_":
+                out = factor_kernels.covariances(W, psi)
+            elif name == "precisions_":
+                out = factor_kernels.precisions(factor_kernels.factorize(W, psi))
+            else:
+                out = factor_kernels.precisions_cholesky(W, psi)
+        except MemoryError:
+            # (an AttributeError: hasattr() and getattr(..., default) stay usable)
+            raise AttributeError(
+                f"{name} of this covariance_type='factor' model does not fit in memory "
+                f"({K} dense {d} x {d} matrices, {mib:,.0f} MiB); use loadings_ and "
+                "noise_variance_") from None
         return out.astype(attributes["loadings_"].dtype, copy=False)
 
     def stored_problem(self, stored):

@@ -660,39 +660,8 @@ def bad_components(noise_variance):
     return np.flatnonzero(~(np.isfinite(psi) & (psi > 0.0)).all(axis=1))
 
 
-def needs_recentring(stats, means, noise_variance):
-    """Components whose M step may have cancelled too much: ``(K,)`` bool.
-
-    :func:`m_step` subtracts from second moments around ``c_k`` terms that grow with
-    the squared shift ``delta = s_k / N_k`` of the mean; as for the other types, a
-    component where ``delta_j^2 + 2 |delta_j| |mu_j|`` exceeds ``_MAX_CANCELLATION``
-    times ``psi_kj`` (which is at most the variance) may have lost more than 6 of its
-    digits and is summed again around the new means. Empty components are never
-    flagged.
-    """
-    nk = stats.nk
-    shift = np.abs(stats.sum_x / (nk + 10 * np.finfo(np.float64).eps)[:, None])
-    moved = shift * (shift + 2.0 * np.abs(means))
-    lost = (moved > _MAX_CANCELLATION * np.maximum(noise_variance, 0.0)) & (moved > 0.0)
-    return lost.any(axis=1) & (nk > 0.0)
 
 
-def reseed_parameters(weights, loadings, noise_variance, components):
-    """Loadings and noise for re-seeded ``components`` (in place): no factors, and the
-    weighted mean over the other components of the marginal variances
-    ``diag(Sigma_k) = psi_k + ||W_k,j||^2`` as noise (loadings are only defined up to
-    a rotation: they cannot be averaged). Returns ``False`` if no component is left
-    to pool from."""
-    healthy = np.setdiff1d(np.arange(len(weights)), components)
-    if healthy.size == 0:
-        return False
-    w = weights[healthy] / weights[healthy].sum()
-    marginal = noise_variance[healthy] + (loadings[healthy] ** 2).sum(axis=2)
-    pooled = w @ marginal
-    for k in components:
-        loadings[k] = 0.0
-        noise_variance[k] = pooled
-    return True
 
 
 def covariances(loadings, noise_variance):
@@ -745,11 +714,6 @@ def bytes_per_row(n_features, n_components, n_factors, itemsize):
     return d * itemsize + 2 * K * q * 8 + 6 * K * 8
 
 
-def model_nbytes(n_components, n_features, n_factors):
-    """Bytes of one copy of the model, float64: means, loadings, noise, the
-    factorisation (``G``, ``1 / psi``) and one set of statistics."""
-    K, d, q = n_components, n_features, n_factors
-    return 8 * (3 * K * d * q + 5 * K * d + 2 * K * q * q + K * q)
 
 
 def statistics_nbytes(n_components, n_features, n_factors):

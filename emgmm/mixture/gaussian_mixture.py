@@ -393,11 +393,16 @@ class GaussianMixture(BaseMixture):
         # (only called when normal lookup fails) the attributes a covariance type
         # forms on demand: the dense ones of 'factor'
         state = self.__dict__
+        missing = AttributeError(f"{type(self).__name__!r} object has no attribute "
+                                 f"{name!r}")
         try:
             return REGISTRY[state["covariance_type"]].derived_attribute(state, name)
-        except (AttributeError, KeyError, TypeError):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute "
-                                 f"{name!r}") from None
+        except (KeyError, TypeError):
+            raise missing from None
+        except AttributeError as exc:
+            if exc.args != (name,):  # the type's own reason (e.g. too large)
+                raise
+            raise missing from None
 
     # ---------------------------------------------------------- model choice
 
