@@ -392,7 +392,7 @@ def test_case_c20_stray_folders_removed_only_in_their_own_host_and_namespace(tmp
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    ours = _parallel._process_space()
+    ours = _parallel.process_space()
     other = "0" * 8 if ours != "0" * 8 else "1" * 8
     names = {
         f"{TEMP_PREFIX}{dead.pid}-{ours}-abc123": False,  # removed

@@ -162,17 +162,17 @@ def _dead_pid():
 
 
 def test_stale_lock_of_a_killed_fit_is_removed_by_the_next_fit_there(tmp_path):
-    from emgmm.runtime.executor import _process_space
+    from emgmm.runtime.executor import process_space
 
     X = np.random.default_rng(0).standard_normal((200, 2))
     stale = tmp_path / ".killed.npz.lock"
-    stale.write_text(f"{_dead_pid()} {_process_space()}")
+    stale.write_text(f"{_dead_pid()} {process_space()}")
     old_format = tmp_path / ".older.npz.lock"
     old_format.write_text(str(_dead_pid()))
     other_host = tmp_path / ".elsewhere.npz.lock"
     other_host.write_text(f"{_dead_pid()} 0badc0de")
     alive = tmp_path / ".running.npz.lock"
-    alive.write_text(f"{os.getpid()} {_process_space()}")
+    alive.write_text(f"{os.getpid()} {process_space()}")
     emgmm.GaussianMixture(2, max_iter=3, tol=1e3, random_state=0,
                           checkpoint=tmp_path / "mine.npz").fit(X)
     assert sorted(p.name for p in tmp_path.iterdir()) == [

@@ -37,7 +37,7 @@ from ..io.atomic import (
     reserve,
     reserved_file,
 )
-from ..io.model_file import _package_version, load_model, read_header, save_model
+from ..io.model_file import package_version, load_model, read_header, save_model
 from ..io.sources import _HDF5_SUFFIXES, as_source, is_npy, split_hdf5_spec
 from .progress import ProgressReporter, format_summary
 
@@ -528,7 +528,7 @@ def build_parser():
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback on errors")
     parser.add_argument("--version", action="version",
-                        version=f"emgmm {_package_version()}")
+                        version=f"emgmm {package_version()}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the full traceback on errors")

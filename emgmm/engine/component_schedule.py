@@ -33,7 +33,7 @@ import numpy as np
 from ..io.atomic import reserve
 from .model import Model
 from .passes import Worst, check_explained, smallest
-from .estep import _logsumexp_rows, exp_flushed, weighted_log_prob
+from .estep import logsumexp_rows, exp_flushed, weighted_log_prob
 from ..covariance.log_density import relevance_margin
 from ..covariance.statistics import block_statistics
 from ..runtime.memory import buffer_rows, component_slices, range_pieces
@@ -113,7 +113,7 @@ def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, compute
     for b0 in range(start, stop, block_size):
         b1 = min(b0 + block_size, stop)
         weighted = np.array(buf[b0 - r0:b1 - r0])
-        log_prob_norm = _logsumexp_rows(weighted)
+        log_prob_norm = logsumexp_rows(weighted)
         check_explained(log_prob_norm, b0, source, compute_dtype, means)
         with np.errstate(under="ignore", invalid="ignore"):
             weighted -= log_prob_norm[:, np.newaxis]

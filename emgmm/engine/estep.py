@@ -102,7 +102,7 @@ def estimate_log_prob_resp(X, weights, means, precisions_cholesky, covariance_ty
     """
     weighted = weighted_log_prob(X, weights, means, precisions_cholesky,
                                  covariance_type, margin, prepared, out=out)
-    log_prob_norm = _logsumexp_rows(weighted)
+    log_prob_norm = logsumexp_rows(weighted)
     with np.errstate(under="ignore", invalid="ignore"):
         weighted -= log_prob_norm[:, np.newaxis]
     return log_prob_norm, weighted
@@ -199,7 +199,7 @@ def _row_chunks(a):
             yield r0, r1, a[r0:r1], 1
 
 
-def _logsumexp_rows(a):
+def logsumexp_rows(a):
     """``log sum_k exp(a_ik)`` per row, with one ``(rows, K)`` temporary per chunk.
 
     Same as ``scipy.special.logsumexp(a, axis=1)`` for finite rows and rows with some

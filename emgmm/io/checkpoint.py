@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.model import Model, RunResult
-from ..runtime.executor import _pid_alive, _process_space
+from ..runtime.executor import pid_alive, process_space
 from .atomic import atomic_output, check_writable, reserved_file
 from ..engine.variational import VariationalModel
 
@@ -454,7 +454,7 @@ def _acquire_lock(path):
         if same:
             try:
                 os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()} {_process_space()}".encode())
+                os.write(fd, f"{os.getpid()} {process_space()}".encode())
             except OSError as exc:
                 _release_lock(fd, path)
                 raise type(exc)(exc.errno, f"Cannot write the lock file {lock} of "
@@ -485,8 +485,8 @@ def remove_stale_locks(directory):
         try:
             fields = os.read(fd, 64).decode(errors="replace").split()
             if not (fields and fields[0].isdigit() and len(fields) <= 2
-                    and fields[1:] in ([], [_process_space()])
-                    and not _pid_alive(int(fields[0]))):
+                    and fields[1:] in ([], [process_space()])
+                    and not pid_alive(int(fields[0]))):
                 continue
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.path.samestat(os.fstat(fd), os.stat(lock)):

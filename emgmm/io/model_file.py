@@ -55,7 +55,7 @@ from ..covariance.cholesky import (
     precisions_from_cholesky,
 )
 from .atomic import atomic_output, reserve
-from .sources import _hdf5_error, _opens_without_locking
+from .sources import hdf5_error, opens_without_locking
 
 FORMAT_NAME = "emgmm.GaussianMixture"
 BAYESIAN_FORMAT_NAME = "emgmm.BayesianGaussianMixture"
@@ -77,7 +77,7 @@ class ModelFileError(ValueError):
     """A file is not an emgmm model file, or has an incompatible format."""
 
 
-def _package_version():
+def package_version():
     from .. import __version__
 
     return __version__
@@ -163,7 +163,7 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
         with h5py.File(tmp_path, "r+") as f:
             f.attrs["format"] = BAYESIAN_FORMAT_NAME if bayesian else FORMAT_NAME
             f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["emgmm_version"] = _package_version()
+            f.attrs["emgmm_version"] = package_version()
             f.attrs["covariance_type"] = estimator.covariance_type
             f.attrs["n_components"] = weights.shape[0]
             f.attrs["n_features_in"] = n_features
@@ -252,8 +252,8 @@ def _open(path):
         if not h5py.is_hdf5(path):
             raise ModelFileError(f"{path} is not an emgmm model file (not HDF5)") \
                 from None
-        error = _hdf5_error(path, exc)
-        if isinstance(exc, PermissionError) or _opens_without_locking(path):
+        error = hdf5_error(path, exc)
+        if isinstance(exc, PermissionError) or opens_without_locking(path):
             raise error from None
         raise ModelFileError(f"{path} is a damaged emgmm model file: {error}") \
             from None
@@ -282,7 +282,7 @@ def _check_format(f, path):
             version = _kind(version)
         raise ModelFileError(
             f"{path} has model format version {version} (written by emgmm "
-            f"{writer}); this emgmm ({_package_version()}) reads version "
+            f"{writer}); this emgmm ({package_version()}) reads version "
             f"{FORMAT_VERSION} only"
         )
 

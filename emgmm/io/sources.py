@@ -478,7 +478,7 @@ class MemmapSource(Source):
         return state
 
 
-def _hdf5_error(filename, exc):
+def hdf5_error(filename, exc):
     """The ``OSError`` to raise for h5py's failure ``exc`` to open ``filename``,
     classified by what can be checked, not by the words of HDF5's message: a
     permission error, a file without the HDF5 signature, a file that opens with
@@ -490,7 +490,7 @@ def _hdf5_error(filename, exc):
     if not _is_hdf5(filename):
         return OSError(f"Cannot open {filename}: it is not an HDF5 file (no HDF5 "
                        f"signature; h5py: {text})")
-    if _opens_without_locking(filename):
+    if opens_without_locking(filename):
         return OSError(
             f"Cannot open HDF5 file {filename} read-only because it is locked "
             f"({text}). Another process may have it open for writing; if the file "
@@ -505,7 +505,7 @@ def _hdf5_error(filename, exc):
     )
 
 
-def _opens_without_locking(filename):
+def opens_without_locking(filename):
     """Whether h5py opens ``filename`` read-only with HDF5 file locking off (only to
     tell a lock from damage: the handle is closed at once)."""
     import h5py
@@ -558,7 +558,7 @@ class HDF5Source(Source):
                     _check_file_unchanged(self.filename, self._state, self.description)
                 # (a writer that holds the lock has also changed the modification
                 # time: the lock is what to report)
-                raise _hdf5_error(self.filename, exc) from None
+                raise hdf5_error(self.filename, exc) from None
             try:
                 _check_file_unchanged(self.filename, self._state, self.description)
             except OSError:

@@ -63,7 +63,7 @@ def _local_processes(backend):
 
 
 @functools.lru_cache(maxsize=1)
-def _process_space():
+def process_space():
     """8 hex digits naming this host (its name and, on Linux, its boot id) and PID
     namespace: a process id means a process only within them (containers sharing a
     temporary folder, or hosts sharing one over the network, see other processes'
@@ -84,7 +84,7 @@ def _read_text(path):
         return f.read().strip()
 
 
-def _pid_alive(pid):
+def pid_alive(pid):
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -96,7 +96,7 @@ def _pid_alive(pid):
 
 def remove_stray_folders(parent):
     """Remove ``emgmm-<pid>-<space>-*`` folders left by processes of this host and
-    PID namespace (:func:`_process_space`) that no longer exist (a fit killed with
+    PID namespace (:func:`process_space`) that no longer exist (a fit killed with
     SIGKILL cannot clean up after itself). Folders of other hosts or namespaces are
     left alone: their process ids mean nothing here. Folders of earlier versions
     (``emgmm-<pid>-<id>``, no space) are judged by their pid alone."""
@@ -107,9 +107,9 @@ def remove_stray_folders(parent):
     for name in names:
         match = _STRAY.match(name)
         untagged = _STRAY_UNTAGGED.match(name)
-        if ((match and match.group(2) == _process_space()
-             and not _pid_alive(int(match.group(1))))
-                or (untagged and not _pid_alive(int(untagged.group(1))))):
+        if ((match and match.group(2) == process_space()
+             and not pid_alive(int(match.group(1))))
+                or (untagged and not pid_alive(int(untagged.group(1))))):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
@@ -127,7 +127,7 @@ def make_temp_folder(parent, nbytes, what, advice=_HOW_TO_MOVE):
     ``nbytes`` free.
 
     The name carries the creating process id and its host and PID namespace
-    (:func:`_process_space`), so :func:`remove_stray_folders` can recognise folders
+    (:func:`process_space`), so :func:`remove_stray_folders` can recognise folders
     left by a process that was killed.
 
     Parameters
@@ -163,7 +163,7 @@ def make_temp_folder(parent, nbytes, what, advice=_HOW_TO_MOVE):
             f"needs {nbytes / 2**20:,.1f} MiB and 1 MiB to spare. {advice}"
         )
     folder = os.path.join(
-        parent, f"{TEMP_PREFIX}{os.getpid()}-{_process_space()}-{uuid.uuid4().hex[:12]}")
+        parent, f"{TEMP_PREFIX}{os.getpid()}-{process_space()}-{uuid.uuid4().hex[:12]}")
     try:
         os.makedirs(folder)
     except OSError as exc:  # a file, not a folder; not writable
