@@ -27,7 +27,7 @@ class FullCovariance(CovarianceType):
         return (n_components, n_features, n_features)
 
     def n_parameters(self, n_components, n_features):
-        return n_components * n_features * (n_features + 1) / 2.0
+        return n_components * n_features * (n_features + 1) // 2
 
     def statistics_values(self, n_components, n_features):
         return n_components * n_features * (n_features + 1) // 2

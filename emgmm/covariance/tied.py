@@ -31,7 +31,7 @@ class TiedCovariance(CovarianceType):
         return (n_features, n_features)
 
     def n_parameters(self, n_components, n_features):
-        return n_features * (n_features + 1) / 2.0
+        return n_features * (n_features + 1) // 2
 
     def statistics_values(self, n_components, n_features):
         return n_features * (n_features + 1) // 2

@@ -189,7 +189,7 @@ def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
 
 
 def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels):
-    """Mean log-likelihood of all rows (and their labels) under ``model``."""
+    """Total log-likelihood of all rows (and their labels) under ``model``."""
     model = task_model(model, compute_dtype, True)
     args = [(s, e, block_size, model, compute_dtype, want_labels) for s, e in tasks]
     total, parts = 0.0, []
