@@ -493,7 +493,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
     def _best_run(self, plan, source, want_labels):
         """Run every initialisation (from a checkpoint's, if resuming); return
-        ``(score, run, labels)`` of the best."""
+        ``(score, run, labels)`` of the best (:meth:`_run_score`)."""
+        self._before_runs(plan)
         checkpointer = plan.checkpointer
         resume = None if checkpointer is None else checkpointer.resume
         best, first = None, 0
@@ -509,25 +510,37 @@ class BaseMixture(DensityMixin, BaseEstimator):
                 plan.random_state.set_state(resume.rng_state)
                 start = resume.run
             run = self._run_once(plan, source, init, start, best)
-            if plan.executor.on_task is not None:
-                self.callback({"event": "final_pass", "init": init})
-            # scored as stored (rounded to float32 for float32 data), so that
-            # lower_bound_ is score(X) and n_init compares what it returns
-            total, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
-                                       _as_stored(run.model, plan.out_dtype),
-                                       plan.compute_dtype, want_labels)
-            score = total / plan.n_samples
+            score, labels = self._run_score(plan, init, run, want_labels)
             if self.verbose:
                 status = "converged" if run.converged else "did not converge"
                 print(f"Initialization {status}. lower bound {score:.5f}.")
-            if best is None or score > best[0]:
+            if best is None or score > best[0] or best[0] == -np.inf:
                 best = (score, run, labels)
-        if want_labels and best[2] is None:  # best run restored from checkpoint
+        if want_labels and best[2] is None:  # not scored with labels, or restored
             _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
-                                   _as_stored(best[1].model, plan.out_dtype),
-                                   plan.compute_dtype, True)
+                                        self._labels_model(plan, best[1].model),
+                                        plan.compute_dtype, True)
             best = best[:2] + (labels,)
         return best
+
+    def _before_runs(self, plan):
+        """Called once before the initialisations of a fit (default: nothing)."""
+
+    def _run_score(self, plan, init, run, want_labels):
+        """``(score, labels or None)`` that compares the runs: the mean
+        log-likelihood of the run's final parameters as stored (rounded to float32
+        for float32 data), from one more pass, so that ``lower_bound_`` is
+        ``score(X)``."""
+        if plan.executor.on_task is not None:
+            self.callback({"event": "final_pass", "init": init})
+        total, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
+                                        self._labels_model(plan, run.model),
+                                        plan.compute_dtype, want_labels)
+        return total / plan.n_samples, labels
+
+    def _labels_model(self, plan, model):
+        """The model whose E step labels the rows: ``model`` as stored."""
+        return _as_stored(model, plan.out_dtype)
 
     def _run_once(self, plan, source, init, start, best):
         """One EM run of initialisation ``init`` (from ``start`` when resuming)."""

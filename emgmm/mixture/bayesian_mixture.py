@@ -231,38 +231,17 @@ class BayesianGaussianMixture(BaseMixture):
         return update_posterior(weights * source.n_samples, means, covariances,
                                 self._priors(), self.covariance_type)
 
-    def _best_run(self, plan, source, want_labels):
-        """The priors, then every initialisation (from a checkpoint's, if
-        resuming); ``(lower bound, run, labels)`` of the run with the highest final
-        lower bound (scikit-learn's choice)."""
+    def _before_runs(self, plan):
         self._set_priors(plan)
-        resume = None if plan.checkpointer is None else plan.checkpointer.resume
-        best, first = None, 0
-        if resume is not None:
-            first = resume.init_index
-            if resume.best_run is not None:
-                best = (resume.best_score, resume.best_run, None)
-        for init in range(first, plan.n_init):
-            if self.verbose:
-                print(f"Initialization {init}")
-            start = None
-            if resume is not None and init == first:
-                plan.random_state.set_state(resume.rng_state)
-                start = resume.run
-            run = self._run_once(plan, source, init, start, best)
-            bound = run.lower_bounds[-1] if run.lower_bounds else (
-                -np.inf if plan.do_init else self.lower_bound_)
-            if self.verbose:
-                status = "converged" if run.converged else "did not converge"
-                print(f"Initialization {status}. lower bound {bound:.5f}.")
-            if best is None or bound > best[0] or best[0] == -np.inf:
-                best = (bound, run, None)
-        if want_labels:
-            model = self._update_rule().e_step_model(best[1].model)
-            _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size, model,
-                                        plan.compute_dtype, True)
-            best = best[:2] + (labels,)
-        return best
+
+    def _run_score(self, plan, init, run, want_labels):
+        """The run's final lower bound (scikit-learn's choice; no extra pass)."""
+        bound = run.lower_bounds[-1] if run.lower_bounds else (
+            -np.inf if plan.do_init else self.lower_bound_)
+        return bound, None
+
+    def _labels_model(self, plan, model):
+        return self._update_rule().e_step_model(model)
 
     def _run_once(self, plan, source, init, start, best):
         if plan.do_init:
