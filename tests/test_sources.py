@@ -681,3 +681,57 @@ def test_contiguous_view_of_a_memmap_is_read_from_its_file(tmp_path, view):
     got = fit(V, n_jobs=1)
     np.testing.assert_array_equal(got.means_, ref.means_)
     assert got.lower_bounds_ == ref.lower_bounds_
+
+
+@pytest.mark.parametrize("kind", ["npy", "h5"])
+def test_threads_sharing_a_fresh_source_read_what_one_thread_reads(tmp_path, kind,
+                                                                    monkeypatch):
+    """Threads of one process share a source (GaussianMixtureIC's candidates take
+    their initialisation rows from it at once): its file handle is opened once, not
+    once per thread with all but the last closed under their readers (which read
+    from a closed descriptor: EBADF). Opening is slowed down (as on a loaded
+    machine) so that the threads meet there."""
+    import builtins
+    import threading
+    import time
+
+    def slow(opener):
+        def opened(*args, **kwargs):
+            handle = opener(*args, **kwargs)
+            time.sleep(0.005)
+            return handle
+        return opened
+
+    monkeypatch.setattr(_sources, "open", slow(builtins.open), raising=False)
+    monkeypatch.setattr(h5py, "File", slow(h5py.File))
+
+    X = np.random.default_rng(0).normal(size=(2000, 3))
+    if kind == "npy":
+        np.save(tmp_path / "X.npy", X)
+        where = str(tmp_path / "X.npy")
+    else:
+        with h5py.File(tmp_path / "X.h5", "w") as f:
+            f["X"] = X
+        where = f"{tmp_path / 'X.h5'}:/X"
+    rows = np.arange(0, 2000, 7)
+    for _ in range(20):
+        source = as_source(where)
+        barrier = threading.Barrier(8)
+        results, errors = [], []
+
+        def take():
+            barrier.wait()
+            try:
+                results.append(source.take(rows, 64))
+            except Exception as exc:  # noqa: BLE001 (reported below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=take) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        source.close()
+        assert errors == []
+        for got in results:
+            assert_array_equal(got, X[rows])

@@ -11,10 +11,15 @@ infinity raises a ``ValueError`` that names the first offending row and the file
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+#: Serialises the lazy opening of file handles: two threads opening at once would
+#: each store a handle, and the one dropped closes while its thread reads from it.
+_OPEN_LOCK = threading.Lock()
 
 HDF5_SEPARATOR = ":"
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
@@ -427,9 +432,10 @@ class MemmapSource(Source):
         return cls(os.path.abspath(path), mm.dtype, mm.shape, mm.offset, order, path)
 
     def _open(self):
-        if self._file is None:  # (a file object: closed when collected)
-            self._file = open(self.filename, "rb", buffering=0)
-        return self._file.fileno()
+        with _OPEN_LOCK:  # threads of one process share the source
+            if self._file is None:  # (a file object: closed when collected)
+                self._file = open(self.filename, "rb", buffering=0)
+            return self._file.fileno()
 
     def _read(self, start, stop):
         # every read, not only before opening: a file replaced under its name, or
@@ -550,20 +556,9 @@ class HDF5Source(Source):
     def _dataset(self):
         import h5py
 
-        if self._file is None:
-            try:
-                self._file = h5py.File(self.filename, "r")
-            except OSError as exc:
-                if not os.path.exists(self.filename):  # deleted or moved: say so
-                    _check_file_unchanged(self.filename, self._state, self.description)
-                # (a writer that holds the lock has also changed the modification
-                # time: the lock is what to report)
-                raise hdf5_error(self.filename, exc) from None
-            try:
-                _check_file_unchanged(self.filename, self._state, self.description)
-            except OSError:
-                self.close()
-                raise
+        with _OPEN_LOCK:  # threads of one process share the source
+            if self._file is None:
+                self._open_file(h5py)
         try:
             return self._file[self.dataset]
         except KeyError:
@@ -571,6 +566,21 @@ class HDF5Source(Source):
             raise MissingDatasetError(
                 f"HDF5 file {self.filename} has no dataset {self.dataset!r}."
             ) from None
+
+    def _open_file(self, h5py):
+        try:
+            self._file = h5py.File(self.filename, "r")
+        except OSError as exc:
+            if not os.path.exists(self.filename):  # deleted or moved: say so
+                _check_file_unchanged(self.filename, self._state, self.description)
+            # (a writer that holds the lock has also changed the modification
+            # time: the lock is what to report)
+            raise hdf5_error(self.filename, exc) from None
+        try:
+            _check_file_unchanged(self.filename, self._state, self.description)
+        except OSError:
+            self.close()
+            raise
 
     def _read(self, start, stop):
         dataset = self._dataset()  # (its errors on opening are its own)
