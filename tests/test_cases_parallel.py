@@ -152,6 +152,13 @@ def _check_covariance_type(mp, capsys):
     assert small_fit(covariance_type="spherical").covariances_.shape == (3,)
 
 
+def _check_n_factors(mp, capsys):
+    one = small_fit(covariance_type="factor", n_factors=1, tol=0, max_iter=2)
+    two = small_fit(covariance_type="factor", n_factors=2, tol=0, max_iter=2)
+    assert one.loadings_.shape == (3, 3, 1) and two.loadings_.shape == (3, 3, 2)
+    assert one.lower_bound_ != two.lower_bound_
+
+
 def _check_tol(mp, capsys):
     kw = dict(max_iter=100, init_params="random")
     assert small_fit(tol=1e-1, **kw).n_iter_ < small_fit(tol=1e-12, **kw).n_iter_
