@@ -390,7 +390,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
             (most likely killed for memory); the message gives the estimate. The
             estimator then keeps its previous state.
         OSError
-            When the data cannot be shared with the workers (temporary folder full).
+            When the data cannot be shared with the workers (temporary folder full),
+            or a data file is cut, replaced or rewritten during the fit (named).
         """
         self._fit(X, want_labels=False)
         return self
@@ -702,7 +703,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
                                "int", out, "predict")
 
     def predict_proba(self, X: DataLike, out: np.ndarray | None = None) -> np.ndarray:
-        """Responsibilities ``r_ik`` of every component for each sample.
+        """Compute the responsibilities ``r_ik`` of every component for each sample.
 
         Parameters
         ----------

@@ -51,11 +51,26 @@ class BayesianGaussianMixture(BaseMixture):
 
     Parameters
     ----------
-    n_components, covariance_type, tol, reg_covar, max_iter, n_init, init_params
-        As scikit-learn's (``tol`` applies to the change of the lower bound, which
-        is not divided by ``n_samples``); the initialisation runs on at most
-        ``init_max_samples`` rows, whose ``N_k`` are scaled to ``n_samples``.
+    n_components : int, default=1
+        Number of components; the prior may leave some of them with almost no
+        weight.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}, default='full'
+        As scikit-learn's.
+    tol : float, default=1e-3
+        EM stops when the lower bound changes by less (the bound is not divided by
+        ``n_samples``, as in scikit-learn).
+    reg_covar : float, default=1e-6
+        Non-negative value added to the diagonal of every covariance.
+    max_iter : int, default=100
+        EM iterations per initialisation.
+    n_init : int, default=1
+        Initialisations; the run with the highest final lower bound is kept.
+    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, default='kmeans'
+        As scikit-learn's, on at most ``init_max_samples`` rows, whose ``N_k`` are
+        scaled to ``n_samples``.
     weight_concentration_prior_type : {'dirichlet_process', 'dirichlet_distribution'}, default='dirichlet_process'
+        Stick-breaking (Dirichlet process) or Dirichlet-distribution prior on the
+        weights.
     weight_concentration_prior : float or None, default=None
         ``gamma_0`` or ``alpha_0`` (> 0); ``None``: ``1 / n_components``.
     mean_precision_prior : float or None, default=None
@@ -68,16 +83,42 @@ class BayesianGaussianMixture(BaseMixture):
         ``W_0^{-1}``: (d, d) symmetric positive definite ('full', 'tied'), (d,)
         positive ('diag'), a positive float ('spherical'); ``None``: the covariance
         of ``X`` (``ddof=1``), its diagonal, or the mean of that.
-    random_state, warm_start, verbose, verbose_interval
-        As scikit-learn's.
-    n_jobs, working_memory, block_size, memory_limit, schedule, init_max_samples, compute_dtype, resp_threshold, callback, checkpoint, checkpoint_interval
-        As :class:`emgmm.GaussianMixture`'s (a checkpoint holds the posterior; the
-        priors are recomputed from the data, which it fingerprints).
+    random_state : int, RandomState instance or None, default=None
+        Seeds the initialisation, the subsample and :meth:`sample`.
+    warm_start : bool, default=False
+        Start the next ``fit`` from the fitted posterior (``n_init`` is then 1).
+    verbose : int, default=0
+        1 prints each initialisation and iteration; 2 also times and lower bounds.
+    verbose_interval : int, default=10
+        Iterations between two messages.
+    n_jobs : int or None, default=None
+        As :class:`emgmm.GaussianMixture`'s: joblib's meaning, ``1`` one core.
+    working_memory : float or None, default=None
+        MiB per worker for one block, as :class:`emgmm.GaussianMixture`'s.
+    block_size : int or None, default=None
+        Rows per block; overrides ``working_memory``.
+    memory_limit : float or None, default=None
+        MiB for the copies of the model, as :class:`emgmm.GaussianMixture`'s.
+    schedule : {'auto', 'rows', 'components'}, default='auto'
+        As :class:`emgmm.GaussianMixture`'s.
+    init_max_samples : int, default=100_000
+        Rows in the initialisation subsample.
+    compute_dtype : {'float32', 'float64'} or None, default=None
+        As :class:`emgmm.GaussianMixture`'s; ``None`` follows the data.
+    resp_threshold : float, default=1e-20
+        As :class:`emgmm.GaussianMixture`'s.
+    callback : callable or None, default=None
+        Called after every iteration, as :class:`emgmm.GaussianMixture`'s.
+    checkpoint : str, os.PathLike or None, default=None
+        As :class:`emgmm.GaussianMixture`'s; the checkpoint holds the posterior,
+        and the priors are recomputed from the data, which it fingerprints.
+    checkpoint_interval : float, default=0.0
+        Minimum seconds between two checkpoint writes.
 
     Attributes
     ----------
     weights_, means_, covariances_, precisions_, precisions_cholesky_
-        scikit-learn's (float64).
+        scikit-learn's: float64, also for float32 data.
     weight_concentration_prior_, weight_concentration_, mean_precision_prior_,
     mean_precision_, mean_prior_, degrees_of_freedom_prior_, degrees_of_freedom_,
     covariance_prior_
@@ -88,7 +129,7 @@ class BayesianGaussianMixture(BaseMixture):
     history_ : list of dict
         One record per iteration of the kept run (see ``callback``).
     n_features_in_ : int
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (``n_features_in_``,)
         Only when ``X`` has string feature names.
 
     Notes

@@ -66,8 +66,7 @@ def _covariance_types(covariance_type):
 
 
 class GaussianMixtureIC(DensityMixin, BaseEstimator):
-    """Gaussian mixture whose number of components (and covariance type) is chosen
-    by an information criterion.
+    """Gaussian mixture with its number of components chosen by BIC or AIC.
 
     Fits :class:`emgmm.GaussianMixture` for every ``n_components`` from
     ``min_components`` to ``max_components`` and every covariance type of
@@ -90,11 +89,35 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
         'full', 'tied', 'diag', 'spherical', a list of them, or 'all' (the four).
     criterion : {'bic', 'aic'}, default='bic'
         ``-2 log L + p log n`` or ``-2 log L + 2 p``, ``p`` the free parameters.
-    tol, reg_covar, max_iter, n_init, init_params, random_state, n_jobs,
-    working_memory, block_size, memory_limit, init_max_samples, compute_dtype,
-    resp_threshold, on_degenerate
-        As :class:`emgmm.GaussianMixture`'s, shared by every candidate (an integer
-        ``random_state`` gives every candidate the fit it has alone).
+    tol : float, default=1e-3
+        Convergence threshold of every candidate's EM.
+    reg_covar : float, default=1e-6
+        Non-negative value added to the diagonal of every covariance.
+    max_iter : int, default=100
+        EM iterations per initialisation.
+    n_init : int, default=1
+        Initialisations per candidate.
+    init_params : str, default='kmeans'
+        'kmeans', 'k-means++', 'random' or 'random_from_data', as
+        :class:`emgmm.GaussianMixture`'s.
+    random_state : int, RandomState instance or None, default=None
+        An integer gives every candidate the fit it would have alone.
+    n_jobs : int or None, default=None
+        Workers for the shared passes, as :class:`emgmm.GaussianMixture`'s.
+    working_memory : float or None, default=None
+        MiB per worker for one block, as :class:`emgmm.GaussianMixture`'s.
+    block_size : int or None, default=None
+        Rows per block (the blocks are sized for the largest candidate).
+    memory_limit : float or None, default=None
+        MiB for the copies of all the candidates' models together.
+    init_max_samples : int, default=100_000
+        Rows in each candidate's initialisation subsample.
+    compute_dtype : {'float32', 'float64'} or None, default=None
+        As :class:`emgmm.GaussianMixture`'s.
+    resp_threshold : float, default=1e-20
+        As :class:`emgmm.GaussianMixture`'s.
+    on_degenerate : {'reinit', 'raise'}, default='reinit'
+        As :class:`emgmm.GaussianMixture`'s.
     verbose : int, default=0
         1 prints each candidate's criterion.
 
@@ -206,7 +229,8 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
 
         Returns
         -------
-        self : GaussianMixtureIC
+        GaussianMixtureIC
+            The fitted selector (``self``).
 
         Raises
         ------
@@ -274,36 +298,129 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
         return self.best_estimator_
 
     def predict(self, X):
-        """Labels under the chosen model (see :meth:`emgmm.GaussianMixture.predict`)."""
+        """Label of the most responsible component of each sample, chosen model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            As :meth:`emgmm.GaussianMixture.predict` of ``best_estimator_``.
+        """
         return self._best().predict(X)
 
     def predict_proba(self, X):
-        """Responsibilities under the chosen model, shape (n_samples, n_components_)."""
+        """Compute the responsibilities of each sample under the chosen model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, ``n_components_``)
+            As :meth:`emgmm.GaussianMixture.predict_proba` of ``best_estimator_``.
+        """
         return self._best().predict_proba(X)
 
     def score_samples(self, X):
-        """Per-sample log-likelihood under the chosen model."""
+        """Log-likelihood of each sample under the chosen model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            As :meth:`emgmm.GaussianMixture.score_samples` of ``best_estimator_``.
+        """
         return self._best().score_samples(X)
 
     def score(self, X, y=None):
-        """Mean per-sample log-likelihood under the chosen model (higher is better:
-        what ``GridSearchCV`` maximises)."""
+        """Mean per-sample log-likelihood under the chosen model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        float
+            Nats per sample; higher is better (what ``GridSearchCV`` maximises).
+        """
         return self._best().score(X)
 
     def sample(self, n_samples=1):
-        """Samples of the chosen model: ``(X, labels)``."""
+        """Draw samples from the chosen model.
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+            Number of samples to draw.
+
+        Returns
+        -------
+        X : ndarray of shape (n_samples, n_features)
+            The samples, ordered by component.
+        y : ndarray of shape (n_samples,)
+            Component of each sample.
+        """
         return self._best().sample(n_samples)
 
     def bic(self, X):
-        """BIC of the chosen model on ``X``."""
+        """Bayesian information criterion of the chosen model on ``X``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
+
+        Returns
+        -------
+        float
+            ``-2 log L + p log n``; the lower the better.
+        """
         return self._best().bic(X)
 
     def aic(self, X):
-        """AIC of the chosen model on ``X``."""
+        """Akaike information criterion of the chosen model on ``X``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
+
+        Returns
+        -------
+        float
+            ``-2 log L + 2 p``; the lower the better.
+        """
         return self._best().aic(X)
 
     def fit_predict(self, X, y=None):
-        """Fit, then the labels of ``X`` under the chosen model."""
+        """Fit every candidate, then label ``X`` with the chosen one.
+
+        Parameters
+        ----------
+        X : array-like, np.memmap, str, PathLike or h5py.Dataset
+            As :meth:`fit`'s.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            The labels under the chosen model.
+        """
         return self.fit(X).predict(X)
 
 
