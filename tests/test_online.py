@@ -209,3 +209,12 @@ def test_normalised_refuses_zero_total_weight():
     N, s, S = _oracle(X, resp, w, c, "diag", False)
     with pytest.raises(ValueError, match="total_weight"):
         online.normalised(N, s, S, c, 0.0, "diag")
+
+
+def test_normalised_full_statistics_are_symmetrised_from_the_upper_triangles():
+    X, resp, w, c = _problem(11)
+    N, s, S = _oracle(X, resp, w, c, "full", normalise=False)
+    upper_only = np.triu(S)  # the engine's gathered statistics fill only these
+    stats = online.normalised(N, s, upper_only, c, w.sum(), "full")
+    np.testing.assert_allclose(stats.sum_xx, S / w.sum(), rtol=1e-13)
+    np.testing.assert_array_equal(stats.sum_xx, np.swapaxes(stats.sum_xx, 1, 2))

@@ -190,3 +190,12 @@ def test_a_view_of_a_memmap_is_read_as_an_array(w, tmp_path):
     source = ws.as_weight_source(view, N)
     assert isinstance(source, ws.ArrayWeights)
     np.testing.assert_array_equal(source.read(0, N), w)
+
+
+def test_take_reads_the_rows_of_a_subsample(w, tmp_path):
+    npy = tmp_path / "w.npy"
+    np.save(npy, w)
+    idx = np.array([0, 3, 17, 18, 64, 99])
+    for obj in (w, str(npy)):
+        np.testing.assert_array_equal(ws.as_weight_source(obj, N).take(idx, 16), w[idx])
+    assert ws.as_weight_source(w, N).take(np.array([], dtype=int), 16).shape == (0,)

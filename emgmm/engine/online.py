@@ -146,7 +146,8 @@ def normalised(nk, sum_x, sum_xx, centers, total_weight, covariance_type):
     ----------
     nk, sum_x, sum_xx : ndarray
         Sums over the batch's rows (weighted), around ``centers``; shapes as in
-        :class:`OnlineStatistics`.
+        :class:`OnlineStatistics`. For 'full', only the upper triangles of
+        ``sum_xx`` are read: the result is symmetric.
     centers : ndarray of shape (K, d)
     total_weight : float
         ``sum_i w_i`` over the batch (its row count when unweighted), ``> 0``.
@@ -167,6 +168,10 @@ def normalised(nk, sum_x, sum_xx, centers, total_weight, covariance_type):
     stats = make_statistics(nk, sum_x, sum_xx, centers, covariance_type)
     for a in (stats.nk, stats.sum_x, stats.sum_xx):
         a /= total_weight
+    if covariance_type == "full":  # from the upper triangles, as the M step reads them
+        d = stats.sum_xx.shape[1]
+        lower = np.tril(np.ones((d, d), dtype=bool), -1)
+        np.copyto(stats.sum_xx, np.swapaxes(stats.sum_xx, 1, 2), where=lower)
     return stats
 
 

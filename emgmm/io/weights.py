@@ -114,6 +114,26 @@ class WeightSource:
             check_weight_block(block, start, self.description)
         return block
 
+    def take(self, indices, block_size):
+        """Weights at sorted ``indices``, read block by block in increasing order
+        (those of a subsample of rows, :meth:`.sources.Source.take`).
+
+        Returns
+        -------
+        ndarray of shape (len(indices),), float64
+        """
+        out = np.empty(len(indices), dtype=np.float64)
+        pos = 0
+        for start in range(0, self.n_samples, block_size):
+            stop = min(start + block_size, self.n_samples)
+            hi = int(np.searchsorted(indices, stop))
+            if hi > pos:
+                out[pos:hi] = self.read(start, stop)[indices[pos:hi] - start]
+                pos = hi
+            if pos == len(indices):
+                break
+        return out
+
     def close(self):
         """Release open file handles (reopened on the next read)."""
 
