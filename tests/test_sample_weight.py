@@ -51,9 +51,9 @@ def _inits(X, covariance_type):
 
 def _fixed(X, covariance_type, **params):
     """An estimator from the fixed init, tol=0: a fixed number of iterations."""
-    params = dict(n_components=K, covariance_type=covariance_type, tol=0.0,
-                  max_iter=12, **_inits(X, covariance_type), **params)
-    return GaussianMixture(**params)
+    base = dict(n_components=K, covariance_type=covariance_type, tol=0.0, max_iter=12,
+                **_inits(X, covariance_type))
+    return GaussianMixture(**{**base, **params})
 
 
 def _fit(estimator, *args, **kwargs):
