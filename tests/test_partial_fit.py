@@ -313,6 +313,21 @@ def test_checkpoint_of_other_parameters_is_refused(X, tmp_path):
         GaussianMixture(K + 1, random_state=0, checkpoint=checkpoint).partial_fit(X[:100])
 
 
+def test_a_checkpoint_of_fit_is_not_a_stream(X, tmp_path):
+    checkpoint = tmp_path / "fit.npz"
+
+    def interrupt(record):
+        if record["n_iter"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        GaussianMixture(K, random_state=0, tol=0, checkpoint=checkpoint,
+                        callback=interrupt).fit(X)
+    assert checkpoint.exists()  # kept for fit to resume
+    with pytest.raises(ValueError, match="not one of a partial_fit stream"):
+        GaussianMixture(K, random_state=0, checkpoint=checkpoint).partial_fit(X[:100])
+
+
 def test_clone_drops_the_online_state(X):
     est = GaussianMixture(K, random_state=0, learning_decay=0.9)
     est.partial_fit(_batches(X)[0]).partial_fit(_batches(X)[1])
