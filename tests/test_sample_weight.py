@@ -5,6 +5,8 @@ weight; scikit-learn's KMeans / kmeans_plusplus with sample_weight for the
 initialisation; scipy.stats for the weighted log-likelihood.
 """
 
+import warnings
+
 import h5py
 import numpy as np
 import pytest
@@ -117,6 +119,29 @@ def test_all_ones_and_none_agree_bit_for_bit(X):
     b = _fit(_fixed(X, "full"), X, sample_weight=None)
     for name in ATTRIBUTES:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_scikit_learns_sample_weight_equivalence_check_from_a_fixed_init(
+        covariance_type):
+    """scikit-learn's own check (weights against repeated and dropped rows, the rows
+    shuffled) passes from a fixed init; with the default k-means init it cannot,
+    the rows being shuffled (scikit-learn expects the same of KMeans). 'raise'
+    keeps starved components: re-seeding one whose weight is below one sample's
+    average weight is the policy that weights change (sum(w) / n against 1)."""
+    from sklearn.utils.estimator_checks import (
+        check_sample_weight_equivalence_on_dense_data)
+
+    d = 30  # the check's data: 15 rows, 30 features
+    precisions = {"full": np.stack([np.eye(d) * 10] * 2), "tied": np.eye(d) * 10,
+                  "diag": np.full((2, d), 10.0), "spherical": np.full(2, 10.0)}
+    est = GaussianMixture(2, covariance_type=covariance_type,
+                          means_init=np.random.default_rng(0).uniform(size=(2, d)),
+                          weights_init=[0.5, 0.5], on_degenerate="raise",
+                          precisions_init=precisions[covariance_type])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        check_sample_weight_equivalence_on_dense_data("GaussianMixture", est)
 
 
 # ------------------------------------------------------------------ initialisation
@@ -315,6 +340,27 @@ def test_integer_and_float32_weights(X):
     c = _fit(_fixed(X, "diag"), X, sample_weight=w.astype(np.float64))
     assert_same_model(a, c, rtol=0)
     assert_same_model(b, c, rtol=0)
+
+
+def test_checkpoint_of_a_weighted_fit_resumes_only_with_the_same_weights(X, weights,
+                                                                         tmp_path):
+    checkpoint = tmp_path / "fit.npz"
+
+    def interrupt(record):
+        if record["n_iter"] == 3:
+            raise KeyboardInterrupt
+
+    est = _fixed(X, "full", checkpoint=checkpoint, callback=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        est.fit(X, sample_weight=weights)
+    assert checkpoint.exists()
+    for other in (None, weights[::-1].copy()):
+        with pytest.raises(ValueError, match="sample_weight"):
+            _fixed(X, "full", checkpoint=checkpoint).fit(X, sample_weight=other)
+    resumed = _fit(_fixed(X, "full", checkpoint=checkpoint), X, sample_weight=weights)
+    ref = _fit(_fixed(X, "full"), X, sample_weight=weights)
+    assert_same_model(resumed, ref, rtol=0)
+    np.testing.assert_array_equal(resumed.lower_bounds_, ref.lower_bounds_)
 
 
 # --------------------------------------------------------------------- validation

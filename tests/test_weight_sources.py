@@ -199,3 +199,14 @@ def test_take_reads_the_rows_of_a_subsample(w, tmp_path):
     for obj in (w, str(npy)):
         np.testing.assert_array_equal(ws.as_weight_source(obj, N).take(idx, 16), w[idx])
     assert ws.as_weight_source(w, N).take(np.array([], dtype=int), 16).shape == (0,)
+
+
+def test_fingerprint_tells_weights_apart_whatever_the_source(w, tmp_path):
+    npy = tmp_path / "w.npy"
+    np.save(npy, w.astype(np.float32).astype(np.float64))
+    a = ws.weights_fingerprint(ws.as_weight_source(w.astype(np.float32), N))
+    assert a == ws.weights_fingerprint(ws.as_weight_source(npy, N))
+    other = w.astype(np.float32).astype(np.float64)
+    other[50] += 1.0
+    assert a != ws.weights_fingerprint(ws.as_weight_source(other, N))
+    assert ws.weights_fingerprint(None) is None

@@ -9,6 +9,7 @@ An in-memory array is written once to a ``.npy`` file for process workers
 (:func:`dump_weights`).
 """
 
+import hashlib
 import os
 from dataclasses import dataclass
 from numbers import Real
@@ -416,3 +417,20 @@ def dump_weights(weights, folder):
     _, source = MemmapWeights.from_npy(path, weights.description)
     source.checked = True
     return source
+
+
+def weights_fingerprint(weights):
+    """SHA-256 of every weight as float64 (``None`` for no weights): what tells a
+    checkpoint of a weighted fit apart from one of other weights.
+
+    Returns
+    -------
+    str or None
+    """
+    if weights is None:
+        return None
+    digest = hashlib.sha256()
+    for start in range(0, weights.n_samples, _CHECK_ROWS):
+        digest.update(weights.read(start, min(start + _CHECK_ROWS, weights.n_samples))
+                      .tobytes())
+    return digest.hexdigest()
