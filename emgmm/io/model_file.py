@@ -16,6 +16,9 @@ File layout (format ``"emgmm.GaussianMixture"``, version 1)::
                              (weights_init, means_init, precisions_init)
     /fit                     attributes: n_iter, converged, lower_bound;
                              dataset lower_bounds (n_iter,)
+    /online                  attribute n_steps (partial_fit steps, 0 after fit);
+                             after a step, the running statistics nk, sum_x,
+                             sum_xx, centers (float64; emgmm.engine.online)
 
 Constructor parameters that cannot be written without pickle (a ``callback``
 function, a ``numpy.random.RandomState`` as ``random_state``) are stored as
@@ -32,6 +35,7 @@ import numpy as np
 
 from .atomic import atomic_output, reserve
 from ..covariance import REGISTRY
+from ..engine import online
 from ..covariance.cholesky import (
     covariances_from_cholesky,
     factor_limit,
@@ -116,6 +120,9 @@ def save_model(estimator, path):
     sizes += [len(str(name).encode()) + 16
               for name in getattr(estimator, "feature_names_in_", [])]
     sizes.append(8 * len(getattr(estimator, "lower_bounds_", [])))
+    stats = getattr(estimator, "_online_statistics", None)
+    if stats is not None:
+        sizes += [a.nbytes for a in online.to_arrays(stats).values()]
     nbytes = _RESERVE_SLACK_BYTES + 2 * sum(sizes)
     with atomic_output(path) as tmp_path:
         # Space first: HDF5 meeting a full file system mid-write crashed the process
@@ -152,6 +159,32 @@ def save_model(estimator, path):
             fit.attrs["lower_bound"] = lower_bound
             lower_bounds = getattr(estimator, "lower_bounds_", [])
             fit["lower_bounds"] = np.asarray(lower_bounds, dtype=np.float64)
+            if hasattr(estimator, "n_steps_"):
+                _write_online(f.create_group("online"), estimator)
+
+
+def _write_online(group, estimator):
+    """A stream's state: its step count and, after a step, the running statistics."""
+    group.attrs["n_steps"] = int(estimator.n_steps_)
+    stats = getattr(estimator, "_online_statistics", None)
+    if stats is not None:
+        for name, value in online.to_arrays(stats, prefix="").items():
+            group[name] = value
+
+
+def _read_online(f, estimator, path):
+    """Set ``n_steps_`` (0 in a file without a stream: a fit) and the statistics."""
+    group = f.get("online")
+    estimator.n_steps_ = 0 if group is None else int(group.attrs["n_steps"])
+    estimator._online_statistics = None
+    if group is not None and "nk" in group:
+        try:
+            estimator._online_statistics = online.from_arrays(
+                {name: group[name][()] for name in group}, estimator.covariance_type,
+                prefix="")
+        except (KeyError, ValueError) as exc:
+            raise ModelFileError(f"{os.fspath(path)} has damaged online statistics "
+                                 f"({exc})") from None
 
 
 #: Bytes reserved for a model file beyond twice its contents (HDF5's metadata).
@@ -325,8 +358,9 @@ def load_model(path):
         float32: covariances and precisions then within a float32 ulp of what the
         fit left), the fit
         metadata (``n_iter_``, ``converged_``, ``lower_bound_``,
-        ``lower_bounds_``), ``n_features_in_`` and, when stored,
-        ``feature_names_in_``. Constructor parameters listed in the file's
+        ``lower_bounds_``), ``n_features_in_``, the state of a ``partial_fit``
+        stream (``n_steps_``, 0 for a fit, and the running statistics) and, when
+        stored, ``feature_names_in_``. Constructor parameters listed in the file's
         ``params_dropped`` attribute are left at their defaults.
 
     Raises
@@ -394,4 +428,6 @@ def load_model(path):
     estimator.converged_ = header["converged"]
     estimator.lower_bound_ = header["lower_bound"]
     estimator.lower_bounds_ = header["lower_bounds"]
+    with _open(path) as f:
+        _read_online(f, estimator, path)
     return estimator
