@@ -21,10 +21,10 @@ from .sources import (
     _check_file_unchanged,
     _file_state,
     _hdf5_error,
-    _is_npy,
     _open_file_path,
     _REOPENABLE_DRIVERS,
     is_hdf5_dataset,
+    is_npy,
     split_hdf5_spec,
 )
 
@@ -278,7 +278,7 @@ class OpenDatasetWeights(WeightSource):
 def _from_path(path):
     text = os.fspath(path)
     description = f"sample_weight {text}"
-    if _is_npy(text):
+    if is_npy(text):
         return MemmapWeights.from_npy(text, description)
     spec = split_hdf5_spec(text)
     if spec is not None:
