@@ -28,7 +28,6 @@ from emgmm import GaussianMixture, load_model, save_model
 
 from conftest import COVARIANCE_TYPES, make_blobs_data
 
-pytestmark = pytest.mark.xfail(strict=True, reason="not implemented yet")
 
 K = 3
 REG = 1e-6

@@ -21,7 +21,6 @@ from emgmm import GaussianMixture, load_model
 
 from conftest import COVARIANCE_TYPES, file_fingerprint, make_blobs_data
 
-pytestmark = pytest.mark.xfail(strict=True, reason="not implemented yet")
 
 K = 3
 ATTRIBUTES = ("weights_", "means_", "covariances_", "precisions_cholesky_")

@@ -195,18 +195,29 @@ class CovarianceType(ABC):
         """Sufficient statistics of one block centred on ``centers`` (see
         :func:`emgmm.covariance.statistics.block_statistics`)."""
 
+    def weighted_block_statistics(self, X, resp, centers, sample_weight,
+                                  resp_threshold=0.0, products=None, out=None):
+        """:meth:`block_statistics` of the weighted responsibilities ``w_i r_ik``:
+        ``resp`` (the caller's work buffer) is multiplied by ``sample_weight`` (n,)
+        in place. Types whose kernel needs rows that sum to one override this."""
+        resp *= sample_weight[:, None]
+        return self.block_statistics(X, resp, centers, resp_threshold, products, out)
+
     @abstractmethod
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         """Covariances of the M step from the summed statistics, the regularised
         counts ``nk`` (K,) and the shifts ``s_k / N_k`` (K, d) of the means."""
 
-    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar):
+    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar,
+                                          sample_weight=None):
         """Initial covariances from a sample ``X`` and its responsibilities
-        (scikit-learn's ``_estimate_gaussian_parameters``)."""
+        (scikit-learn's ``_estimate_gaussian_parameters``), the rows weighted by
+        ``sample_weight`` (n,) when given."""
         from .m_step import m_step
         from .statistics import block_statistics
 
-        stats = block_statistics(X, resp, means, self)
+        stats = block_statistics(X, np.array(resp, dtype=np.float64), means, self,
+                                 sample_weight=sample_weight)
         return m_step(stats, means, reg_covar, self)[2]
 
     # -------------------------------------------------------- model files
