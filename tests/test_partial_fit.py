@@ -9,6 +9,7 @@ the statistics the M step maps to the starting model. It keeps *uncentred* momen
 covariance type, and scipy.stats log-densities: nothing shared with emgmm.
 """
 
+import itertools
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import COVARIANCE_TYPES, make_blobs_data
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 from sklearn.base import clone
@@ -25,9 +27,6 @@ from sklearn.utils.validation import check_is_fitted
 
 import emgmm
 from emgmm import GaussianMixture, load_model, save_model
-
-from conftest import COVARIANCE_TYPES, make_blobs_data
-
 
 K = 3
 REG = 1e-6
@@ -44,7 +43,7 @@ def X():
 
 def _batches(X, sizes=(60, 45, 80, 30, 50, 70)):
     edges = np.cumsum((0,) + tuple(sizes))
-    return [X[a:b] for a, b in zip(edges[:-1], edges[1:])]
+    return [X[a:b] for a, b in itertools.pairwise(edges)]
 
 
 def _inits(X, covariance_type):
@@ -52,8 +51,8 @@ def _inits(X, covariance_type):
     means = X[[3, 10, 20]]
     precisions = {"full": np.stack([np.eye(d) * 0.2] * K), "tied": np.eye(d) * 0.2,
                   "diag": np.full((K, d), 0.2), "spherical": np.full(K, 0.2)}
-    return dict(means_init=means, weights_init=np.array([0.5, 0.3, 0.2]),
-                precisions_init=precisions[covariance_type])
+    return {"means_init": means, "weights_init": np.array([0.5, 0.3, 0.2]),
+            "precisions_init": precisions[covariance_type]}
 
 
 def _full(covariances, covariance_type, d):

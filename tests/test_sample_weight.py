@@ -10,6 +10,7 @@ import warnings
 import h5py
 import numpy as np
 import pytest
+from conftest import COVARIANCE_TYPES, file_fingerprint, make_blobs_data
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 from sklearn.base import clone
@@ -18,9 +19,6 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
 from emgmm import GaussianMixture, load_model
-
-from conftest import COVARIANCE_TYPES, file_fingerprint, make_blobs_data
-
 
 K = 3
 ATTRIBUTES = ("weights_", "means_", "covariances_", "precisions_cholesky_")
@@ -46,14 +44,14 @@ def _inits(X, covariance_type):
     means = KMeans(K, n_init=1, random_state=0).fit(X).cluster_centers_
     precisions = {"full": np.stack([np.eye(d) * 0.5] * K), "tied": np.eye(d) * 0.5,
                   "diag": np.full((K, d), 0.5), "spherical": np.full(K, 0.5)}
-    return dict(means_init=means, weights_init=np.full(K, 1.0 / K),
-                precisions_init=precisions[covariance_type])
+    return {"means_init": means, "weights_init": np.full(K, 1.0 / K),
+            "precisions_init": precisions[covariance_type]}
 
 
 def _fixed(X, covariance_type, **params):
     """An estimator from the fixed init, tol=0: a fixed number of iterations."""
-    base = dict(n_components=K, covariance_type=covariance_type, tol=0.0, max_iter=12,
-                **_inits(X, covariance_type))
+    base = {"n_components": K, "covariance_type": covariance_type, "tol": 0.0,
+            "max_iter": 12, **_inits(X, covariance_type)}
     return GaussianMixture(**{**base, **params})
 
 
@@ -129,7 +127,8 @@ def test_scikit_learns_sample_weight_equivalence_check_from_a_fixed_init(
     keeps starved components: re-seeding one whose weight is below one sample's
     average weight is the policy that weights change (sum(w) / n against 1)."""
     from sklearn.utils.estimator_checks import (
-        check_sample_weight_equivalence_on_dense_data)
+        check_sample_weight_equivalence_on_dense_data,
+    )
 
     d = 30  # the check's data: 15 rows, 30 features
     precisions = {"full": np.stack([np.eye(d) * 10] * 2), "tied": np.eye(d) * 10,

@@ -12,6 +12,7 @@ JSON string are stored; loading never unpickles.
 
 import hashlib
 import json
+import zipfile
 
 import numpy as np
 
@@ -98,7 +99,7 @@ def read_stream(path, fingerprint):
         with np.load(path, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
         meta = json.loads(str(arrays.pop("meta")))
-    except Exception as exc:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path} is not a readable emgmm checkpoint "
                          f"({type(exc).__name__}: {exc}). Remove it or pass another "
                          "checkpoint path.") from None

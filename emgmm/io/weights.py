@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from .sources import (
+    _REOPENABLE_DRIVERS,
     _check_file_unchanged,
     _file_state,
     _hdf5_error,
     _open_file_path,
-    _REOPENABLE_DRIVERS,
     is_hdf5_dataset,
     is_npy,
     split_hdf5_spec,

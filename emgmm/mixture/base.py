@@ -47,7 +47,7 @@ from ..runtime.memory import (
     tasks_are_tiny,
 )
 from ..runtime.worker_loss import explain_worker_loss
-from .online import OnlineMixin, shared_weights
+from .online import OnlineMixin, initial_model, shared_weights
 from .validation import validate_params
 
 
@@ -449,9 +449,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         # over in a list that run_em empties, so that nothing here keeps it after
         # the first iteration (K d^2 values twice)
         starting = [start.model if start is not None else
-                    self._initial_model(source, plan.random_state, plan.inits,
-                                        plan.block_size,
-                                        sample_weights=plan.sample_weights)
+                    initial_model(self, source, plan.random_state, plan.inits,
+                                  plan.block_size, plan.sample_weights)
                     if plan.do_init else self._current_model()]
         # starved: below one sample's weight (the mean weight of a row)
         settings = EMSettings(self.max_iter, self.tol, self.reg_covar,

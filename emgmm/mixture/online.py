@@ -17,11 +17,13 @@ from contextlib import contextmanager
 import numpy as np
 from sklearn import config_context
 from sklearn.utils import check_random_state
+from sklearn.utils.metaestimators import available_if
 
 from ..covariance.cholesky import factorize, ill_defined_message
 from ..covariance.m_step import m_step
 from ..engine import online
 from ..engine.model import Model
+from ..engine.update import MaximumLikelihood
 from ..io.stream_checkpoint import read_stream, stream_fingerprint, write_stream
 from ..io.weights import ArrayWeights, dump_weights
 from ..runtime.executor import joblib_temp_folder, make_temp_folder
@@ -59,9 +61,26 @@ def shared_weights(executor, weights):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class OnlineMixin:
-    """``partial_fit`` over the base class's sources, plan and hooks."""
+def _has_online_update(estimator):
+    """Whether the estimator's M step is the one of the running statistics
+    (maximum likelihood, or a subclass's own ``_parameters_from_online_statistics``)."""
+    own = (type(estimator)._parameters_from_online_statistics
+           is not OnlineMixin._parameters_from_online_statistics)
+    return own or type(estimator._update_rule()) is MaximumLikelihood
 
+
+def initial_model(estimator, source, random_state, inits, block_size, sample_weights):
+    """``estimator._initial_model``, with ``sample_weights`` only when there are
+    weights (a subclass's hook without that argument still fits unweighted data)."""
+    kwargs = {} if sample_weights is None else {"sample_weights": sample_weights}
+    return estimator._initial_model(source, random_state, inits, block_size, **kwargs)
+
+
+class OnlineMixin:
+    """``partial_fit`` over the base class's sources, plan and hooks (present only
+    for estimators whose update rule has an online M step)."""
+
+    @available_if(_has_online_update)
     def partial_fit(self, X, y=None, sample_weight=None):
         """One step of stepwise online EM on the mini-batch ``X``.
 
@@ -132,9 +151,10 @@ class OnlineMixin:
                     plan.executor, \
                     shared_weights(plan.executor, plan.sample_weights) as weights:
                 if first:
-                    model = self._initial_model(source, check_random_state(
-                        self.random_state), plan.inits, plan.block_size,
-                        sample_weights=plan.sample_weights)
+                    model = initial_model(self, source,
+                                          check_random_state(self.random_state),
+                                          plan.inits, plan.block_size,
+                                          plan.sample_weights)
                     running = None
                 else:
                     model = self._current_model()
