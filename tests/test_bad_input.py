@@ -13,7 +13,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
-from conftest import FILE_KINDS, file_fingerprint
+from helpers import FILE_KINDS, file_fingerprint
 from emgmm import GaussianMixture
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")

@@ -17,7 +17,7 @@ from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
 
-from conftest import COVARIANCE_TYPES, random_spd
+from helpers import COVARIANCE_TYPES, random_spd
 from emgmm import GaussianMixture
 from emgmm.covariance import log_density as _log_density
 

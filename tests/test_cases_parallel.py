@@ -24,7 +24,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 import emgmm.mixture.base as gm_module
 import emgmm.runtime.executor as parallel
-from conftest import make_blobs_data
+from helpers import make_blobs_data
 from emgmm import GaussianMixture
 from emgmm.covariance import cholesky as _cholesky
 from emgmm.engine import estep as _estep

@@ -15,56 +15,15 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import COVARIANCE_TYPES
+from helpers import (
+    COVARIANCE_TYPES,
+    PARAMS,
+    assert_bound_monotone,
+    assert_valid_model,
+    min_eigenvalues,
+)
 from emgmm import GaussianMixture
 from emgmm.runtime.executor import TEMP_PREFIX
-
-PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
-
-
-def min_eigenvalues(gm):
-    """Smallest eigenvalue of every covariance (per component; tied: one)."""
-    cov = np.asarray(gm.covariances_, dtype=np.float64)
-    if gm.covariance_type == "full":
-        return np.linalg.eigvalsh(cov).min(axis=1)
-    if gm.covariance_type == "tied":
-        return np.linalg.eigvalsh(cov).min(keepdims=True)
-    if gm.covariance_type == "diag":
-        return cov.min(axis=1)
-    return cov
-
-
-def assert_valid_model(gm):
-    """Finite parameters, weights summing to 1, covariances PD with eig >= reg_covar."""
-    for name in PARAMS:
-        assert np.all(np.isfinite(getattr(gm, name))), name
-    assert np.all(np.isfinite(gm.lower_bounds_))
-    assert np.isfinite(gm.lower_bound_)
-    eps = np.finfo(gm.weights_.dtype).eps
-    assert abs(gm.weights_.sum() - 1.0) <= 10 * eps
-    assert np.all(gm.weights_ >= 0)
-    # rounding: the statistics are sums of squares of the data, whose size is the
-    # covariance plus the squared means ('tied' expands around one common shift)
-    scale = (np.abs(np.asarray(gm.covariances_, dtype=np.float64)).max()
-             + (np.asarray(gm.means_, dtype=np.float64) ** 2).max())
-    d = gm.means_.shape[1]
-    assert np.all(min_eigenvalues(gm) >= gm.reg_covar - 10 * d * eps * scale)
-    # positive definite: the precision factors have a positive diagonal (a float32
-    # covariance of condition number above 1/eps may not be PD once rounded)
-    u = np.asarray(gm.precisions_cholesky_)
-    if gm.covariance_type in ("full", "tied"):
-        u = np.diagonal(u, axis1=-2, axis2=-1)
-    assert np.all(u > 0)
-
-
-def assert_bound_monotone(gm, rtol=1e-10):
-    """Non-decreasing lower bound, except right after an iteration that re-seeded."""
-    lb = np.asarray(gm.lower_bounds_)
-    for i in range(1, len(lb)):
-        if gm.history_[i - 1]["reseeded"]:
-            continue
-        assert lb[i] >= lb[i - 1] - rtol * max(1.0, abs(lb[i - 1])), (i, lb[i - 1], lb[i])
-
 
 # ---------------------------------------------------------------------------- C09
 

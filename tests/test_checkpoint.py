@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from emgmm.mixture.validation import InvalidParameterError
 
-from conftest import file_fingerprint, make_blobs_data
+from helpers import file_fingerprint, make_blobs_data
 from emgmm import GaussianMixture
 from emgmm.io.checkpoint import read_state
 

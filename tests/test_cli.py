@@ -17,7 +17,7 @@ import emgmm
 from emgmm.cli import command as cli
 from emgmm.io.model_file import load_model
 
-from conftest import file_fingerprint, make_blobs_data
+from helpers import file_fingerprint, make_blobs_data
 
 REPO_ROOT = Path(emgmm.__file__).resolve().parent.parent
 

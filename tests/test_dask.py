@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from conftest import make_blobs_data
+from helpers import make_blobs_data
 from emgmm import GaussianMixture
 from emgmm.runtime.executor import Executor
 from emgmm.io.sources import as_source

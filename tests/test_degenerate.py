@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
-from conftest import COVARIANCE_TYPES
+from helpers import COVARIANCE_TYPES, assert_bound_monotone, assert_valid_model
 from emgmm import GaussianMixture
 from emgmm.engine.degenerate import initial_factors, reseed
 from emgmm.engine.passes import Worst, smallest
 from emgmm.covariance.cholesky import factorize
-from test_cases_reliability import assert_bound_monotone, assert_valid_model
 
 DUPLICATES = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0)
 

@@ -48,7 +48,7 @@ from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import m_step as _m_step
 from emgmm.covariance import statistics as _statistics
 
-from conftest import COVARIANCE_TYPES, random_spd
+from helpers import COVARIANCE_TYPES, random_spd
 
 
 U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff 2**-24

@@ -22,7 +22,7 @@ from emgmm.io.model_file import (
     save_model,
 )
 
-from conftest import COVARIANCE_TYPES, make_blobs_data
+from helpers import COVARIANCE_TYPES, make_blobs_data
 
 
 def _fit(X, covariance_type, **kwargs):

@@ -23,7 +23,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 from threadpoolctl import threadpool_limits
 
-from conftest import COVARIANCE_TYPES, make_blobs_data
+from helpers import COVARIANCE_TYPES, make_blobs_data
 from emgmm import GaussianMixture
 import emgmm.runtime.blas as blas
 import emgmm.engine.model as em

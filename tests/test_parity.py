@@ -43,7 +43,7 @@ from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
-from conftest import COVARIANCE_TYPES, make_blobs_data
+from helpers import COVARIANCE_TYPES, make_blobs_data
 from emgmm import GaussianMixture
 
 U64 = float(np.finfo(np.float64).eps) / 2

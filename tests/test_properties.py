@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emgmm import GaussianMixture
-from test_cases_reliability import assert_valid_model
+from helpers import assert_valid_model
 
 
 @st.composite

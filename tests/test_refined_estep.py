@@ -27,7 +27,7 @@ from emgmm.engine import estep as _estep
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import packed_estimate as _packed_estimate
 
-from conftest import random_spd
+from helpers import random_spd
 
 
 # the oracle needs a wider float than float64 (x86-64 long double: 64-bit mantissa)

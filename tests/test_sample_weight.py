@@ -10,7 +10,7 @@ import warnings
 import h5py
 import numpy as np
 import pytest
-from conftest import COVARIANCE_TYPES, file_fingerprint, make_blobs_data
+from helpers import COVARIANCE_TYPES, file_fingerprint, make_blobs_data
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 from sklearn.base import clone

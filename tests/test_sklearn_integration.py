@@ -16,7 +16,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from conftest import COVARIANCE_TYPES, make_blobs_data
+from helpers import COVARIANCE_TYPES, make_blobs_data
 from emgmm import GaussianMixture
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")

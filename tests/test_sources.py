@@ -18,7 +18,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
-from conftest import COVARIANCE_TYPES, FILE_KINDS, SOURCE_KINDS, file_fingerprint, make_blobs_data
+from helpers import COVARIANCE_TYPES, FILE_KINDS, SOURCE_KINDS, file_fingerprint, make_blobs_data
 from emgmm import GaussianMixture
 from emgmm.io import sources as _sources
 from emgmm.io.sources import MemmapSource, as_source

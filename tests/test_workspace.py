@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
 
-from conftest import make_blobs_data
+from helpers import make_blobs_data
 from emgmm import GaussianMixture
 import emgmm.runtime.workspace as workspace
 

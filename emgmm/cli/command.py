@@ -10,6 +10,8 @@ reported as one line on stderr with exit status 1 (the traceback only with
 ``--debug``); warnings are shown as one line each.
 """
 
+from __future__ import annotations
+
 import argparse
 import contextlib
 import json
@@ -19,6 +21,8 @@ import signal
 import sys
 import threading
 import warnings
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 from numpy.lib.format import open_memmap
@@ -450,7 +454,7 @@ def _one_line(exc):
     return text or type(exc).__name__
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``emgmm`` command.
 
     Parameters

@@ -27,8 +27,11 @@ function, a ``numpy.random.RandomState`` as ``random_state``) are stored as
 stored as ``None`` (a warm start from the file checkpoints only where asked).
 """
 
+from __future__ import annotations
+
 import json
 import os
+from typing import TYPE_CHECKING, Any, Union
 
 import h5py
 import numpy as np
@@ -45,7 +48,10 @@ from ..covariance.cholesky import (
 
 FORMAT_NAME = "emgmm.GaussianMixture"
 FORMAT_VERSION = 1
-COVARIANCE_TYPES = tuple(REGISTRY)
+COVARIANCE_TYPES = REGISTRY  # (the registered names, as they are when asked)
+if TYPE_CHECKING:
+    from ..mixture.gaussian_mixture import GaussianMixture
+
 _ARRAY_PARAMS = ("weights_init", "means_init", "precisions_init")
 
 
@@ -80,7 +86,7 @@ def _split_params(params):
     return plain, arrays, dropped
 
 
-def save_model(estimator, path):
+def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
     """Write a fitted Gaussian mixture to an HDF5 model file.
 
     The file is written under a temporary name in the same directory and
@@ -221,7 +227,7 @@ def _open(path):
     return f
 
 
-def read_header(path):
+def read_header(path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
     """Read the metadata of a model file without building an estimator.
 
     Parameters
@@ -340,7 +346,7 @@ def _singular_factor(covariances, precisions_cholesky, covariance_type):
             f"diagonal entry {np.min(diagonal):.3g})")
 
 
-def load_model(path):
+def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
     """Load a fitted :class:`emgmm.GaussianMixture` from an HDF5 model file.
 
     Parameters

@@ -8,8 +8,11 @@ by reference. Every block that is read is checked: a non-numeric dtype, NaN or
 infinity raises a ``ValueError`` that names the first offending row and the file.
 """
 
+from __future__ import annotations
+
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -505,7 +508,7 @@ def split_hdf5_spec(spec):
     return None
 
 
-def as_source(X):
+def as_source(X: Any) -> Source:
     """Wrap any supported input in a :class:`Source`.
 
     Parameters

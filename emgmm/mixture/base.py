@@ -16,9 +16,13 @@ never over an ``n x K`` array:
   :meth:`BaseMixture._n_parameters`: the fitted attributes and their count.
 """
 
+from __future__ import annotations
+
+import os
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-import warnings
+from typing import TYPE_CHECKING, Optional, TypeVar, Union
 
 import numpy as np
 from sklearn import config_context, get_config
@@ -50,6 +54,17 @@ from ..runtime.worker_loss import explain_worker_loss
 from .online import OnlineMixin, initial_model, shared_weights
 from .validation import validate_params
 
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    import h5py
+
+#: What the methods taking ``X`` accept: array-likes, ``np.memmap``, a ``.npy``
+#: path, an ``h5py.Dataset`` or ``"file.h5:/path/to/dataset"``.
+DataLike = Union[ArrayLike, str, "os.PathLike[str]", "h5py.Dataset"]
+#: What ``sample_weight`` accepts: the same kinds of source, 1-D, or one number.
+WeightLike = Union[DataLike, float]
+_Mixture = TypeVar("_Mixture", bound="BaseMixture")
 
 def _as_stored(model, dtype):
     """``model`` as the fitted attributes of ``dtype`` hold it, in float64."""
@@ -249,7 +264,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
 
     # -------------------------------------------------------------------- fit
 
-    def fit(self, X, y=None, sample_weight=None):
+    def fit(self: _Mixture, X: DataLike, y: None = None,
+            sample_weight: Optional[WeightLike] = None) -> _Mixture:
         """Estimate the parameters with EM, keeping the best of ``n_init`` runs.
 
         Parameters
@@ -291,7 +307,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         self._fit(X, want_labels=False, sample_weight=sample_weight)
         return self
 
-    def fit_predict(self, X, y=None, sample_weight=None):
+    def fit_predict(self, X: DataLike, y: None = None,
+                    sample_weight: Optional[WeightLike] = None) -> np.ndarray:
         """Fit, then return the labels of ``X`` from a final E step.
 
         ``fit_predict(X)`` equals ``fit(X).predict(X)``.
@@ -537,7 +554,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
             source.close()
         return out
 
-    def score_samples(self, X):
+    def score_samples(self, X: DataLike) -> np.ndarray:
         """Log-likelihood of each sample, ``log sum_k w_k N(x | mu_k, Sigma_k)``.
 
         Parameters
@@ -550,7 +567,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         """
         return self._per_block(X, lambda log_prob_norm, _: log_prob_norm)
 
-    def score(self, X, y=None, sample_weight=None):
+    def score(self, X: DataLike, y: None = None,
+              sample_weight: Optional[WeightLike] = None) -> float:
         """Mean per-sample log-likelihood of ``X`` (nats per sample).
 
         Parameters
@@ -583,7 +601,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
             weights.close()
         return total, log_l / total
 
-    def predict(self, X):
+    def predict(self, X: DataLike) -> np.ndarray:
         """Label of the most responsible component for each sample.
 
         Parameters
@@ -596,7 +614,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         """
         return self._per_block(X, lambda _, log_resp: log_resp.argmax(axis=1))
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: DataLike) -> np.ndarray:
         """Responsibilities ``r_ik`` of every component for each sample.
 
         Parameters

@@ -1,10 +1,15 @@
 """emgmm.GaussianMixture: scikit-learn's estimator, fitted by blocked single-pass EM."""
 
+from __future__ import annotations
+
 import math
 import os
+from collections.abc import Callable
+from typing import Any, Literal, Optional, Union
 from numbers import Integral, Real
 
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
@@ -18,7 +23,7 @@ from ..engine.degenerate import initial_factors
 from ..engine import online
 from ..engine.model import Model
 from ..io.sources import ArraySource
-from .base import BaseMixture
+from .base import BaseMixture, DataLike, WeightLike
 from .initialization import (
     initial_responsibilities,
     parameters_from_responsibilities,
@@ -241,7 +246,7 @@ class GaussianMixture(BaseMixture):
 
     _parameter_constraints: dict = {
         "n_components": [Interval(Integral, 1, None, closed="left")],
-        "covariance_type": [StrOptions(set(REGISTRY))],
+        "covariance_type": [StrOptions(REGISTRY)],
         "tol": [Interval(Real, 0.0, None, closed="left")],
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
@@ -274,36 +279,36 @@ class GaussianMixture(BaseMixture):
 
     def __init__(
         self,
-        n_components=1,
+        n_components: int = 1,
         *,
-        covariance_type="full",
-        tol=1e-3,
-        reg_covar=1e-6,
-        max_iter=100,
-        n_init=1,
-        init_params="kmeans",
-        weights_init=None,
-        means_init=None,
-        precisions_init=None,
-        random_state=None,
-        warm_start=False,
-        verbose=0,
-        verbose_interval=10,
-        n_jobs=None,
-        working_memory=None,
-        block_size=None,
-        memory_limit=None,
-        schedule="auto",
-        init_max_samples=100_000,
-        compute_dtype=None,
-        resp_threshold=1e-20,
-        on_degenerate="reinit",
-        callback=None,
-        checkpoint=None,
-        checkpoint_interval=0.0,
-        learning_decay=online.DEFAULT_LEARNING_DECAY,
-        learning_offset=online.DEFAULT_LEARNING_OFFSET,
-    ):
+        covariance_type: str = "full",
+        tol: float = 1e-3,
+        reg_covar: float = 1e-6,
+        max_iter: int = 100,
+        n_init: int = 1,
+        init_params: str = "kmeans",
+        weights_init: Optional[ArrayLike] = None,
+        means_init: Optional[ArrayLike] = None,
+        precisions_init: Optional[ArrayLike] = None,
+        random_state: Union[int, np.random.RandomState, None] = None,
+        warm_start: bool = False,
+        verbose: int = 0,
+        verbose_interval: int = 10,
+        n_jobs: Optional[int] = None,
+        working_memory: Optional[float] = None,
+        block_size: Optional[int] = None,
+        memory_limit: Optional[float] = None,
+        schedule: Literal["auto", "rows", "components"] = "auto",
+        init_max_samples: int = 100_000,
+        compute_dtype: Optional[Literal["float32", "float64"]] = None,
+        resp_threshold: float = 1e-20,
+        on_degenerate: Literal["reinit", "raise"] = "reinit",
+        callback: Optional[Callable[[dict[str, Any]], Any]] = None,
+        checkpoint: Union[str, os.PathLike[str], None] = None,
+        checkpoint_interval: float = 0.0,
+        learning_decay: float = online.DEFAULT_LEARNING_DECAY,
+        learning_offset: float = online.DEFAULT_LEARNING_OFFSET,
+    ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -426,7 +431,7 @@ class GaussianMixture(BaseMixture):
         self.precisions_cholesky_ = model.precisions_cholesky.astype(dtype)
         self.precisions_ = precisions
 
-    def sample(self, n_samples=1):
+    def sample(self, n_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Draw samples from the fitted mixture (as scikit-learn draws them).
 
         Parameters
@@ -465,7 +470,7 @@ class GaussianMixture(BaseMixture):
         K = self.n_components
         return int(self._kind().n_parameters(K, d) + d * K + K - 1)
 
-    def bic(self, X, sample_weight=None):
+    def bic(self, X: DataLike, sample_weight: Optional[WeightLike] = None) -> float:
         """Bayesian information criterion, ``-2 log L + p log n`` (Schwarz, 1978).
 
         Parameters
@@ -482,7 +487,7 @@ class GaussianMixture(BaseMixture):
         n, score = self._n_and_score(X, sample_weight)
         return -2 * score * n + self._n_parameters() * math.log(n)
 
-    def aic(self, X, sample_weight=None):
+    def aic(self, X: DataLike, sample_weight: Optional[WeightLike] = None) -> float:
         """Akaike information criterion, ``-2 log L + 2 p`` (Akaike, 1974).
 
         Parameters

@@ -51,7 +51,8 @@ class Interval:
 
 
 class StrOptions:
-    """One of the strings ``options``."""
+    """One of the strings ``options`` (a set, or a mapping whose keys are read when
+    a value is checked, e.g. :data:`emgmm.covariance.REGISTRY`)."""
 
     def __init__(self, options):
         self.options = options

@@ -1,0 +1,196 @@
+"""Helpers shared by the test modules: data generators, the sources of one array in
+every kind emgmm accepts, file fingerprints and checks of a fitted model.
+
+Source kinds (see ``SOURCE_KINDS``):
+
+``ndarray``     the array itself (in memory)
+``memmap``      ``np.memmap`` of a raw ``.dat`` file opened read-only
+``npy``         the path (``str``) of a ``.npy`` file
+``npy_path``    the same ``.npy`` file as a ``pathlib.Path``
+``h5``          an open, read-only ``h5py.Dataset`` stored contiguously
+``h5_chunked``  an open, read-only ``h5py.Dataset`` chunked by rows (``(64, d)`` by default)
+``h5_string``   the string ``"file.h5:/group/ds"`` naming the chunked dataset
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+SOURCE_KINDS = ("ndarray", "memmap", "npy", "npy_path", "h5", "h5_chunked", "h5_string")
+FILE_KINDS = tuple(k for k in SOURCE_KINDS if k != "ndarray")
+COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+
+
+def make_blobs_data(
+    n_samples=600,
+    n_features=3,
+    n_centers=3,
+    *,
+    spread=6.0,
+    seed=0,
+    dtype=np.float64,
+):
+    """Well separated Gaussian blobs with random anisotropic covariances.
+
+    Deterministic for a given ``seed``; returns an ``(n_samples, n_features)`` C-contiguous
+    array of ``dtype``.
+    """
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=spread, size=(n_centers, n_features))
+    labels = rng.integers(n_centers, size=n_samples)
+    X = np.empty((n_samples, n_features))
+    for k in range(n_centers):
+        A = rng.normal(size=(n_features, n_features)) / np.sqrt(n_features)
+        A += np.eye(n_features)
+        idx = labels == k
+        X[idx] = centers[k] + rng.normal(size=(idx.sum(), n_features)) @ A
+    return np.ascontiguousarray(X, dtype=dtype)
+
+
+def random_spd(rng, n_features, *, cond=10.0):
+    """A random symmetric positive definite matrix with condition number ``cond``."""
+    Q, _ = np.linalg.qr(rng.normal(size=(n_features, n_features)))
+    eig = np.geomspace(1.0, cond, n_features) / np.sqrt(cond)
+    M = (Q * eig) @ Q.T
+    return (M + M.T) / 2
+
+
+@dataclasses.dataclass
+class Source:
+    """One way of handing the same array to emgmm."""
+
+    kind: str
+    obj: object  # what is passed to fit / predict
+    path: Path | None = None  # backing file, if any
+
+    def __repr__(self):  # short ids in assertion messages
+        return f"Source({self.kind})"
+
+
+class SourceFactory:
+    """Writes arrays to files under ``tmp_path`` and opens them as emgmm sources.
+
+    Every ``h5py.File`` it opens is closed at teardown.
+    """
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = Path(tmp_path)
+        self._files = []
+        self._counter = 0
+
+    def _stem(self, name):
+        self._counter += 1
+        return self.tmp_path / f"{name}{self._counter}"
+
+    def __call__(self, X, kinds=SOURCE_KINDS, *, chunk_rows=64, name="X"):
+        """Return a list of ``Source`` holding ``X`` in each of ``kinds``."""
+        X = np.asarray(X)
+        unknown = set(kinds) - set(SOURCE_KINDS)
+        if unknown:
+            raise ValueError(f"unknown source kinds {sorted(unknown)}")
+        stem = self._stem(name)
+        out = []
+        npy = stem.with_suffix(".npy")
+        h5 = stem.with_suffix(".h5")
+        if any(k in kinds for k in ("npy", "npy_path")):
+            np.save(npy, X)
+        if any(k.startswith("h5") for k in kinds):
+            with h5py.File(h5, "w") as f:
+                f.create_dataset("contiguous", data=X)
+                chunks = (max(1, min(chunk_rows, X.shape[0])),) + X.shape[1:]
+                f.create_dataset("group/chunked", data=X, chunks=chunks)
+        for kind in kinds:
+            if kind == "ndarray":
+                out.append(Source(kind, X.copy()))
+            elif kind == "memmap":
+                dat = stem.with_suffix(".dat")
+                mm = np.memmap(dat, dtype=X.dtype, mode="w+", shape=X.shape)
+                mm[...] = X
+                mm.flush()
+                del mm
+                out.append(
+                    Source(kind, np.memmap(dat, dtype=X.dtype, mode="r", shape=X.shape), dat)
+                )
+            elif kind == "npy":
+                out.append(Source(kind, str(npy), npy))
+            elif kind == "npy_path":
+                out.append(Source(kind, npy, npy))
+            elif kind in ("h5", "h5_chunked"):
+                f = h5py.File(h5, "r")
+                self._files.append(f)
+                ds = f["contiguous"] if kind == "h5" else f["group/chunked"]
+                out.append(Source(kind, ds, h5))
+            elif kind == "h5_string":
+                out.append(Source(kind, f"{h5}:/group/chunked", h5))
+        return out
+
+    def one(self, X, kind, **kwargs):
+        """A single ``Source`` of ``kind`` holding ``X``."""
+        return self(X, (kind,), **kwargs)[0]
+
+    def close(self):
+        for f in self._files:
+            try:
+                f.close()
+            except Exception:  # pragma: no cover - already closed
+                pass
+        self._files.clear()
+
+
+def file_fingerprint(path):
+    """Bytes and modification time of a file (to prove it was not modified)."""
+    path = Path(path)
+    st = os.stat(path)
+    return path.read_bytes(), st.st_mtime_ns, st.st_size
+
+
+PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
+
+
+def min_eigenvalues(gm):
+    """Smallest eigenvalue of every covariance (per component; tied: one)."""
+    cov = np.asarray(gm.covariances_, dtype=np.float64)
+    if gm.covariance_type == "full":
+        return np.linalg.eigvalsh(cov).min(axis=1)
+    if gm.covariance_type == "tied":
+        return np.linalg.eigvalsh(cov).min(keepdims=True)
+    if gm.covariance_type == "diag":
+        return cov.min(axis=1)
+    return cov
+
+
+def assert_valid_model(gm):
+    """Finite parameters, weights summing to 1, covariances PD with eig >= reg_covar."""
+    for name in PARAMS:
+        assert np.all(np.isfinite(getattr(gm, name))), name
+    assert np.all(np.isfinite(gm.lower_bounds_))
+    assert np.isfinite(gm.lower_bound_)
+    eps = np.finfo(gm.weights_.dtype).eps
+    assert abs(gm.weights_.sum() - 1.0) <= 10 * eps
+    assert np.all(gm.weights_ >= 0)
+    # rounding: the statistics are sums of squares of the data, whose size is the
+    # covariance plus the squared means ('tied' expands around one common shift)
+    scale = (np.abs(np.asarray(gm.covariances_, dtype=np.float64)).max()
+             + (np.asarray(gm.means_, dtype=np.float64) ** 2).max())
+    d = gm.means_.shape[1]
+    assert np.all(min_eigenvalues(gm) >= gm.reg_covar - 10 * d * eps * scale)
+    # positive definite: the precision factors have a positive diagonal (a float32
+    # covariance of condition number above 1/eps may not be PD once rounded)
+    u = np.asarray(gm.precisions_cholesky_)
+    if gm.covariance_type in ("full", "tied"):
+        u = np.diagonal(u, axis1=-2, axis2=-1)
+    assert np.all(u > 0)
+
+
+def assert_bound_monotone(gm, rtol=1e-10):
+    """Non-decreasing lower bound, except right after an iteration that re-seeded."""
+    lb = np.asarray(gm.lower_bounds_)
+    for i in range(1, len(lb)):
+        if gm.history_[i - 1]["reseeded"]:
+            continue
+        assert lb[i] >= lb[i - 1] - rtol * max(1.0, abs(lb[i - 1])), (i, lb[i - 1], lb[i])
