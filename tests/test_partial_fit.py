@@ -266,12 +266,17 @@ def test_model_file_keeps_the_stream_for_another_process(X, tmp_path, covariance
     assert_same_model(resumed.partial_fit(batches[4]), est, rtol=1e-14)
 
 
-def test_model_file_of_a_fit_continues_as_the_fit(X, tmp_path):
-    est = GaussianMixture(K, random_state=0).fit(X)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_model_file_of_a_fit_continues_as_the_fit(X, tmp_path, dtype):
+    """The file keeps the precision factors, not the covariances: the stream's s_0
+    comes from the factors in both."""
+    data = X.astype(dtype)
+    est = GaussianMixture(K, random_state=0).fit(data)
     save_model(est, tmp_path / "m.h5")
     loaded = load_model(tmp_path / "m.h5")
-    batch = _batches(X)[0]
+    batch = _batches(data)[0]
     assert_same_model(loaded.partial_fit(batch), est.partial_fit(batch), rtol=1e-14)
+    assert loaded.means_.dtype == est.means_.dtype == dtype
 
 
 def test_checkpoint_resumes_a_stream_in_another_process(X, tmp_path):

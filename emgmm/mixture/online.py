@@ -194,8 +194,12 @@ class OnlineMixin:
 
         ct = self.covariance_type
         if running is None:
+            # the covariances of the precision factors, as a model file restores
+            # them: a fitted estimator and its saved copy continue alike
+            covariances = model.kind.covariances_from_cholesky(
+                np.asarray(model.precisions_cholesky, dtype=np.float64))
             running = online.implied_statistics(model.weights, model.means,
-                                                model.covariances, self.reg_covar, ct)
+                                                covariances, self.reg_covar, ct)
         batch = online.normalised(stats.nk, stats.sum_x, stats.sum_xx, model.means,
                                   plan.total_weight, ct)
         step = getattr(self, "n_steps_", 0) + 1
