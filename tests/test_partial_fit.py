@@ -419,3 +419,25 @@ def test_h5_batches_with_h5_weights(X, tmp_path):
         a.partial_fit(f"{h5}:/x{i}", sample_weight=f"{h5}:/w{i}")
         b.partial_fit(batch, sample_weight=np.arange(1.0, len(batch) + 1))
     assert_same_model(a, b, rtol=1e-13)
+
+
+def test_a_covariance_type_without_online_statistics_is_refused(X, monkeypatch):
+    """A registered type that lacks the running statistics refuses partial_fit
+    before reading the batch, naming itself and the types that have them; fit
+    is unaffected."""
+    from emgmm.covariance import REGISTRY
+    from emgmm.covariance.diag import DiagCovariance
+
+    class NoStream(DiagCovariance):
+        name = "nostream"
+        has_online_statistics = False
+
+    monkeypatch.setitem(REGISTRY, "nostream", NoStream())
+    est = GaussianMixture(K, covariance_type="nostream", random_state=0)
+    with pytest.raises(ValueError, match=r"'nostream'.*full, tied, diag, spherical"):
+        est.partial_fit(X[:100])
+    assert not hasattr(est, "means_")
+    est.fit(X)
+    np.testing.assert_allclose(
+        est.means_, GaussianMixture(K, covariance_type="diag", random_state=0)
+        .fit(X).means_, rtol=1e-12)

@@ -248,3 +248,35 @@ class CovarianceType(ABC):
     def sample(self, rng, means, covariances, counts):
         """``counts[k]`` draws of each component, as scikit-learn draws them: a
         list of arrays, one per component."""
+
+    # ------------------------------------ stepwise online EM (engine/online.py)
+
+    #: Whether the type has the running statistics of ``partial_fit`` (the
+    #: methods below); a type without them refuses ``partial_fit``.
+    has_online_statistics = False
+
+    def _no_online(self):
+        return NotImplementedError(f"covariance_type={self.name!r} has no running "
+                                   "statistics for stepwise online EM (partial_fit).")
+
+    def second_moments_shape(self, n_components, n_features):
+        """Shape of the statistics' ``sum_xx`` (a tuple)."""
+        raise self._no_online()
+
+    def shift_second_moments(self, sum_xx, nk, sum_x, delta):
+        """``sum_xx`` around centres moved by ``delta`` (K, d): the parallel-axis
+        shift ``S - s delta^T - delta s^T + N delta delta^T`` in the type's
+        layout, from the statistics ``nk`` (K,) and ``sum_x`` (K, d) around the
+        old centres. A new array."""
+        raise self._no_online()
+
+    def implied_second_moments(self, weights, covariances, reg_covar, n_features):
+        """``sum_xx`` around the means that the M step maps to ``covariances``
+        for component weights ``weights`` (K,) summing to one: ``w_k (Sigma_k -
+        reg_covar I)`` in the type's layout (its inverse with ``s_k = 0``)."""
+        raise self._no_online()
+
+    def symmetrised_second_moments(self, sum_xx):
+        """``sum_xx`` with what the M step does not read filled from what it
+        reads (in place; 'full': the lower triangles from the upper)."""
+        return sum_xx

@@ -159,3 +159,15 @@ class TiedCovariance(CovarianceType):
     def sample(self, rng, means, covariances, counts):
         return [rng.multivariate_normal(m, covariances, int(s))
                 for m, s in zip(means, counts)]
+
+    has_online_statistics = True
+
+    def second_moments_shape(self, n_components, n_features):
+        return (n_features, n_features)
+
+    def shift_second_moments(self, sum_xx, nk, sum_x, delta):
+        cross = sum_x.T @ delta  # (the terms summed over the components)
+        return sum_xx - cross - cross.T + (delta.T * nk) @ delta
+
+    def implied_second_moments(self, weights, covariances, reg_covar, n_features):
+        return weights.sum() * (covariances - reg_covar * np.eye(n_features))

@@ -36,12 +36,12 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from ..covariance import REGISTRY, get_covariance_type
+
 #: Default ``alpha`` of ``eta_t = (t + t0) ** -alpha`` (scikit-learn's ``learning_decay``).
 DEFAULT_LEARNING_DECAY = 0.7
 #: Default ``t0`` (scikit-learn's ``learning_offset``): damps the first steps.
 DEFAULT_LEARNING_OFFSET = 10.0
-
-COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 
 
 @dataclass
@@ -57,10 +57,13 @@ class OnlineStatistics:
     sum_xx : ndarray, float64
         ``sum_i w_i r_ik (x_i - c_k)(x_i - c_k)^T / sum_i w_i``: ``(K, d, d)`` 'full'
         (upper triangles meaningful), ``(d, d)`` 'tied' (summed over ``k``),
-        ``(K, d)`` 'diag' and 'spherical' (the diagonals).
+        ``(K, d)`` 'diag' and 'spherical' (the diagonals): the covariance type's
+        ``second_moments_shape``.
     centers : ndarray of shape (K, d), float64
         The ``c_k``.
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str
+        A name of :data:`emgmm.covariance.REGISTRY` whose type has online
+        statistics.
     """
 
     nk: np.ndarray
@@ -70,9 +73,20 @@ class OnlineStatistics:
     covariance_type: str
 
 
-def _sum_xx_shape(covariance_type, K, d):
-    return {"full": (K, d, d), "tied": (d, d), "diag": (K, d),
-            "spherical": (K, d)}[covariance_type]
+def online_covariance_type(covariance_type):
+    """The :class:`~emgmm.covariance.CovarianceType` of ``covariance_type``.
+
+    Raises
+    ------
+    ValueError
+        An unknown name, or a type without running statistics (naming those with).
+    """
+    kind = get_covariance_type(covariance_type)
+    if not kind.has_online_statistics:
+        online = [name for name, k in REGISTRY.items() if k.has_online_statistics]
+        raise ValueError(f"covariance_type={kind.name!r} has no stepwise online EM "
+                         f"(partial_fit); these types have: {', '.join(online)}.")
+    return kind
 
 
 def make_statistics(nk, sum_x, sum_xx, centers, covariance_type):
@@ -81,21 +95,20 @@ def make_statistics(nk, sum_x, sum_xx, centers, covariance_type):
     Raises
     ------
     ValueError
-        An unknown ``covariance_type`` or arrays whose shapes do not agree.
+        An unknown ``covariance_type``, one without online statistics, or arrays
+        whose shapes do not agree.
     """
-    if covariance_type not in COVARIANCE_TYPES:
-        raise ValueError(f"Unknown covariance_type {covariance_type!r}; expected one "
-                         f"of {COVARIANCE_TYPES}.")
+    kind = online_covariance_type(covariance_type)
     arrays = [np.array(a, dtype=np.float64) for a in (nk, sum_x, sum_xx, centers)]
     nk, sum_x, sum_xx, centers = arrays
     K, d = centers.shape if centers.ndim == 2 else (-1, -1)
-    expected = [(K,), (K, d), _sum_xx_shape(covariance_type, K, d), (K, d)]
+    expected = [(K,), (K, d), kind.second_moments_shape(K, d), (K, d)]
     for name, a, shape in zip(("nk", "sum_x", "sum_xx", "centers"), arrays, expected):
         if a.shape != shape or K < 1:
             raise ValueError(f"{name} has shape {a.shape}; expected {shape} for "
                              f"covariance_type={covariance_type!r} and centers of "
                              f"shape {centers.shape}.")
-    return OnlineStatistics(nk, sum_x, sum_xx, centers, covariance_type)
+    return OnlineStatistics(nk, sum_x, sum_xx, centers, kind.name)
 
 
 def check_step_parameters(learning_decay, learning_offset):
@@ -168,10 +181,8 @@ def normalised(nk, sum_x, sum_xx, centers, total_weight, covariance_type):
     stats = make_statistics(nk, sum_x, sum_xx, centers, covariance_type)
     for a in (stats.nk, stats.sum_x, stats.sum_xx):
         a /= total_weight
-    if covariance_type == "full":  # from the upper triangles, as the M step reads them
-        d = stats.sum_xx.shape[1]
-        lower = np.tril(np.ones((d, d), dtype=bool), -1)
-        np.copyto(stats.sum_xx, np.swapaxes(stats.sum_xx, 1, 2), where=lower)
+    # ('full': from the upper triangles, as the M step reads them)
+    get_covariance_type(covariance_type).symmetrised_second_moments(stats.sum_xx)
     return stats
 
 
@@ -202,17 +213,10 @@ def shift_centres(stats, new_centers):
                          f"around centres of shape {stats.centers.shape}.")
     delta = new - stats.centers
     nk, s = stats.nk, stats.sum_x
-    ct = stats.covariance_type
-    if ct == "full":
-        cross = s[:, :, None] * delta[:, None, :]
-        S = (stats.sum_xx - cross - np.swapaxes(cross, 1, 2)
-             + nk[:, None, None] * delta[:, :, None] * delta[:, None, :])
-    elif ct == "tied":
-        cross = s.T @ delta
-        S = stats.sum_xx - cross - cross.T + (delta.T * nk) @ delta
-    else:
-        S = stats.sum_xx - 2.0 * delta * s + nk[:, None] * delta**2
-    return OnlineStatistics(nk.copy(), s - nk[:, None] * delta, S, new, ct)
+    kind = online_covariance_type(stats.covariance_type)
+    S = kind.shift_second_moments(stats.sum_xx, nk, s, delta)
+    return OnlineStatistics(nk.copy(), s - nk[:, None] * delta, S, new,
+                            stats.covariance_type)
 
 
 def stepwise_update(running, batch, eta):
@@ -273,7 +277,7 @@ def implied_statistics(weights, means, covariances, reg_covar, covariance_type):
     covariances : array-like
         scikit-learn's ``covariances_`` shapes.
     reg_covar : float
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : str
 
     Returns
     -------
@@ -283,14 +287,8 @@ def implied_statistics(weights, means, covariances, reg_covar, covariance_type):
     means = np.array(means, dtype=np.float64)
     cov = np.array(covariances, dtype=np.float64)
     K, d = means.shape
-    if covariance_type == "full":
-        S = w[:, None, None] * (cov - reg_covar * np.eye(d))
-    elif covariance_type == "tied":
-        S = w.sum() * (cov - reg_covar * np.eye(d))
-    elif covariance_type == "diag":
-        S = w[:, None] * (cov - reg_covar)
-    else:
-        S = np.repeat((w * (cov - reg_covar))[:, None], d, axis=1)
+    kind = online_covariance_type(covariance_type)
+    S = kind.implied_second_moments(w, cov, reg_covar, d)
     return make_statistics(w, np.zeros((K, d)), S, means, covariance_type)
 
 

@@ -137,6 +137,7 @@ class OnlineMixin:
         return self
 
     def _partial_fit_unsafe(self, X, sample_weight):
+        online.online_covariance_type(self.covariance_type)  # before reading X
         if (not hasattr(self, "means_") and self.checkpoint is not None
                 and os.path.exists(self.checkpoint)):
             self._resume_stream()
