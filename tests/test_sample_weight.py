@@ -331,6 +331,56 @@ def test_weights_with_process_workers(X, weights, tmp_path, schedule, temp_folde
     assert not any(temp_folder.iterdir())  # the shared copies were removed
 
 
+def _task_arguments(monkeypatch):
+    """Record the arguments of every task sent to joblib's workers."""
+    import joblib
+
+    from emgmm.runtime import executor
+
+    sent = []
+
+    class Recording(joblib.Parallel):
+        def __call__(self, iterable):
+            calls = list(iterable)
+            sent.extend(args for _, args, _ in calls)
+            return super().__call__(calls)
+
+    monkeypatch.setattr(executor, "Parallel", Recording)
+    return sent
+
+
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_process_workers_get_the_weights_by_reference(tmp_path, schedule, temp_folder,
+                                                      monkeypatch):
+    """No worker receives the n weights: every task's weights pickle to a few
+    hundred bytes (a file name), for in-memory and file-backed weights alike, in
+    fit and in partial_fit."""
+    import pickle
+
+    from emgmm.io.weights import WeightSource
+
+    n = 40_000  # 320 kB of weights
+    data = make_blobs_data(n, 2, 2, seed=3)
+    w = np.random.default_rng(4).uniform(0.5, 2.0, size=n)
+    npy = tmp_path / "w.npy"
+    np.save(npy, w)
+    sent = _task_arguments(monkeypatch)
+    for weights in (w, str(npy)):
+        sent.clear()
+        _fit(GaussianMixture(2, random_state=0, max_iter=2, tol=0.0, n_jobs=2,
+                             block_size=5000, schedule=schedule),
+             data, sample_weight=weights)
+        shared = [a for args in sent for a in args if isinstance(a, WeightSource)]
+        assert len(shared) >= 8  # every pass's tasks carry the weights
+        assert max(len(pickle.dumps(a)) for a in shared) < 2000
+        sent.clear()  # and a partial_fit batch's
+        GaussianMixture(2, random_state=0, n_jobs=2, block_size=5000,
+                        schedule=schedule).partial_fit(data, sample_weight=weights)
+        shared = [a for args in sent for a in args if isinstance(a, WeightSource)]
+        assert len(shared) >= 2
+        assert max(len(pickle.dumps(a)) for a in shared) < 2000
+
+
 def test_integer_and_float32_weights(X):
     w = np.random.default_rng(7).integers(1, 4, size=len(X))
     a = _fit(_fixed(X, "diag"), X, sample_weight=w)
