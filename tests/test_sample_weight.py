@@ -70,11 +70,13 @@ def assert_same_model(a, b, rtol=1e-10):
                                    err_msg=name)
 
 
+@pytest.mark.parametrize("schedule", ["rows", "components"])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_integer_weights_equal_repeated_rows(X, covariance_type):
+def test_integer_weights_equal_repeated_rows(X, covariance_type, schedule):
     w = np.random.default_rng(0).integers(1, 4, size=len(X))
     repeated = np.repeat(X, w, axis=0)
-    weighted = _fit(_fixed(X, covariance_type, block_size=17), X, sample_weight=w)
+    weighted = _fit(_fixed(X, covariance_type, block_size=17, schedule=schedule), X,
+                    sample_weight=w)
     plain = _fit(_fixed(X, covariance_type), repeated)
     np.testing.assert_allclose(weighted.lower_bounds_, plain.lower_bounds_, rtol=1e-10)
     np.testing.assert_allclose(weighted.lower_bound_, plain.lower_bound_, rtol=1e-10)
@@ -93,11 +95,13 @@ def test_tol_keeps_its_meaning_on_the_weighted_mean(X, covariance_type):
     assert_same_model(weighted, plain, rtol=1e-9)
 
 
+@pytest.mark.parametrize("schedule", ["rows", "components"])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_zero_weight_equals_dropping_the_row(X, covariance_type):
+def test_zero_weight_equals_dropping_the_row(X, covariance_type, schedule):
     w = np.ones(len(X))
     w[[0, 5, 17, 60, 61, 149]] = 0.0
-    weighted = _fit(_fixed(X, covariance_type, block_size=16), X, sample_weight=w)
+    weighted = _fit(_fixed(X, covariance_type, block_size=16, schedule=schedule), X,
+                    sample_weight=w)
     dropped = _fit(_fixed(X, covariance_type), X[w > 0])
     np.testing.assert_allclose(weighted.lower_bounds_, dropped.lower_bounds_, rtol=1e-10)
     assert_same_model(weighted, dropped)
@@ -320,13 +324,16 @@ def test_every_data_source_with_weights(X, weights, make_sources):
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-def test_weights_with_process_workers(X, weights, tmp_path, schedule, temp_folder):
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_weights_with_process_workers(X, weights, tmp_path, covariance_type, schedule,
+                                      temp_folder):
     npy = tmp_path / "w.npy"
     np.save(npy, weights)
-    ref = _fit(_fixed(X, "full", block_size=25, n_jobs=1), X, sample_weight=weights)
+    ref = _fit(_fixed(X, covariance_type, block_size=25, n_jobs=1), X,
+               sample_weight=weights)
     for w in (weights, str(npy)):
-        est = _fit(_fixed(X, "full", block_size=25, n_jobs=2, schedule=schedule), X,
-                   sample_weight=w)
+        est = _fit(_fixed(X, covariance_type, block_size=25, n_jobs=2,
+                          schedule=schedule), X, sample_weight=w)
         assert_same_model(est, ref, rtol=1e-12)
     assert not any(temp_folder.iterdir())  # the shared copies were removed
 
