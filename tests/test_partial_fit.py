@@ -13,6 +13,7 @@ import itertools
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import h5py
@@ -22,6 +23,7 @@ from helpers import COVARIANCE_TYPES, make_blobs_data
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 from sklearn.base import clone
+from sklearn.cluster import MiniBatchKMeans
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
@@ -224,6 +226,31 @@ def test_fit_after_partial_fit_starts_afresh(X):
     assert est.n_steps_ == 0
 
 
+def _centres(est):
+    return est.cluster_centers_ if hasattr(est, "cluster_centers_") else est.means_
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MiniBatchKMeans(K, random_state=0, n_init=1),
+    lambda: GaussianMixture(K, random_state=0),
+], ids=["MiniBatchKMeans", "emgmm"])
+def test_fit_and_partial_fit_interact_as_in_scikit_learn(X, make):
+    """The same assertions hold for scikit-learn's MiniBatchKMeans and for emgmm:
+    fit after partial_fit is a fresh fit; partial_fit after fit takes one more
+    step (n_steps_ + 1) from the fitted model, staying near it (emgmm's step is
+    checked against the oracle in the next test)."""
+    batch = _batches(X)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        np.testing.assert_array_equal(_centres(make().partial_fit(batch).fit(X)),
+                                      _centres(make().fit(X)))
+        fitted = make().fit(X)
+    start, steps = _centres(fitted).copy(), fitted.n_steps_
+    fitted.partial_fit(batch)
+    assert fitted.n_steps_ == steps + 1
+    assert np.abs(_centres(fitted) - start).max() < 0.05 * X.std()
+
+
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_partial_fit_after_fit_continues_from_the_fitted_model(X, covariance_type):
     est = GaussianMixture(K, covariance_type=covariance_type, random_state=0).fit(X)
@@ -371,13 +398,16 @@ def test_integer_weights_in_a_batch_equal_repeated_rows(X):
         assert_same_model(a, b, rtol=1e-10)
 
 
-def test_process_workers_give_the_serial_stream(X, temp_folder):
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_process_workers_give_the_serial_stream(X, temp_folder, schedule):
     a = _online(X, "full", block_size=16, n_jobs=1)
-    b = _online(X, "full", block_size=16, n_jobs=2, schedule="components")
-    for batch in _batches(X)[:3]:
-        a.partial_fit(batch)
-        b.partial_fit(batch)
+    b = _online(X, "full", block_size=16, n_jobs=2, schedule=schedule)
+    w = np.random.default_rng(5).uniform(0.5, 2.0, size=len(X))
+    for batch, wb in zip(_batches(X)[:3], _batches(w)[:3]):
+        a.partial_fit(batch, sample_weight=wb)
+        b.partial_fit(batch, sample_weight=wb)
         assert_same_model(a, b, rtol=1e-12)
+    assert not any(temp_folder.iterdir())  # the shared weights were removed
 
 
 @pytest.mark.parametrize("params, match", [
