@@ -176,6 +176,23 @@ def test_kmeans_init_is_scikit_learns_weighted_kmeans(X, weights):
     assert not np.allclose(plain.means_, got.means_, rtol=1e-6)
 
 
+def test_init_subsample_of_a_file_takes_its_rows_weights(X, weights, tmp_path):
+    """init_max_samples < n: the k-means of the subsample, drawn as scikit-learn's
+    RandomState draws it, gets the weights of the subsample's rows (read from a
+    weight file by blocks)."""
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "w.npy", weights)
+    rng = np.random.RandomState(0)
+    idx = np.sort(rng.choice(len(X), size=60, replace=False))
+    labels = KMeans(K, n_init=1, random_state=rng).fit(
+        X[idx], sample_weight=weights[idx]).labels_
+    want = _weighted_parameters(X[idx], np.eye(K)[labels], weights[idx])
+    got = _init_only("kmeans").set_params(init_max_samples=60, block_size=16).fit(
+        str(tmp_path / "X.npy"), sample_weight=str(tmp_path / "w.npy"))
+    for name, value in zip(("weights_", "means_", "covariances_"), want):
+        np.testing.assert_allclose(getattr(got, name), value, rtol=1e-10, err_msg=name)
+
+
 def test_kmeans_plusplus_init_is_scikit_learns_weighted_seeding(X, weights):
     w = weights.copy()
     w[::2] = 0.0  # rows of zero weight are never a seed
