@@ -15,7 +15,8 @@ interleaved (the machine is shared). The results are compared too: emgmm's
 weighted and repeated-rows lower bounds, and the weighted means against
 scikit-learn's of the repeated rows (both ~1e-10 or closer).
 
-    python benchmarks/bench_online.py                   # ~2 min
+    python benchmarks/bench_online.py                   # minutes
+    python benchmarks/bench_online.py --medium          # a minute
     python benchmarks/bench_online.py --quick           # seconds
     python benchmarks/bench_online.py --out results/online.json
 """
@@ -121,17 +122,20 @@ def stream(X, K, repeat, n_jobs, n_batches=10):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small problem")
+    parser.add_argument("--medium", action="store_true",
+                        help="n=20000, d=8, K=8 (a loaded machine)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--n-jobs", type=int, default=1)
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
-    n, d, K, iters = (4_000, 4, 4, 2) if args.quick else (100_000, 16, 16, 4)
+    n, d, K, iters = ((4_000, 4, 4, 2) if args.quick else (20_000, 8, 8, 3)
+                      if args.medium else (100_000, 16, 16, 4))
     rng = np.random.default_rng(0)
     X = rng.normal(size=(n, d)) + rng.integers(0, 4, size=(n, 1)) * 3.0
     w = rng.integers(1, 4, size=n)
     warnings.simplefilter("ignore", ConvergenceWarning)
     out = {"n": n, "d": d, "K": K, "iterations": iters, "n_jobs": args.n_jobs,
-           "repeat": args.repeat, "quick": args.quick,
+           "repeat": args.repeat, "quick": args.quick, "medium": args.medium,
            "sample_weight": weighted_rows(X, w, K, iters, args.repeat, args.n_jobs),
            "partial_fit": stream(X, K, args.repeat, args.n_jobs)}
     text = json.dumps(out, indent=2)
