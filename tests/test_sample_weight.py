@@ -332,10 +332,11 @@ def test_h5py_dataset_weights(X, weights, tmp_path):
     assert_same_model(est, ref, rtol=1e-13)
 
 
-def test_every_data_source_with_weights(X, weights, make_sources):
-    ref = _fit(_fixed(X, "spherical", block_size=32), X, sample_weight=weights)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_every_data_source_with_weights(X, weights, make_sources, covariance_type):
+    ref = _fit(_fixed(X, covariance_type, block_size=32), X, sample_weight=weights)
     for source in make_sources(X):
-        est = _fit(_fixed(X, "spherical", block_size=32), source.obj,
+        est = _fit(_fixed(X, covariance_type, block_size=32), source.obj,
                    sample_weight=weights)
         assert_same_model(est, ref, rtol=1e-13)
 
