@@ -340,6 +340,23 @@ def _check_callback(mp, capsys):
     assert [r["lower_bound"] for r in seen] == est.lower_bounds_
 
 
+def _stream_means(**params):
+    est = GaussianMixture(**{**BASE, **params})
+    for part in np.array_split(X_SMALL, 3):
+        est.partial_fit(part)
+    return est.means_
+
+
+def _check_learning_decay(mp, capsys):
+    assert not np.allclose(_stream_means(learning_decay=0.6),
+                           _stream_means(learning_decay=1.0), rtol=1e-6)
+
+
+def _check_learning_offset(mp, capsys):
+    assert not np.allclose(_stream_means(learning_offset=0.0),
+                           _stream_means(learning_offset=100.0), rtol=1e-6)
+
+
 PARAM_CHECKS = {name[len("_check_"):]: f for name, f in globals().items()
                 if name.startswith("_check_")}
 

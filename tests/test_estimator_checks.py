@@ -2,8 +2,9 @@
 
 The default estimator and one instance per covariance type (with two components, so
 that the multi-component code paths run) go through every check of
-``check_estimator``. No check is expected to fail: ``EXPECTED_FAILED_CHECKS`` is
-empty. If a check ever cannot apply, list it there with its reason. The only skip
+``check_estimator``. The one check expected to fail (``EXPECTED_FAILED_CHECKS``)
+is the sample-weight equivalence from the default k-means initialisation, which
+depends on the order of the rows the check shuffles. The only skip
 allowed is scikit-learn's own: the array API check without ``SCIPY_ARRAY_API``.
 """
 
@@ -20,8 +21,14 @@ ESTIMATORS = [GaussianMixture()] + [
     GaussianMixture(n_components=2, covariance_type=ct) for ct in COVARIANCE_TYPES
 ]
 
-# check name -> reason. Empty: every check applies to a drop-in GaussianMixture.
-EXPECTED_FAILED_CHECKS: dict[str, str] = {}
+# check name -> reason.
+EXPECTED_FAILED_CHECKS: dict[str, str] = {
+    # the check shuffles the rows, and the k-means initialisation depends on their
+    # order (scikit-learn expects the same failure of KMeans); from a fixed init the
+    # same check passes (tests/test_sample_weight.py)
+    "check_sample_weight_equivalence_on_dense_data":
+        "the k-means initialisation depends on the order of the rows",
+}
 
 ALLOWED_SKIP = "SCIPY_ARRAY_API is not set"
 

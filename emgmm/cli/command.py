@@ -126,6 +126,8 @@ _ESTIMATOR_FLAGS = [
     (("--checkpoint",), "checkpoint", dict(metavar="NPZ")),
     (("--checkpoint-interval",), "checkpoint_interval",
      dict(type=at_least(float, 0.0), metavar="SECONDS")),
+    (("--learning-decay",), "learning_decay", dict(type=float)),
+    (("--learning-offset",), "learning_offset", dict(type=float)),
 ]
 _INIT_ARRAYS = ("weights_init", "means_init", "precisions_init")
 #: Flags of ``emgmm fit --bayesian`` only: the priors of ``BayesianGaussianMixture``
@@ -334,7 +336,7 @@ def _cmd_fit(args):
 
     params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
     params, bayesian = _bayesian_params(args, params)
-    inputs = [("DATA", args.data)]
+    inputs = [("DATA", args.data), ("--sample-weight", args.sample_weight)]
     inputs += [(_flag(name), params.get(name)) for name in _INIT_ARRAYS]
     inputs += [(_flag(name), getattr(args, name)) for name in ("mean_prior",
                                                                 "covariance_prior")
@@ -376,7 +378,7 @@ def _cmd_fit(args):
     # stdout carries the result only (--json): the estimator's verbose lines go to
     # stderr with the progress reports
     with contextlib.redirect_stdout(sys.stderr):
-        estimator.fit(args.data)
+        estimator.fit(args.data, sample_weight=args.sample_weight)
     estimator.set_params(callback=None)
     save_model(estimator, args.output)
     summary = dict(reporter.summary(estimator), data=args.data, model=args.output)
@@ -553,6 +555,9 @@ def build_parser():
         fit.add_argument(*flags, dest=name, default=argparse.SUPPRESS,
                          help=f"with --bayesian: BayesianGaussianMixture({name}=...); "
                               f"default {bayesian_defaults[name]!r}", **kwargs)
+    fit.add_argument("--sample-weight", metavar="W", default=None,
+                     help="weights of the rows of DATA: a .npy file or "
+                          "file.h5:/path/to/dataset (1-D, finite, >= 0)")
     fit.add_argument("--warm-start", metavar="MODEL", default=None,
                      help="start from the parameters of a saved model "
                           "(warm_start=True)")

@@ -305,6 +305,14 @@ class CovarianceType(ABC):
         """Sufficient statistics of one block centred on ``centers`` (see
         :func:`emgmm.covariance.statistics.block_statistics`)."""
 
+    def weighted_block_statistics(self, X, resp, centers, sample_weight,
+                                  resp_threshold=0.0, products=None, out=None):
+        """:meth:`block_statistics` of the weighted responsibilities ``w_i r_ik``:
+        ``resp`` (the caller's work buffer) is multiplied by ``sample_weight`` (n,)
+        in place. Types whose kernel needs rows that sum to one override this."""
+        resp *= sample_weight[:, None]
+        return self.block_statistics(X, resp, centers, resp_threshold, products, out)
+
     @abstractmethod
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         """Covariances of the M step from the summed statistics, the regularised
@@ -334,13 +342,16 @@ class CovarianceType(ABC):
         covariances = self.m_step_covariances(stats, nk, shift, reg_covar, overwrite)
         return weights, means, covariances
 
-    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar):
+    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar,
+                                          sample_weight=None):
         """Initial covariances from a sample ``X`` and its responsibilities
-        (scikit-learn's ``_estimate_gaussian_parameters``)."""
+        (scikit-learn's ``_estimate_gaussian_parameters``), the rows weighted by
+        ``sample_weight`` (n,) when given."""
         from .m_step import m_step
         from .statistics import block_statistics
 
-        stats = block_statistics(X, resp, means, self)
+        stats = block_statistics(X, np.array(resp, dtype=np.float64), means, self,
+                                 sample_weight=sample_weight)
         return m_step(stats, means, reg_covar, self)[2]
 
     # ------------------------------------- variational Bayes (Bishop 2006, 10.2)
@@ -410,3 +421,35 @@ class CovarianceType(ABC):
     def sample(self, rng, means, covariances, counts):
         """``counts[k]`` draws of each component, as scikit-learn draws them: a
         list of arrays, one per component."""
+
+    # ------------------------------------ stepwise online EM (engine/online.py)
+
+    #: Whether the type has the running statistics of ``partial_fit`` (the
+    #: methods below); a type without them refuses ``partial_fit``.
+    has_online_statistics = False
+
+    def _no_online(self):
+        return NotImplementedError(f"covariance_type={self.name!r} has no running "
+                                   "statistics for stepwise online EM (partial_fit).")
+
+    def second_moments_shape(self, n_components, n_features):
+        """Shape of the statistics' ``sum_xx`` (a tuple)."""
+        raise self._no_online()
+
+    def shift_second_moments(self, sum_xx, nk, sum_x, delta):
+        """``sum_xx`` around centres moved by ``delta`` (K, d): the parallel-axis
+        shift ``S - s delta^T - delta s^T + N delta delta^T`` in the type's
+        layout, from the statistics ``nk`` (K,) and ``sum_x`` (K, d) around the
+        old centres. A new array."""
+        raise self._no_online()
+
+    def implied_second_moments(self, weights, covariances, reg_covar, n_features):
+        """``sum_xx`` around the means that the M step maps to ``covariances``
+        for component weights ``weights`` (K,) summing to one: ``w_k (Sigma_k -
+        reg_covar I)`` in the type's layout (its inverse with ``s_k = 0``)."""
+        raise self._no_online()
+
+    def symmetrised_second_moments(self, sum_xx):
+        """``sum_xx`` with what the M step does not read filled from what it
+        reads (in place; 'full': the lower triangles from the upper)."""
+        return sum_xx

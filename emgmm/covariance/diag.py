@@ -105,3 +105,14 @@ class DiagCovariance(CovarianceType):
         d = means.shape[1]
         return [m + rng.standard_normal(size=(s, d)) * np.sqrt(c)
                 for m, c, s in zip(means, covariances, counts)]
+
+    has_online_statistics = True
+
+    def second_moments_shape(self, n_components, n_features):
+        return (n_components, n_features)
+
+    def shift_second_moments(self, sum_xx, nk, sum_x, delta):
+        return sum_xx - 2.0 * delta * sum_x + nk[:, None] * delta**2
+
+    def implied_second_moments(self, weights, covariances, reg_covar, n_features):
+        return weights[:, None] * (covariances - reg_covar)

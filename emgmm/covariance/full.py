@@ -118,3 +118,22 @@ class FullCovariance(CovarianceType):
     def sample(self, rng, means, covariances, counts):
         return [rng.multivariate_normal(m, c, int(s))
                 for m, c, s in zip(means, covariances, counts)]
+
+    has_online_statistics = True
+
+    def second_moments_shape(self, n_components, n_features):
+        return (n_components, n_features, n_features)
+
+    def shift_second_moments(self, sum_xx, nk, sum_x, delta):
+        cross = sum_x[:, :, None] * delta[:, None, :]
+        return (sum_xx - cross - np.swapaxes(cross, 1, 2)
+                + nk[:, None, None] * delta[:, :, None] * delta[:, None, :])
+
+    def implied_second_moments(self, weights, covariances, reg_covar, n_features):
+        return weights[:, None, None] * (covariances - reg_covar * np.eye(n_features))
+
+    def symmetrised_second_moments(self, sum_xx):
+        d = sum_xx.shape[1]
+        lower = np.tril(np.ones((d, d), dtype=bool), -1)
+        np.copyto(sum_xx, np.swapaxes(sum_xx, 1, 2), where=lower)
+        return sum_xx

@@ -31,6 +31,11 @@ class SphericalCovariance(DiagCovariance):
         prec = np.asarray(precisions_cholesky, dtype=np.float64) ** 2
         return np.repeat(prec[:, None], n_features, axis=1)
 
+    def implied_second_moments(self, weights, covariances, reg_covar, n_features):
+        # the statistics keep the diagonal (K, d): the variance in every feature
+        return np.repeat((weights * (covariances - reg_covar))[:, None], n_features,
+                         axis=1)
+
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         return super().m_step_covariances(stats, nk, shift, reg_covar).mean(axis=1)
 

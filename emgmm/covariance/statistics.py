@@ -352,7 +352,7 @@ def _full_statistics(X, resp, centers, resp_threshold, nk, sum_x, sum_xx):
             _gathered_moments(X, resp, centers, kept, counts, redo, nk, sum_x, sum_xx)
 
 
-def _tied_moments(X, resp, centers):
+def _tied_moments(X, resp, centers, sample_weight=None):
     """``s_k = sum_i r_ik (x_i - c_k)`` and ``sum_k sum_i r_ik (x_i - c_k)(x_i -
     c_k)^T`` for 'tied', with no cancellation.
 
@@ -372,6 +372,10 @@ def _tied_moments(X, resp, centers):
     X : ndarray of shape (n, d), float64
     resp : ndarray of shape (n, K), float64
     centers : ndarray of shape (K, d), float64
+    sample_weight : ndarray of shape (n,) or None, default=None
+        Row weights ``w_i``: every term of row ``i`` is multiplied by ``w_i``
+        (``resp`` stays the unweighted responsibilities, whose rows sum to one;
+        ``W_jk`` sums ``w_i r_ik``).
 
     Returns
     -------
@@ -392,12 +396,17 @@ def _tied_moments(X, resp, centers):
         rows = order[starts[j]:starts[j + 1]]
         e[rows] = resp[rows] @ (centers - centers[j])
     diff = X - ref
-    sum_x = resp.T @ diff
+    wresp = resp if sample_weight is None else resp * sample_weight[:, None]
+    sum_x = wresp.T @ diff
     diff -= e
-    out = diff.T @ diff
-    out -= e.T @ e
+    if sample_weight is None:
+        out = diff.T @ diff
+        out -= e.T @ e
+    else:
+        out = (diff * sample_weight[:, None]).T @ diff
+        out -= (e * sample_weight[:, None]).T @ e
     one_hot = sparse.csr_matrix((np.ones(n), (labels, np.arange(n))), shape=(K, n))
-    W = np.asarray(one_hot @ resp)
+    W = np.asarray(one_hot @ wresp)
     for j in np.flatnonzero(W.any(axis=1)):
         others = np.flatnonzero(W[j])
         others = others[others != j]
@@ -409,7 +418,7 @@ def _tied_moments(X, resp, centers):
 
 
 def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
-                     products=None, out=None):
+                     products=None, out=None, sample_weight=None):
     """Sufficient statistics of one block, centred on ``centers``.
 
     ``N_k = sum_i r_ik``, ``s_k = sum_i r_ik (x_i - c_k)`` and
@@ -439,6 +448,11 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
     out : SufficientStatistics or None, default=None
         Sums of earlier blocks with the same centres: this block's statistics are
         added into it (for 'full' without a ``(K, d, d)`` array per block).
+    sample_weight : ndarray of shape (n,) or None, default=None
+        Row weights ``w_i``: the statistics of ``w_i r_ik``
+        (:meth:`~emgmm.covariance.CovarianceType.weighted_block_statistics`; for
+        all but 'tied', ``resp`` is multiplied by them in place, and
+        ``resp_threshold`` applies to ``w_i r_ik``).
 
     Returns
     -------
@@ -450,8 +464,11 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
     X = np.asarray(X)
     resp = np.asarray(resp, dtype=np.float64)
     centers = np.asarray(centers, dtype=np.float64)
-    return get_covariance_type(covariance_type).block_statistics(
-        X, resp, centers, resp_threshold, products, out)
+    kind = get_covariance_type(covariance_type)
+    if sample_weight is not None:
+        return kind.weighted_block_statistics(X, resp, centers, sample_weight,
+                                              resp_threshold, products, out)
+    return kind.block_statistics(X, resp, centers, resp_threshold, products, out)
 
 
 def _added(stats, out):
@@ -506,10 +523,10 @@ def full_block_statistics(X, resp, centers, resp_threshold=0.0, out=None):
     return out
 
 
-def tied_block_statistics(X, resp, centers, out=None):
+def tied_block_statistics(X, resp, centers, out=None, sample_weight=None):
     """'tied' statistics: ``sum_xx`` pooled over the components, (d, d)
-    (:func:`_tied_moments`), every pair counted."""
-    nk = resp.sum(axis=0)
+    (:func:`_tied_moments`, with the rows' weights), every pair counted."""
+    nk = resp.sum(axis=0) if sample_weight is None else sample_weight @ resp
     X64 = X.astype(np.float64, copy=False)
-    sum_x, sum_xx = _tied_moments(X64, resp, centers)
+    sum_x, sum_xx = _tied_moments(X64, resp, centers, sample_weight)
     return _added(SufficientStatistics(nk, sum_x, sum_xx, 0.0, X.shape[0]), out)

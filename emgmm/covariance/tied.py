@@ -80,10 +80,17 @@ class TiedCovariance(CovarianceType):
                          out=None):
         return tied_block_statistics(X, resp, centers, out)
 
+    def weighted_block_statistics(self, X, resp, centers, sample_weight,
+                                  resp_threshold=0.0, products=None, out=None):
+        # the kernel reads responsibilities that sum to one per row: the weights
+        # go in apart (resp is not modified)
+        return tied_block_statistics(X, resp, centers, out, sample_weight)
+
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         return tied_covariance(stats, nk, shift, reg_covar)
 
-    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar):
+    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar,
+                                          sample_weight=None):
         """scikit-learn's pooled initial covariance, formed without cancellation.
 
         scikit-learn forms ``(X^T X - sum_k N_k mu_k mu_k^T) / sum_k N_k``
@@ -109,6 +116,8 @@ class TiedCovariance(CovarianceType):
         nk : ndarray of shape (K,)
             ``N_k``, with scikit-learn's ``10 eps``.
         reg_covar : float
+        sample_weight : ndarray of shape (m,) or None, default=None
+            Multiplies every row's terms.
 
         Returns
         -------
@@ -116,16 +125,19 @@ class TiedCovariance(CovarianceType):
         """
         owned = resp.sum(axis=1) > 0
         d = X.shape[1]
+        w = np.ones(X.shape[0]) if sample_weight is None else sample_weight
         scatter = np.zeros((d, d))
         # by chunks of rows: the centred products hold a few copies of their rows
         for start in range(0, X.shape[0], _CHUNK_ROWS):
-            x, r, own = (a[start:start + _CHUNK_ROWS] for a in (X, resp, owned))
+            x, r, own, wc = (a[start:start + _CHUNK_ROWS]
+                             for a in (X, resp, owned, w))
             if own.any():
                 scatter += tied_block_statistics(
                     x[own], np.asarray(r[own], dtype=np.float64),
-                    np.asarray(means, dtype=np.float64)).sum_xx
+                    np.asarray(means, dtype=np.float64),
+                    sample_weight=None if sample_weight is None else wc[own]).sum_xx
             rest = x[~own]
-            scatter += rest.T @ rest
+            scatter += (rest * wc[~own, None]).T @ rest
         cov = scatter / nk.sum()
         cov = 0.5 * (cov + cov.T)
         cov[np.diag_indices_from(cov)] += reg_covar
@@ -176,3 +188,15 @@ class TiedCovariance(CovarianceType):
     def sample(self, rng, means, covariances, counts):
         return [rng.multivariate_normal(m, covariances, int(s))
                 for m, s in zip(means, counts)]
+
+    has_online_statistics = True
+
+    def second_moments_shape(self, n_components, n_features):
+        return (n_features, n_features)
+
+    def shift_second_moments(self, sum_xx, nk, sum_x, delta):
+        cross = sum_x.T @ delta  # (the terms summed over the components)
+        return sum_xx - cross - cross.T + (delta.T * nk) @ delta
+
+    def implied_second_moments(self, weights, covariances, reg_covar, n_features):
+        return weights.sum() * (covariances - reg_covar * np.eye(n_features))

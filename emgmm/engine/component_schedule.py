@@ -32,7 +32,7 @@ import numpy as np
 
 from ..io.atomic import reserve
 from .model import Model
-from .passes import Worst, check_explained, smallest
+from .passes import Worst, check_explained, smallest, weighted_sum, worst_candidates
 from .estep import logsumexp_rows, exp_flushed, weighted_log_prob
 from ..covariance.log_density import relevance_margin
 from ..covariance.statistics import block_statistics
@@ -96,7 +96,7 @@ def log_prob_task(source, r0, start, stop, block_size, model, k0, buffer, comput
 
 
 def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, compute_dtype,
-                   means, *, blas_threads):
+                   means, weights=None, *, blas_threads):
     """Normalise rows ``start:stop`` of the buffer to log-responsibilities in place.
 
     Returns
@@ -118,8 +118,10 @@ def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, compute
         with np.errstate(under="ignore", invalid="ignore"):
             weighted -= log_prob_norm[:, np.newaxis]
         buf[b0 - r0:b1 - r0] = weighted
-        sums.append(float(log_prob_norm.sum()))
+        w = None if weights is None else weights.read(b0, b1)
+        sums.append(weighted_sum(w, log_prob_norm))
         if n_worst:
+            log_prob_norm = worst_candidates(w, log_prob_norm)
             keep = smallest(log_prob_norm, n_worst)
             values = np.concatenate([values, log_prob_norm[keep]])
             rows = np.concatenate([rows, b0 + keep])
@@ -131,7 +133,8 @@ def normalize_task(source, r0, start, stop, block_size, buffer, n_worst, compute
 
 
 def component_statistics_task(source, r0, start, stop, block_size, model, k0, buffer,
-                              compute_dtype, resp_threshold, centers, *, blas_threads):
+                              compute_dtype, resp_threshold, centers, weights=None, *,
+                              blas_threads):
     """Sufficient statistics of components ``k0:k1`` over rows ``start:stop``, centred
     on ``centers`` (those of the slice)."""
     with limit_blas(blas_threads):
@@ -144,8 +147,10 @@ def component_statistics_task(source, r0, start, stop, block_size, model, k0, bu
             resp = exp_flushed(np.array(buf[b0 - r0:b1 - r0, k0:k1]))
             products = (model.kind.block_products(X, model)
                         if model.kind.statistics_need_products else None)
-            total = block_statistics(X, resp, centers, model.covariance_type,
-                                     resp_threshold, products, out=total)
+            total = block_statistics(
+                X, resp, centers, model.covariance_type, resp_threshold, products,
+                out=total,
+                sample_weight=None if weights is None else weights.read(b0, b1))
         del buf
     return total
 
@@ -170,7 +175,7 @@ def _concatenate(parts, n_samples, log_likelihood, kind):
 
 
 def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
-                              resp_threshold, n_worst, centers=None):
+                              resp_threshold, n_worst, centers=None, weights=None):
     """Component-sharded schedule of one statistics pass (see the module notes).
 
     Same signature, semantics and result as :func:`emgmm.engine.passes.rows_statistics_pass`:
@@ -220,7 +225,8 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                     for (k0, _k1), m in zip(slices, models) for a, b in pieces]):
                 pass
             for sums, v, r in executor.map(normalize_task, [
-                    (r0, a, b, block_size, buffer, n_worst, compute_dtype, model.means)
+                    (r0, a, b, block_size, buffer, n_worst, compute_dtype, model.means,
+                     weights)
                     for a, b in pieces]):
                 for s in sums:
                     log_likelihood += s
@@ -230,7 +236,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                 values, rows = values[order], rows[order]
             results = executor.map(component_statistics_task, [
                 (r0, a, b, block_size, m, k0, buffer, compute_dtype, resp_threshold,
-                 centers[k0:k1])
+                 centers[k0:k1], weights)
                 for (k0, k1), m in zip(slices, bare) for a, b in pieces])
             for j in range(len(slices)):
                 for _ in pieces:

@@ -51,7 +51,12 @@ class EMSettings:
 class DataPass:
     """A statistics pass of one schedule over fixed rows:
     ``statistics_pass(executor, tasks, block_size, model, compute_dtype,
-    resp_threshold, n_worst[, centers=])``."""
+    resp_threshold, n_worst[, centers=][, weights=])``.
+
+    ``weights`` are the rows' sample weights (a
+    :class:`~emgmm.io.weights.WeightSource` the tasks can read, or ``None``) and
+    ``total_weight`` their sum (``n_samples`` without weights): the ``n`` of the
+    lower bound."""
 
     statistics_pass: object
     executor: object
@@ -60,13 +65,20 @@ class DataPass:
     n_samples: int
     compute_dtype: type
     resp_threshold: float
+    weights: object = None
+    total_weight: float = None
+
+    def __post_init__(self):
+        if self.total_weight is None:
+            self.total_weight = self.n_samples
 
     def __call__(self, model, n_worst, centers=None):
         args = (self.executor, self.tasks, self.block_size, model, self.compute_dtype,
                 self.resp_threshold, n_worst)
-        if centers is None:
-            return self.statistics_pass(*args)
-        return self.statistics_pass(*args, centers=centers)
+        kwargs = {} if centers is None else {"centers": centers}
+        if self.weights is not None:
+            kwargs["weights"] = self.weights
+        return self.statistics_pass(*args, **kwargs)
 
 
 def em_step(data_pass, model, settings, policy, seeds, used_rows, n_iter,
@@ -119,12 +131,12 @@ def em_step(data_pass, model, settings, policy, seeds, used_rows, n_iter,
     streaks = seeds if streaks is None else streaks
     new.precisions_cholesky, reseeded = policy.repair(new, bad, starved, worst, streaks,
                                                       used_rows, n_iter)
-    return new, update.lower_bound(log_likelihood, data_pass.n_samples, new), reseeded
+    return new, update.lower_bound(log_likelihood, data_pass.total_weight, new), reseeded
 
 
 def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=None,
            init_index=0, start=None, on_iteration=None,
-           statistics_pass=rows_statistics_pass):
+           statistics_pass=rows_statistics_pass, weights=None, total_weight=None):
     """Iterate :func:`em_step` from ``model`` until ``|change of mean log-likelihood|
     < tol`` or ``max_iter`` iterations.
 
@@ -150,6 +162,10 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
     statistics_pass : callable
         The schedule: ``(executor, tasks, block_size, model, compute_dtype,
         resp_threshold, n_worst) -> (SufficientStatistics, Worst)``.
+    weights : WeightSource or None, default=None
+        Sample weights the tasks read with the rows.
+    total_weight : float or None, default=None
+        Their sum, the ``n`` of the lower bound (``n_samples`` without weights).
 
     Returns
     -------
@@ -158,7 +174,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
     if callable(model):
         model = model()
     data_pass = DataPass(statistics_pass, executor, tasks, block_size, n_samples,
-                         settings.compute_dtype, settings.resp_threshold)
+                         settings.compute_dtype, settings.resp_threshold, weights,
+                         total_weight)
     policy = settings.policy()
     state = RunResult(model, [], 0, False, []) if start is None else start
     del model

@@ -82,9 +82,27 @@ def check_explained(log_prob_norm, start, source, dtype, means):
     )
 
 
+def weighted_sum(weights, log_prob_norm):
+    """``sum_i w_i log p(x_i)`` of a block (``weights`` None: the plain sum)."""
+    return float(log_prob_norm.sum() if weights is None else weights @ log_prob_norm)
+
+
+def worst_candidates(weights, log_prob_norm):
+    """``log p(x_i)`` with the rows of zero weight out of reach of a re-seed."""
+    if weights is None:
+        return log_prob_norm
+    return np.where(weights > 0, log_prob_norm, np.inf)
+
+
 def statistics_task(source, start, stop, block_size, model, compute_dtype,
-                    resp_threshold, n_worst, centers=None, *, blas_threads):
+                    resp_threshold, n_worst, centers=None, weights=None, *,
+                    blas_threads):
     """Sufficient statistics and worst-explained rows of rows ``start:stop``.
+
+    ``weights`` (a :class:`~emgmm.io.weights.WeightSource` or ``None``) are read in
+    the same blocks as the rows: the statistics and the log-likelihood are those of
+    ``w_i r_ik`` and ``w_i log p(x_i)``, and rows of zero weight are never among
+    the worst.
 
     Returns
     -------
@@ -102,6 +120,7 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
             X = source.read(b0, b1, compute_dtype)
+            w = None if weights is None else weights.read(b0, b1)
             # ('diag'/'spherical') the centred block of the E step serves the M step
             products = model.kind.block_products(X, model)
             with borrow("resp", (b1 - b0, len(model.weights)), order="F") as out:
@@ -111,9 +130,10 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
                 )
                 check_explained(log_prob_norm, b0, source, compute_dtype, model.means)
                 total = block_statistics(X, resp, centers, model.covariance_type,
-                                         resp_threshold, products, out=total)
-                total.log_likelihood += float(log_prob_norm.sum())
-                worst = worst.update(log_prob_norm, b0, X)
+                                         resp_threshold, products, out=total,
+                                         sample_weight=w)
+                total.log_likelihood += weighted_sum(w, log_prob_norm)
+                worst = worst.update(worst_candidates(w, log_prob_norm), b0, X)
                 # release this block's arrays before the next block allocates its own
                 del X, products, log_prob_norm, resp
     return total, worst
@@ -135,8 +155,9 @@ def release_after_pass(model, compute_dtype, block_rows):
 
 
 def score_task(source, start, stop, block_size, model, compute_dtype, want_labels,
-               *, blas_threads):
-    """Summed log-likelihood (and labels if asked) of rows ``start:stop``."""
+               weights=None, *, blas_threads):
+    """Summed (weighted) log-likelihood, and labels if asked, of rows
+    ``start:stop``."""
     with limit_blas(blas_threads):
         total = 0.0
         labels = np.empty(stop - start, dtype=np.int64) if want_labels else None
@@ -149,7 +170,8 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
                     model.covariance_type, SCORE_MARGIN, model.prepare(compute_dtype),
                     out,
                 )
-                total += float(log_prob_norm.sum())
+                total += weighted_sum(
+                    None if weights is None else weights.read(b0, b1), log_prob_norm)
                 if want_labels:
                     labels[b0 - start:b1 - start] = log_resp.argmax(axis=1)
                 del X, log_prob_norm, log_resp
@@ -165,7 +187,7 @@ def task_model(model, compute_dtype, prepare):
 
 
 def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
-                         resp_threshold, n_worst, centers=None):
+                         resp_threshold, n_worst, centers=None, weights=None):
     """Row-sharded schedule: every task computes all components over its rows.
 
     Returns
@@ -176,8 +198,8 @@ def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     worst : Worst
     """
     model = task_model(model, compute_dtype, relevance_margin(resp_threshold) is not None)
-    args = [(s, e, block_size, model, compute_dtype, resp_threshold, n_worst, centers)
-            for s, e in tasks]
+    args = [(s, e, block_size, model, compute_dtype, resp_threshold, n_worst, centers,
+             weights) for s, e in tasks]
     stats, worst = None, None
     for task_stats, task_worst in executor.map(statistics_task, args):
         if stats is None:
@@ -188,10 +210,13 @@ def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     return stats, worst
 
 
-def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels):
-    """Total log-likelihood of all rows (and their labels) under ``model``."""
+def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels,
+               weights=None):
+    """Total (weighted) log-likelihood of all rows (and their labels) under
+    ``model``."""
     model = task_model(model, compute_dtype, True)
-    args = [(s, e, block_size, model, compute_dtype, want_labels) for s, e in tasks]
+    args = [(s, e, block_size, model, compute_dtype, want_labels, weights)
+            for s, e in tasks]
     total, parts = 0.0, []
     for task_total, labels in executor.map(score_task, args):
         total += task_total

@@ -128,8 +128,11 @@ class SharedPasses:
                                                  n_worst, centers)))
 
     def score_pass(self, executor, tasks, block_size, model, compute_dtype,
-                   want_labels):
-        """:func:`emgmm.engine.passes.score_pass`'s result for ``model``."""
+                   want_labels, weights=None):
+        """:func:`emgmm.engine.passes.score_pass`'s result for ``model`` (the
+        candidates of a grid have no sample weights: ``weights`` is ``None``)."""
+        if weights is not None:
+            raise ValueError("shared passes take no sample weights")
         model = task_model(model, compute_dtype, True)
         return self._ask(_Request("score", (model, compute_dtype, want_labels)))
 

@@ -27,6 +27,7 @@ from ..engine.model import Model, RunResult
 from ..runtime.executor import pid_alive, process_space
 from .atomic import atomic_output, check_writable, reserved_file
 from ..engine.variational import VariationalModel
+from .weights import weights_fingerprint
 
 FORMAT = "emgmm-checkpoint"
 #: 2: the data fingerprint hashes every row (version 1 hashed 16 rows).
@@ -508,7 +509,8 @@ def _release_lock(fd, path):
         os.close(fd)
 
 
-def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model):
+def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model,
+                      sample_weights=None):
     """The :class:`Checkpointer` of a fit, or ``None`` without ``checkpoint``.
 
     Parameters
@@ -520,6 +522,9 @@ def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model
         Before any draw of this fit.
     warm_model : Model or None
         The parameters a warm start continues from.
+    sample_weights : WeightSource or None, default=None
+        The fit's weights: part of the data's fingerprint (SHA-256 of every
+        weight), so that a fit with other weights does not resume.
 
     Raises
     ------
@@ -541,8 +546,10 @@ def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model
                          f"file ({source.description}): give the checkpoint a path "
                          "of its own")
     check_writable(estimator.checkpoint, "checkpoint")
+    data = data_fingerprint(source)
+    data["sample_weight"] = weights_fingerprint(sample_weights)
     fingerprint = {
-        "data": data_fingerprint(source),
+        "data": data,
         "params": params_fingerprint(estimator, compute_dtype, random_state, warm_model),
     }
     return Checkpointer(estimator.checkpoint, estimator.checkpoint_interval, fingerprint)

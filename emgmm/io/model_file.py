@@ -18,6 +18,9 @@ File layout (format ``"emgmm.GaussianMixture"``, version 1)::
                              (weights_init, means_init, precisions_init)
     /fit                     attributes: n_iter, converged, lower_bound;
                              dataset lower_bounds (n_iter,)
+    /online                  attribute n_steps (partial_fit steps, 0 after fit);
+                             after a step, the running statistics nk, sum_x,
+                             sum_xx, centers (float64; emgmm.engine.online)
 
 A ``BayesianGaussianMixture`` (format ``"emgmm.BayesianGaussianMixture"``, version 1)
 has the same layout (``weights`` are its ``weights_``) plus::
@@ -49,6 +52,7 @@ import numpy as np
 
 from ..covariance import REGISTRY
 from ..covariance.base import not_upper_triangular_message
+from ..engine import online
 from ..covariance.cholesky import (
     covariances_from_cholesky,
     factor_limit,
@@ -152,6 +156,9 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
     if bayesian:
         sizes += [np.asarray(getattr(estimator, name + "_")).nbytes
                   for name in _VARIATIONAL_ARRAYS + ("weight_concentration",)]
+    stats = getattr(estimator, "_online_statistics", None)
+    if stats is not None:
+        sizes += [a.nbytes for a in online.to_arrays(stats).values()]
     nbytes = _RESERVE_SLACK_BYTES + 2 * sum(sizes)
     with atomic_output(path) as tmp_path:
         # Space first: HDF5 meeting a full file system mid-write crashed the process
@@ -190,6 +197,8 @@ def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
             fit["lower_bounds"] = lower_bounds
             if bayesian:
                 _write_variational(f.create_group("variational"), estimator)
+            if hasattr(estimator, "n_steps_"):
+                _write_online(f.create_group("online"), estimator)
 
 
 def _write_variational(group, estimator):
@@ -219,6 +228,31 @@ def _stored_kind(header):
     except (KeyError, TypeError, ValueError) as exc:
         raise _Damage(f"attribute 'params' does not configure covariance_type "
                       f"{covariance_type!r} ({type(exc).__name__}: {exc})") from None
+
+
+def _write_online(group, estimator):
+    """A stream's state: its step count and, after a step, the running statistics."""
+    group.attrs["n_steps"] = int(estimator.n_steps_)
+    stats = getattr(estimator, "_online_statistics", None)
+    if stats is not None:
+        for name, value in online.to_arrays(stats, prefix="").items():
+            group[name] = value
+
+
+def _read_online(f, estimator, path):
+    """Set ``n_steps_`` (0 in a file without a stream: a fit) and the statistics."""
+    try:
+        group = f.get("online")
+        estimator.n_steps_ = 0 if group is None else int(group.attrs["n_steps"])
+        estimator._online_statistics = None
+        if group is not None and "nk" in group:
+            estimator._online_statistics = online.from_arrays(
+                {name: group[name][()] for name in group}, estimator.covariance_type,
+                prefix="")
+    except (KeyError, ValueError, TypeError, OSError, RuntimeError, AttributeError) \
+            as exc:  # (h5py's errors on damaged bytes among them)
+        raise ModelFileError(f"{os.fspath(path)} has damaged online statistics "
+                             f"({type(exc).__name__}: {exc})") from None
 
 
 #: Bytes reserved for a model file beyond twice its contents (HDF5's metadata).
@@ -569,7 +603,8 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
         as stored, ``covariances_`` and ``precisions_`` recomputed from the factors
         (in float64), all five in the dtype of the fitted model; the fit metadata
         (``n_iter_``, ``converged_``, ``lower_bound_``, ``lower_bounds_``),
-        ``n_features_in_`` and ``feature_names_in_`` if stored. Parameters listed in
+        ``n_features_in_``, the state of a ``partial_fit`` stream (``n_steps_``, 0
+        for a fit, and its running statistics) and ``feature_names_in_`` if stored. Parameters listed in
         ``params_dropped`` keep their defaults.
 
     Raises
@@ -632,6 +667,8 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
     for name, value in (variational or {}).items():
         if name != "weight_concentration_prior_type":
             setattr(estimator, name + "_", value)
+    with _open(path) as f:
+        _read_online(f, estimator, path)
     return estimator
 
 

@@ -22,7 +22,7 @@ import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, Union
+from typing import TYPE_CHECKING, Optional, TypeVar, Union
 
 import numpy as np
 from sklearn import config_context, get_config
@@ -40,6 +40,7 @@ from ..engine.passes import check_explained, rows_statistics_pass, score_pass
 from ..engine.update import MaximumLikelihood
 from ..io.checkpoint import open_checkpointer
 from ..io.sources import ArraySource, as_source, is_file_backed
+from ..io.weights import as_weight_source, check_weights
 from ..runtime.blas import single_blas_thread
 from ..runtime.executor import Executor, means_one_core
 from ..runtime.memory import (
@@ -52,6 +53,7 @@ from ..runtime.memory import (
 )
 from ..runtime.worker_loss import explain_worker_loss
 from .initialization import init_sample, subsample_indices
+from .online import OnlineMixin, initial_model, shared_weights
 from .validation import validate_params
 
 from numpy.typing import ArrayLike
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
 #: What the methods taking ``X`` accept: array-likes, ``np.memmap``, a ``.npy``
 #: path, an ``h5py.Dataset`` or ``"file.h5:/path/to/dataset"``.
 DataLike = Union[ArrayLike, str, "os.PathLike[str]", "h5py.Dataset"]
+#: What ``sample_weight`` accepts: the same kinds of source, 1-D, or one number.
+WeightLike = Union[DataLike, float]
 _Mixture = TypeVar("_Mixture", bound="BaseMixture")
 
 def _as_stored(model, dtype):
@@ -191,9 +195,12 @@ class FitPlan:
     checkpointer: object
     #: The scoring pass (a shared one when several fits read the data together).
     score_pass: object = score_pass
+    sample_weights: object = None
+    total_weight: float = None
+    weights: object = None  # the sample weights as the tasks read them (once entered)
 
 
-class BaseMixture(DensityMixin, BaseEstimator):
+class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
     """Base class of the mixture estimators fitted by blocked EM over a source.
 
     Subclasses define ``__init__`` (scikit-learn's conventions), the
@@ -281,22 +288,30 @@ class BaseMixture(DensityMixin, BaseEstimator):
         self), handed to :meth:`_initial_model`."""
         raise NotImplementedError
 
-    def _initial_model(self, source, random_state, inits, block_size):
-        """The starting :class:`~emgmm.engine.model.Model` of one initialisation."""
+    def _initial_model(self, source, random_state, inits, block_size,
+                       sample_weights=None):
+        """The starting :class:`~emgmm.engine.model.Model` of one initialisation
+        (``sample_weights``: a :class:`~emgmm.io.weights.WeightSource` of the
+        rows' weights, or ``None``)."""
         raise NotImplementedError
 
-    def _init_sample(self, source, random_state, block_size):
-        """The rows the initialisation sees: all, or a random subsample of
-        ``init_max_samples`` (sorted), checked and in float64
+    def _init_sample(self, source, random_state, block_size, sample_weights=None):
+        """``(rows, their weights or None)`` the initialisation sees: all rows, or
+        a random subsample of ``init_max_samples`` (sorted), checked and in float64
         (:func:`~emgmm.mixture.initialization.init_sample`)."""
+        weights = None
         if isinstance(source, ArraySource) and source.n_samples <= self.init_max_samples:
             sample = source.array
+            if sample_weights is not None:
+                weights = sample_weights.read(0, source.n_samples)
         else:
             idx = subsample_indices(source.n_samples, self.init_max_samples,
                                     random_state)
             if idx is None:
                 idx = np.arange(source.n_samples)
             sample = source.take(idx, block_size)
+            if sample_weights is not None:
+                weights = sample_weights.take(idx, block_size)
         sample = init_sample(sample, source.description)
         if sample.shape[0] < self.n_components:
             # (n_samples >= n_components was checked: the subsample is short)
@@ -304,7 +319,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
                 f"init_max_samples={self.init_max_samples} is below n_components="
                 f"{self.n_components}: the initialisation subsample needs at least "
                 "one row per component.")
-        return sample
+        return sample, weights
 
     def _update_rule(self):
         """The engine's update rule: E-step parameters, parameters from statistics
@@ -363,7 +378,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
     # -------------------------------------------------------------------- fit
 
-    def fit(self: _Mixture, X: DataLike, y: None = None) -> _Mixture:
+    def fit(self: _Mixture, X: DataLike, y: None = None,
+            sample_weight: Optional[WeightLike] = None) -> _Mixture:
         """Estimate the parameters with EM, keeping the best of ``n_init`` runs.
 
         Parameters
@@ -374,6 +390,14 @@ class BaseMixture(DensityMixin, BaseEstimator):
             are used as they are; integer data is cast per block.
         y : None
             Ignored.
+        sample_weight : array-like of shape (n_samples,), np.memmap, str, PathLike, h5py.Dataset or None, default=None
+            Weights of the rows: in memory, memory-mapped, a ``.npy`` path or
+            ``"file.h5:/path/to/weights"``, read in the row blocks of ``X``. Every
+            sufficient statistic sums ``w_i r_ik``; the lower bound is the weighted
+            mean log-likelihood (``tol`` keeps its meaning); the initialisation
+            weighs the rows too. Integer weights fit as repeated rows, weight 0 as
+            a dropped row. A component is starved below one sample's mean weight
+            (``sum w / n``).
 
         Returns
         -------
@@ -383,8 +407,10 @@ class BaseMixture(DensityMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            Invalid parameters or data (NaN/inf, names the row for files), or an
-            ill-defined covariance with ``on_degenerate='raise'``.
+            Invalid parameters or data (NaN/inf, names the row for files), invalid
+            weights (negative, NaN or infinite: names the row and file; a length
+            other than ``n_samples``; all zero), or an ill-defined covariance with
+            ``on_degenerate='raise'``.
         MemoryError
             When the model cannot fit ``memory_limit``, or when a worker process died
             (most likely killed for memory); the message gives the estimate. The
@@ -393,10 +419,11 @@ class BaseMixture(DensityMixin, BaseEstimator):
             When the data cannot be shared with the workers (temporary folder full),
             or a data file is cut, replaced or rewritten during the fit (named).
         """
-        self._fit(X, want_labels=False)
+        self._fit(X, want_labels=False, sample_weight=sample_weight)
         return self
 
-    def fit_predict(self, X: DataLike, y: None = None) -> np.ndarray:
+    def fit_predict(self, X: DataLike, y: None = None,
+                    sample_weight: Optional[WeightLike] = None) -> np.ndarray:
         """Fit, then return the labels of ``X`` from a final E step.
 
         ``fit_predict(X)`` equals ``fit(X).predict(X)``.
@@ -407,39 +434,46 @@ class BaseMixture(DensityMixin, BaseEstimator):
             The data, from any source :meth:`fit` accepts.
         y : None
             Ignored.
+        sample_weight : see :meth:`fit`
 
         Returns
         -------
         ndarray of shape (n_samples,), int64
             The most responsible component of each sample.
         """
-        return self._fit(X, want_labels=True)
+        return self._fit(X, want_labels=True, sample_weight=sample_weight)
 
-    def _fit(self, X, want_labels):
+    def _validate(self):
         # (scikit-learn's _fit_context: the parameters checked once, and nested
         # estimators, e.g. the k-means of the initialisation, not checked again)
         if not get_config()["skip_parameter_validation"]:
             validate_params(self._parameter_constraints, self.get_params(deep=False),
                             type(self).__name__)
+
+    def _fit(self, X, want_labels, sample_weight=None):
+        self._validate()
         saved = dict(self.__dict__)
         try:
             with config_context(skip_parameter_validation=True):
-                return self._fit_unsafe(X, want_labels)
+                return self._fit_unsafe(X, want_labels, sample_weight)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(saved)
             raise
 
-    def _fit_unsafe(self, X, want_labels):
+    def _fit_unsafe(self, X, want_labels, sample_weight):
         source = self._source(X, reset=True)
+        plan = None
         try:
-            plan = self._plan(source)
+            plan = self._plan(source, sample_weight)
             # (the checkpointer first: it holds its path from open_checkpointer on,
             # and must let it go also when the executor refuses to start)
             with plan.checkpointer or nullcontext(), \
                     explain_worker_loss(plan.model_nbytes, plan.block_nbytes,
                                         plan.executor.n_workers, source), \
-                    plan.executor:
+                    plan.executor, \
+                    shared_weights(plan.executor, plan.sample_weights) as weights:
+                plan.weights = weights
                 best = self._best_run(plan, source, want_labels)
                 # U U^T under the BLAS threads of the fit's other products: the
                 # thread count changes a product's rounding, and precisions_ too is
@@ -451,23 +485,36 @@ class BaseMixture(DensityMixin, BaseEstimator):
                     plan.checkpointer.remove()  # (while it holds the path)
         finally:
             source.close()
+            if plan is not None and plan.sample_weights is not None:
+                plan.sample_weights.close()
         return self._finish(best, precisions, plan.out_dtype)
 
-    def _plan(self, source):
-        """Check the data against the parameters and plan the fit (refusing, before
-        writing X for the workers or starting them, a model that cannot fit)."""
+    def _plan(self, source, sample_weight=None, stream=False):
+        """Check the data (and weights) against the parameters and plan the fit
+        (refusing, before writing X for the workers or starting them, a model that
+        cannot fit). ``stream``: for :meth:`partial_fit` (no checkpointer of fit;
+        the initialisation only on an unfitted estimator)."""
         n, d = source.shape
-        if n < self.n_components:
+        first = not (stream and hasattr(self, "means_"))
+        if first and n < self.n_components:
             raise ValueError(
                 "Expected n_samples >= n_components but got n_components = "
                 f"{self.n_components}, n_samples = {n}"
             )
-        inits = self._check_initial_parameters(d)
+        inits = self._check_initial_parameters(d) if first else None
+        sample_weights = as_weight_source(sample_weight, n)
+        try:
+            total_weight = n if sample_weights is None else check_weights(
+                sample_weights, self.n_components if first else None).total
+        except BaseException:
+            sample_weights.close()
+            raise
         compute_dtype = self._compute_dtype(source)
         out_dtype = self._output_dtype(compute_dtype, source.dtype)
         block_size = self._block_size(source)
         tasks = partition(n, block_size)
-        do_init = not (self.warm_start and hasattr(self, "converged_"))
+        do_init = (first if stream
+                   else not (self.warm_start and hasattr(self, "converged_")))
         random_state = check_random_state(self.random_state)
         executor = Executor(source, self.n_jobs)
         if getattr(self.callback, "wants_progress", False):
@@ -481,8 +528,9 @@ class BaseMixture(DensityMixin, BaseEstimator):
             executor.row_threads = 0
         if tasks_are_tiny(n, len(tasks), self.n_components, d, kind):
             executor.one_blas_thread()
-        checkpointer = open_checkpointer(self, source, compute_dtype, random_state,
-                                         None if do_init else self._current_model())
+        checkpointer = None if stream else open_checkpointer(
+            self, source, compute_dtype, random_state,
+            None if do_init else self._current_model(), sample_weights)
         block_nbytes = block_size * bytes_per_row(
             d, self.n_components, np.dtype(compute_dtype).itemsize, kind)
         return FitPlan(
@@ -490,7 +538,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
             self.n_init if do_init else 1, random_state, executor,
             component_statistics_pass if schedule == "components"
             else rows_statistics_pass,
-            estimate, block_nbytes, checkpointer)
+            estimate, block_nbytes, checkpointer, sample_weights, total_weight)
 
     def _best_run(self, plan, source, want_labels):
         """Run every initialisation (from a checkpoint's, if resuming); return
@@ -520,7 +568,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
         if want_labels and best[2] is None:  # not scored with labels, or restored
             _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
                                         self._labels_model(plan, best[1].model),
-                                        plan.compute_dtype, True)
+                                        plan.compute_dtype, True, plan.weights)
             best = best[:2] + (labels,)
         return best
 
@@ -536,8 +584,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
             self.callback({"event": "final_pass", "init": init})
         total, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
                                         self._labels_model(plan, run.model),
-                                        plan.compute_dtype, want_labels)
-        return total / plan.n_samples, labels
+                                        plan.compute_dtype, want_labels, plan.weights)
+        return total / plan.total_weight, labels
 
     def _labels_model(self, plan, model):
         """The model whose E step labels the rows: ``model`` as stored."""
@@ -549,13 +597,17 @@ class BaseMixture(DensityMixin, BaseEstimator):
         # over in a list that run_em empties, so that nothing here keeps it after
         # the first iteration (K d^2 values twice)
         starting = [start.model if start is not None else
-                    self._initial_model(source, plan.random_state, plan.inits,
-                                        plan.block_size)
+                    initial_model(self, source, plan.random_state, plan.inits,
+                                  plan.block_size, plan.sample_weights)
                     if plan.do_init else self._current_model()]
         _check_variances_fit(starting[0], plan.out_dtype)
         settings = EMSettings(self.max_iter, self.tol, self.reg_covar,
                               plan.compute_dtype, self.resp_threshold,
-                              self.on_degenerate, update=self._update_rule())
+                              self.on_degenerate,
+                              # starved: below a thousandth of the mean row weight
+                              min_count=EMSettings.min_count * plan.total_weight
+                              / plan.n_samples,
+                              update=self._update_rule())
         checkpointer = plan.checkpointer
         return run_em(
             plan.executor, plan.tasks, plan.block_size, starting.pop, plan.n_samples,
@@ -563,6 +615,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
             statistics_pass=plan.statistics_pass, start=start,
             on_iteration=(None if checkpointer is None
                           else checkpointer.saver(init, plan.random_state, best)),
+            weights=plan.weights, total_weight=plan.total_weight,
         )
 
     def _finish(self, best, precisions, out_dtype):
@@ -582,6 +635,9 @@ class BaseMixture(DensityMixin, BaseEstimator):
         self.lower_bound_ = score
         self.lower_bounds_ = run.lower_bounds
         self.history_ = run.history
+        # a stream continued by partial_fit starts from this model
+        self.n_steps_ = 0
+        self._online_statistics = None
         return labels
 
     def _task_callback(self, done, total):
@@ -659,7 +715,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
         return self._per_block(X, lambda log_prob_norm, _: log_prob_norm, None,
                                "float", out, "score_samples")
 
-    def score(self, X: DataLike, y: None = None) -> float:
+    def score(self, X: DataLike, y: None = None,
+              sample_weight: Optional[WeightLike] = None) -> float:
         """Mean per-sample log-likelihood of ``X`` (nats per sample).
 
         Parameters
@@ -668,16 +725,33 @@ class BaseMixture(DensityMixin, BaseEstimator):
             The data, from any source :meth:`fit` accepts.
         y : None
             Ignored.
+        sample_weight : see :meth:`fit`
+            The weighted mean ``sum_i w_i log p(x_i) / sum_i w_i``.
 
         Returns
         -------
         float
             The mean log-likelihood per sample, in nats.
         """
+        return self._n_and_score(X, sample_weight)[1]
+
+    def _n_and_score(self, X, sample_weight=None):
+        """``(n, mean log-likelihood)`` of ``X``; with weights ``n = sum w`` and the
+        weighted mean (the weights read in blocks beside the log-likelihoods)."""
         # (from the float64 values, as fit's last pass sums them into lower_bound_)
         log_prob = self._per_block(X, lambda log_prob_norm, _: log_prob_norm, None,
                                    "float64")
-        return float(np.mean(log_prob))
+        n = log_prob.shape[0]
+        if sample_weight is None:
+            return n, float(log_prob.mean())
+        weights = as_weight_source(sample_weight, n)
+        try:
+            total = check_weights(weights).total
+            log_l = sum(float(weights.read(a, b) @ log_prob[a:b])
+                        for a, b in partition(n, 65536))
+        finally:
+            weights.close()
+        return total, log_l / total
 
     def predict(self, X: DataLike, out: np.ndarray | None = None) -> np.ndarray:
         """Label of the most responsible component for each sample.

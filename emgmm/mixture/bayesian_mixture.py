@@ -264,7 +264,7 @@ class BayesianGaussianMixture(BaseMixture):
         """scikit-learn's ``_initialize``: the variational M step from the initial
         responsibilities' ``N_k``, means and covariances, on the subsample of at most
         ``init_max_samples`` rows (``N_k`` scaled by ``n_samples / m``)."""
-        sample = self._init_sample(source, random_state, block_size)
+        sample, _ = self._init_sample(source, random_state, block_size)
         resp = initial_responsibilities(sample, self.n_components, self.init_params,
                                         random_state)
         weights, means, covariances = parameters_from_responsibilities(

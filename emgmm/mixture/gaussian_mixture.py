@@ -17,8 +17,9 @@ from ..covariance.cholesky import (
     precisions_cholesky_from_precisions,
 )
 from ..engine.degenerate import initial_factors
+from ..engine import online
 from ..engine.model import Model
-from .base import BaseMixture, DataLike
+from .base import BaseMixture, DataLike, WeightLike
 from .initialization import (
     initial_responsibilities,
     parameters_from_responsibilities,
@@ -153,7 +154,13 @@ class GaussianMixture(BaseMixture):
         "Checkpoints").
     checkpoint_interval : float, default=0.0
         Minimum seconds between two checkpoint writes; 0 writes after every
-        iteration.
+        iteration. (:meth:`partial_fit` writes after every call.)
+    learning_decay : float, default=0.7
+        ``alpha`` of the step size ``eta_t = (t + learning_offset) ** -alpha`` of
+        :meth:`partial_fit`, in ``(0.5, 1]`` (scikit-learn's name and default, from
+        its online ``LatentDirichletAllocation``).
+    learning_offset : float, default=10.0
+        ``t0 >= 0`` of the step size: damps the first steps of a stream.
 
     Attributes
     ----------
@@ -195,6 +202,9 @@ class GaussianMixture(BaseMixture):
         (scikit-learn's meaning).
     history_ : list of dict
         One record per iteration of the kept run (see ``callback``).
+    n_steps_ : int
+        :meth:`partial_fit` calls of the stream since it started (0 after
+        :meth:`fit`).
     n_features_in_ : int
     feature_names_in_ : ndarray of shape (``n_features_in_``,)
         Only when ``X`` has string feature names.
@@ -203,7 +213,9 @@ class GaussianMixture(BaseMixture):
     -----
     Data sources accepted by every method taking ``X``: array-likes, ``np.memmap``,
     a path to a ``.npy`` file (memory-mapped read-only), an ``h5py.Dataset`` and the
-    string ``"file.h5:/path/to/dataset"``. Files are only read.
+    string ``"file.h5:/path/to/dataset"``. Files are only read. ``sample_weight``
+    (of :meth:`fit`, :meth:`partial_fit`, :meth:`score`, :meth:`bic`, :meth:`aic`)
+    takes the same kinds of sources, 1-D.
 
     Examples
     --------
@@ -267,6 +279,8 @@ class GaussianMixture(BaseMixture):
         "callback": [callable, None],
         "checkpoint": [str, os.PathLike, None],
         "checkpoint_interval": [Interval(Real, 0.0, None, closed="left")],
+        "learning_decay": [Interval(Real, 0.5, 1.0, closed="right")],
+        "learning_offset": [Interval(Real, 0.0, None, closed="left")],
     }
 
     def __init__(
@@ -299,6 +313,8 @@ class GaussianMixture(BaseMixture):
         callback: Optional[Callable[[dict[str, Any]], Any]] = None,
         checkpoint: Union[str, os.PathLike[str], None] = None,
         checkpoint_interval: float = 0.0,
+        learning_decay: float = online.DEFAULT_LEARNING_DECAY,
+        learning_offset: float = online.DEFAULT_LEARNING_OFFSET,
     ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
@@ -327,6 +343,8 @@ class GaussianMixture(BaseMixture):
         self.callback = callback
         self.checkpoint = checkpoint
         self.checkpoint_interval = checkpoint_interval
+        self.learning_decay = learning_decay
+        self.learning_offset = learning_offset
 
     # ------------------------------------------------------------ parameters
 
@@ -343,15 +361,18 @@ class GaussianMixture(BaseMixture):
                                           self.n_components, n_features)
         return weights, means, precisions
 
-    def _initial_model(self, source, random_state, inits, block_size):
+    def _initial_model(self, source, random_state, inits, block_size,
+                       sample_weights=None):
         weights_init, means_init, precisions_init = inits
         weights = means = covariances = None
+        sample_weight = None
         if weights_init is None or means_init is None or precisions_init is None:
-            sample = self._init_sample(source, random_state, block_size)
+            sample, sample_weight = self._init_sample(source, random_state, block_size,
+                                                      sample_weights)
             resp = initial_responsibilities(sample, self.n_components, self.init_params,
-                                            random_state)
+                                            random_state, sample_weight)
             weights, means, covariances = parameters_from_responsibilities(
-                sample, resp, self.reg_covar, self._kind()
+                sample, resp, self.reg_covar, self._kind(), sample_weight
             )
         if weights_init is not None:
             weights = np.asarray(weights_init, dtype=np.float64)
@@ -412,39 +433,39 @@ class GaussianMixture(BaseMixture):
         K = self.n_components
         return int(self._kind().n_parameters(K, d) + d * K + K - 1)
 
-    def _n_and_score(self, X):
-        log_prob = self.score_samples(X)
-        return log_prob.shape[0], float(log_prob.mean())
-
-    def bic(self, X: DataLike) -> float:
+    def bic(self, X: DataLike, sample_weight: Optional[WeightLike] = None) -> float:
         """Bayesian information criterion, ``-2 log L + p log n`` (Schwarz, 1978).
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
             The data, from any source :meth:`fit` accepts.
+        sample_weight : see :meth:`fit`
+            With weights, ``log L = sum_i w_i log p(x_i)`` and ``n = sum_i w_i``.
 
         Returns
         -------
         float
             The lower the better.
         """
-        n, score = self._n_and_score(X)
+        n, score = self._n_and_score(X, sample_weight)
         return -2 * score * n + self._n_parameters() * math.log(n)
 
-    def aic(self, X: DataLike) -> float:
+    def aic(self, X: DataLike, sample_weight: Optional[WeightLike] = None) -> float:
         """Akaike information criterion, ``-2 log L + 2 p`` (Akaike, 1974).
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
             The data, from any source :meth:`fit` accepts.
+        sample_weight : see :meth:`fit`
+            With weights, ``log L = sum_i w_i log p(x_i)``.
 
         Returns
         -------
         float
             The lower the better.
         """
-        n, score = self._n_and_score(X)
+        n, score = self._n_and_score(X, sample_weight)
         return -2 * score * n + 2 * self._n_parameters()
 

@@ -31,7 +31,8 @@ def subsample_indices(n_samples, max_samples, random_state):
     return np.sort(random_state.choice(n_samples, size=max_samples, replace=False))
 
 
-def initial_responsibilities(X, n_components, init_params, random_state):
+def initial_responsibilities(X, n_components, init_params, random_state,
+                             sample_weight=None):
     """Responsibilities the initialisation starts from (scikit-learn's four methods).
 
     Parameters
@@ -42,17 +43,28 @@ def initial_responsibilities(X, n_components, init_params, random_state):
     init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}
     random_state : numpy.random.RandomState
         Consumed exactly as scikit-learn consumes it.
+    sample_weight : ndarray of shape (m,) or None, default=None
+        The rows' weights: 'kmeans' and 'k-means++' pass them to scikit-learn's
+        ``KMeans`` and ``kmeans_plusplus``; 'random_from_data' draws the rows with
+        probability proportional to weight (``random_state.choice(..., p=w / sum
+        w)``); 'random' does not use them (the parameters weigh its
+        responsibilities).
 
     Returns
     -------
     resp : ndarray of shape (m, n_components), float64
+
+    Raises
+    ------
+    ValueError
+        'random_from_data' with fewer rows of positive weight than components.
     """
     m = X.shape[0]
     resp = np.zeros((m, n_components), dtype=np.float64)
     if init_params == "kmeans":
         labels = (
             KMeans(n_clusters=n_components, n_init=1, random_state=random_state)
-            .fit(X)
+            .fit(X, sample_weight=sample_weight)
             .labels_
         )
         resp[np.arange(m), labels] = 1
@@ -60,15 +72,31 @@ def initial_responsibilities(X, n_components, init_params, random_state):
         resp = random_state.uniform(size=(m, n_components))
         resp /= resp.sum(axis=1)[:, np.newaxis]
     elif init_params == "random_from_data":
-        indices = random_state.choice(m, size=n_components, replace=False)
+        indices = _rows_from_data(m, n_components, random_state, sample_weight)
         resp[indices, np.arange(n_components)] = 1
     else:  # "k-means++"
-        _, indices = kmeans_plusplus(X, n_components, random_state=random_state)
+        _, indices = kmeans_plusplus(X, n_components, sample_weight=sample_weight,
+                                     random_state=random_state)
         resp[indices, np.arange(n_components)] = 1
     return resp
 
 
-def parameters_from_responsibilities(X, resp, reg_covar, covariance_type):
+def _rows_from_data(m, n_components, random_state, sample_weight):
+    """'random_from_data': distinct rows, drawn in proportion to weight if given."""
+    if sample_weight is None:
+        return random_state.choice(m, size=n_components, replace=False)
+    positive = int(np.count_nonzero(sample_weight))
+    if positive < n_components:
+        raise ValueError(
+            f"The initialisation sample has {positive} rows of positive weight, fewer "
+            f"than n_components={n_components}: init_params='random_from_data' needs "
+            "one per component (raise init_max_samples).")
+    return random_state.choice(m, size=n_components, replace=False,
+                               p=sample_weight / sample_weight.sum())
+
+
+def parameters_from_responsibilities(X, resp, reg_covar, covariance_type,
+                                     sample_weight=None):
     """Weights, means and covariances from responsibilities on an in-memory sample.
 
     Follows ``sklearn.mixture._gaussian_mixture._estimate_gaussian_parameters``:
@@ -84,6 +112,8 @@ def parameters_from_responsibilities(X, resp, reg_covar, covariance_type):
     resp : ndarray of shape (m, K)
     reg_covar : float
     covariance_type : str
+    sample_weight : ndarray of shape (m,) or None, default=None
+        Multiplies the responsibilities in every sum; ``m`` becomes ``sum w``.
 
     Returns
     -------
@@ -92,11 +122,12 @@ def parameters_from_responsibilities(X, resp, reg_covar, covariance_type):
     covariances : ndarray
     """
     X64 = np.asarray(X, dtype=np.float64)
-    m = X64.shape[0]
-    nk = resp.sum(axis=0) + 10 * np.finfo(np.float64).eps
-    means = (resp.T @ X64) / nk[:, np.newaxis]
+    m = X64.shape[0] if sample_weight is None else float(sample_weight.sum())
+    weighted = resp if sample_weight is None else resp * sample_weight[:, None]
+    nk = weighted.sum(axis=0) + 10 * np.finfo(np.float64).eps
+    means = (weighted.T @ X64) / nk[:, np.newaxis]
     covariances = get_covariance_type(covariance_type).covariances_from_responsibilities(
-        X64, resp, means, nk, reg_covar)
+        X64, resp, means, nk, reg_covar, sample_weight)
     return nk / m, means, covariances
 
 

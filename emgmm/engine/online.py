@@ -1,0 +1,305 @@
+"""Stepwise online EM: running sufficient statistics moved by a step size.
+
+Stepwise EM (Cappé and Moulines, "On-line expectation-maximization algorithm for
+latent data models", JRSS B 71, 2009, eq. 2-3; Liang and Klein, "Online EM for
+unsupervised models", NAACL 2009, algorithm "stepwise EM") keeps running sufficient
+statistics ``s`` and, for the ``t``-th mini-batch (``t = 1, 2, ...``),
+
+    s_t = s_{t-1} + eta_t (sbar_t - s_{t-1}) = (1 - eta_t) s_{t-1} + eta_t sbar_t,
+    eta_t = (t + t0) ** -alpha,
+
+where ``sbar_t`` are the batch's statistics under the parameters of step ``t - 1``
+*normalised per unit of weight* (divided by the batch's total sample weight), and
+``theta_t`` is the M step of ``s_t``. ``0.5 < alpha <= 1`` is the range in which
+``sum eta_t = inf`` and ``sum eta_t^2 < inf`` (Robbins-Monro). scikit-learn's online
+``LatentDirichletAllocation`` uses the same schedule, whose names and defaults
+emgmm takes: ``learning_decay`` (alpha) 0.7 and ``learning_offset`` (t0) 10.
+
+``s_0`` are the statistics that the M step maps to the starting model
+(:func:`implied_statistics`). With ``alpha = 1`` and ``t0 = 0``, ``eta_1 = 1`` and
+by induction ``s_t = (1 / t) sum_{j <= t} sbar_j``: the plain average of the
+batches' normalised statistics, each under the parameters before it.
+
+The statistics are the engine's ``N_k``, ``s_k = sum r_ik (x_i - c_k)`` and ``S_k =
+sum r_ik (x_i - c_k)(x_i - c_k)^T`` around centres ``c_k`` (the current means, so
+that no large terms cancel), in float64. Moving the centres is the parallel-axis
+shift (:func:`shift_centres`), which is linear in ``(N, s, S)``: the average above does
+not depend on the centres the batches were summed around. For 'full', every
+function reads and writes only what the upper triangles of ``sum_xx`` need (the
+engine's gathered statistics fill only them).
+
+Pure functions of their arguments: no state, no files, no scikit-learn.
+"""
+
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+
+from ..covariance import REGISTRY, get_covariance_type
+
+#: Default ``alpha`` of ``eta_t = (t + t0) ** -alpha`` (scikit-learn's ``learning_decay``).
+DEFAULT_LEARNING_DECAY = 0.7
+#: Default ``t0`` (scikit-learn's ``learning_offset``): damps the first steps.
+DEFAULT_LEARNING_OFFSET = 10.0
+
+
+@dataclass
+class OnlineStatistics:
+    """Normalised sufficient statistics around centres ``c_k``.
+
+    Attributes
+    ----------
+    nk : ndarray of shape (K,), float64
+        ``sum_i w_i r_ik / sum_i w_i`` (sums to one over ``k`` for data statistics).
+    sum_x : ndarray of shape (K, d), float64
+        ``sum_i w_i r_ik (x_i - c_k) / sum_i w_i``.
+    sum_xx : ndarray, float64
+        ``sum_i w_i r_ik (x_i - c_k)(x_i - c_k)^T / sum_i w_i``: ``(K, d, d)`` 'full'
+        (upper triangles meaningful), ``(d, d)`` 'tied' (summed over ``k``),
+        ``(K, d)`` 'diag' and 'spherical' (the diagonals): the covariance type's
+        ``second_moments_shape``.
+    centers : ndarray of shape (K, d), float64
+        The ``c_k``.
+    covariance_type : str
+        A name of :data:`emgmm.covariance.REGISTRY` whose type has online
+        statistics.
+    """
+
+    nk: np.ndarray
+    sum_x: np.ndarray
+    sum_xx: np.ndarray
+    centers: np.ndarray
+    covariance_type: str
+
+
+def online_covariance_type(covariance_type):
+    """The :class:`~emgmm.covariance.CovarianceType` of ``covariance_type``.
+
+    Raises
+    ------
+    ValueError
+        An unknown name, or a type without running statistics (naming those with).
+    """
+    kind = get_covariance_type(covariance_type)
+    if not kind.has_online_statistics:
+        online = [name for name, k in REGISTRY.items() if k.has_online_statistics]
+        raise ValueError(f"covariance_type={kind.name!r} has no stepwise online EM "
+                         f"(partial_fit); these types have: {', '.join(online)}.")
+    return kind
+
+
+def make_statistics(nk, sum_x, sum_xx, centers, covariance_type):
+    """:class:`OnlineStatistics` of float64 copies, with the shapes checked.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``covariance_type``, one without online statistics, or arrays
+        whose shapes do not agree.
+    """
+    kind = online_covariance_type(covariance_type)
+    arrays = [np.array(a, dtype=np.float64) for a in (nk, sum_x, sum_xx, centers)]
+    nk, sum_x, sum_xx, centers = arrays
+    K, d = centers.shape if centers.ndim == 2 else (-1, -1)
+    expected = [(K,), (K, d), kind.second_moments_shape(K, d), (K, d)]
+    for name, a, shape in zip(("nk", "sum_x", "sum_xx", "centers"), arrays, expected):
+        if a.shape != shape or K < 1:
+            raise ValueError(f"{name} has shape {a.shape}; expected {shape} for "
+                             f"covariance_type={covariance_type!r} and centers of "
+                             f"shape {centers.shape}.")
+    return OnlineStatistics(nk, sum_x, sum_xx, centers, kind.name)
+
+
+def check_step_parameters(learning_decay, learning_offset):
+    """Raise ``ValueError`` unless ``0.5 < learning_decay <= 1`` and
+    ``learning_offset >= 0`` (both finite real numbers)."""
+    if not (isinstance(learning_decay, Real) and 0.5 < learning_decay <= 1.0):
+        raise ValueError(f"learning_decay must be in (0.5, 1] (Robbins-Monro: the "
+                         f"steps sum to infinity, their squares do not); got "
+                         f"{learning_decay!r}.")
+    if not (isinstance(learning_offset, Real) and 0.0 <= learning_offset < np.inf):
+        raise ValueError(f"learning_offset must be a finite number >= 0; got "
+                         f"{learning_offset!r}.")
+
+
+def step_size(step, learning_decay=DEFAULT_LEARNING_DECAY,
+              learning_offset=DEFAULT_LEARNING_OFFSET):
+    """``eta_t = (t + t0) ** -alpha`` of the ``t``-th mini-batch.
+
+    Parameters
+    ----------
+    step : int
+        ``t >= 1``.
+    learning_decay : float, default=0.7
+        ``alpha``, in ``(0.5, 1]``.
+    learning_offset : float, default=10.0
+        ``t0 >= 0``.
+
+    Returns
+    -------
+    float
+        In ``(0, 1]``; ``1`` only when ``t + t0 == 1``.
+
+    Raises
+    ------
+    ValueError
+        ``step < 1`` or parameters out of range (:func:`check_step_parameters`).
+    """
+    check_step_parameters(learning_decay, learning_offset)
+    if not isinstance(step, Integral) or step < 1:
+        raise ValueError(f"step must be an integer >= 1; got {step!r}.")
+    return float((step + learning_offset) ** -learning_decay)
+
+
+def normalised(nk, sum_x, sum_xx, centers, total_weight, covariance_type):
+    """A batch's summed statistics divided by its total sample weight.
+
+    Parameters
+    ----------
+    nk, sum_x, sum_xx : ndarray
+        Sums over the batch's rows (weighted), around ``centers``; shapes as in
+        :class:`OnlineStatistics`. For 'full', only the upper triangles of
+        ``sum_xx`` are read: the result is symmetric.
+    centers : ndarray of shape (K, d)
+    total_weight : float
+        ``sum_i w_i`` over the batch (its row count when unweighted), ``> 0``.
+    covariance_type : str
+
+    Returns
+    -------
+    OnlineStatistics
+
+    Raises
+    ------
+    ValueError
+        ``total_weight`` not a finite positive number.
+    """
+    total_weight = float(total_weight)
+    if not 0.0 < total_weight < np.inf:
+        raise ValueError(f"total_weight must be finite and > 0; got {total_weight}.")
+    stats = make_statistics(nk, sum_x, sum_xx, centers, covariance_type)
+    for a in (stats.nk, stats.sum_x, stats.sum_xx):
+        a /= total_weight
+    # ('full': from the upper triangles, as the M step reads them)
+    get_covariance_type(covariance_type).symmetrised_second_moments(stats.sum_xx)
+    return stats
+
+
+def shift_centres(stats, new_centers):
+    """The same statistics around ``new_centers`` (the parallel-axis shift).
+
+    With ``delta_k = c'_k - c_k``: ``N'_k = N_k``, ``s'_k = s_k - N_k delta_k`` and
+    ``S'_k = S_k - s_k delta_k^T - delta_k s_k^T + N_k delta_k delta_k^T`` (the
+    expansion of ``sum r (x - c - delta)(x - c - delta)^T``); 'tied' sums the terms
+    over ``k``, 'diag' and 'spherical' keep the diagonal ``S_kj - 2 delta_kj s_kj +
+    N_k delta_kj^2``. Rounding: the terms are of the size of ``N_k delta_k^2``, so a
+    shift far larger than the spread loses about ``log10(delta^2 / variance)`` digits
+    of ``S`` (callers shift by the M step's own move, ``s_k / N_k``).
+
+    Parameters
+    ----------
+    stats : OnlineStatistics
+    new_centers : array-like of shape (K, d)
+
+    Returns
+    -------
+    OnlineStatistics
+        New arrays; ``stats`` is not modified.
+    """
+    new = np.array(new_centers, dtype=np.float64)
+    if new.shape != stats.centers.shape:
+        raise ValueError(f"new_centers has shape {new.shape}; the statistics are "
+                         f"around centres of shape {stats.centers.shape}.")
+    delta = new - stats.centers
+    nk, s = stats.nk, stats.sum_x
+    kind = online_covariance_type(stats.covariance_type)
+    S = kind.shift_second_moments(stats.sum_xx, nk, s, delta)
+    return OnlineStatistics(nk.copy(), s - nk[:, None] * delta, S, new,
+                            stats.covariance_type)
+
+
+def stepwise_update(running, batch, eta):
+    """``(1 - eta) running + eta batch``, around ``running.centers``.
+
+    Parameters
+    ----------
+    running, batch : OnlineStatistics
+        Of the same covariance type and shapes; ``batch`` is first shifted onto
+        ``running.centers`` (:func:`shift_centres`) when its centres differ.
+    eta : float
+        The step size, in ``[0, 1]`` (:func:`step_size`).
+
+    Returns
+    -------
+    OnlineStatistics
+        New arrays.
+
+    Raises
+    ------
+    ValueError
+        ``eta`` outside ``[0, 1]`` or statistics that do not match.
+    """
+    eta = float(eta)
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"eta must be in [0, 1]; got {eta}.")
+    if (batch.covariance_type != running.covariance_type
+            or batch.sum_xx.shape != running.sum_xx.shape
+            or batch.centers.shape != running.centers.shape):
+        raise ValueError("The batch's statistics do not match the running ones "
+                         f"({batch.covariance_type}, {batch.sum_xx.shape} against "
+                         f"{running.covariance_type}, {running.sum_xx.shape}).")
+    if not np.array_equal(batch.centers, running.centers):
+        batch = shift_centres(batch, running.centers)
+    keep = 1.0 - eta
+    return OnlineStatistics(
+        keep * running.nk + eta * batch.nk,
+        keep * running.sum_x + eta * batch.sum_x,
+        keep * running.sum_xx + eta * batch.sum_xx,
+        running.centers.copy(), running.covariance_type)
+
+
+def implied_statistics(weights, means, covariances, reg_covar, covariance_type):
+    """The normalised statistics around ``means`` that the M step maps to this model.
+
+    The M step gives ``w_k = N_k / sum N``, ``mu_k = c_k + s_k / N_k`` and
+    ``Sigma_k = S_k / N_k - (s_k / N_k)(s_k / N_k)^T + reg_covar I``; its inverse
+    around ``c_k = mu_k`` is ``N_k = w_k``, ``s_k = 0``, ``S_k = w_k (Sigma_k -
+    reg_covar I)`` ('tied': ``sum_k w_k (Sigma - reg_covar I)``; 'spherical':
+    ``w_k (sigma_k^2 - reg_covar)`` in every feature). Up to the M step's ``10 eps``
+    added to ``N_k`` (scikit-learn's guard), which moves the model by ~1e-15 relative.
+    These are ``s_0`` of a stream that starts from a given model.
+
+    Parameters
+    ----------
+    weights : array-like of shape (K,)
+    means : array-like of shape (K, d)
+    covariances : array-like
+        scikit-learn's ``covariances_`` shapes.
+    reg_covar : float
+    covariance_type : str
+
+    Returns
+    -------
+    OnlineStatistics
+    """
+    w = np.array(weights, dtype=np.float64)
+    means = np.array(means, dtype=np.float64)
+    cov = np.array(covariances, dtype=np.float64)
+    K, d = means.shape
+    kind = online_covariance_type(covariance_type)
+    S = kind.implied_second_moments(w, cov, reg_covar, d)
+    return make_statistics(w, np.zeros((K, d)), S, means, covariance_type)
+
+
+def to_arrays(stats, prefix="online_"):
+    """The statistics as a dict of arrays (for model files and checkpoints)."""
+    return {prefix + name: getattr(stats, name)
+            for name in ("nk", "sum_x", "sum_xx", "centers")}
+
+
+def from_arrays(arrays, covariance_type, prefix="online_"):
+    """Inverse of :func:`to_arrays`; shapes checked (:func:`make_statistics`)."""
+    return make_statistics(*(arrays[prefix + name]
+                             for name in ("nk", "sum_x", "sum_xx", "centers")),
+                           covariance_type)

@@ -1,0 +1,220 @@
+"""The stepwise online EM kernels (emgmm.engine.online) against numpy oracles.
+
+The oracle sums the weighted statistics over the whole array directly (einsum over
+every row, component and feature), around whichever centres are asked for; the
+kernels only ever see the summed statistics.
+"""
+
+import numpy as np
+import pytest
+
+from emgmm.engine import online
+
+COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+
+
+def _problem(seed, n=50, K=3, d=4):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * 3.0 + 10.0
+    resp = rng.dirichlet(np.ones(K), size=n)
+    w = rng.uniform(0.1, 3.0, size=n)
+    centers = rng.normal(size=(K, d)) + 10.0
+    return X, resp, w, centers
+
+
+def _oracle(X, resp, w, centers, ct, normalise=True):
+    """(N, s, S) around ``centers``, summed over every row (divided by sum w)."""
+    diff = X[:, None, :] - centers[None, :, :]
+    wr = w[:, None] * resp
+    N = wr.sum(axis=0)
+    s = np.einsum("nk,nkd->kd", wr, diff)
+    if ct in ("full", "tied"):
+        S = np.einsum("nk,nkd,nke->kde", wr, diff, diff)
+        if ct == "tied":
+            S = S.sum(axis=0)
+    else:
+        S = np.einsum("nk,nkd->kd", wr, diff**2)
+    total = w.sum() if normalise else 1.0
+    return N / total, s / total, S / total
+
+
+def _oracle_m_step(N, s, S, centers, reg, ct):
+    """Weights, means, covariances from statistics (no 10 eps guard)."""
+    delta = s / N[:, None]
+    means = centers + delta
+    d = centers.shape[1]
+    if ct == "full":
+        cov = S / N[:, None, None] - np.einsum("kd,ke->kde", delta, delta) + reg * np.eye(d)
+    elif ct == "tied":
+        cov = (S - (delta.T * N) @ delta) / N.sum() + reg * np.eye(d)
+    else:
+        cov = S / N[:, None] - delta**2 + reg
+        if ct == "spherical":
+            cov = cov.mean(axis=1)
+    return N / N.sum(), means, cov
+
+
+def _stats(X, resp, w, centers, ct):
+    N, s, S = _oracle(X, resp, w, centers, ct, normalise=False)
+    return online.normalised(N, s, S, centers, w.sum(), ct)
+
+
+def _assert_stats(stats, expected, rtol=1e-12, atol=1e-12):
+    for got, want in zip((stats.nk, stats.sum_x, stats.sum_xx), expected):
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("ct", COVARIANCE_TYPES)
+def test_normalised_divides_by_the_total_weight(ct):
+    X, resp, w, c = _problem(0)
+    stats = _stats(X, resp, w, c, ct)
+    _assert_stats(stats, _oracle(X, resp, w, c, ct))
+    np.testing.assert_allclose(stats.nk.sum(), 1.0, rtol=1e-14)
+
+
+@pytest.mark.parametrize("ct", COVARIANCE_TYPES)
+def test_shift_centres_equals_the_statistics_summed_around_the_new_centres(ct):
+    X, resp, w, c = _problem(1)
+    new = c + np.random.default_rng(5).normal(size=c.shape)
+    shifted = online.shift_centres(_stats(X, resp, w, c, ct), new)
+    np.testing.assert_array_equal(shifted.centers, new)
+    _assert_stats(shifted, _oracle(X, resp, w, new, ct), rtol=1e-10, atol=1e-10)
+
+
+def test_shift_centres_upper_triangle_depends_only_on_upper_triangles():
+    X, resp, w, c = _problem(2)
+    stats = _stats(X, resp, w, c, "full")
+    garbage = online.OnlineStatistics(stats.nk, stats.sum_x, stats.sum_xx.copy(),
+                                      stats.centers, "full")
+    lower = np.tril(np.ones(stats.sum_xx.shape[1:], dtype=bool), -1)
+    garbage.sum_xx[:, lower] = 1e30
+    new = c + 1.0
+    want, got = online.shift_centres(stats, new), online.shift_centres(garbage, new)
+    upper = ~lower
+    np.testing.assert_array_equal(got.sum_xx[:, upper], want.sum_xx[:, upper])
+
+
+def test_shift_centres_does_not_modify_its_input():
+    X, resp, w, c = _problem(3)
+    stats = _stats(X, resp, w, c, "full")
+    before = [a.copy() for a in (stats.nk, stats.sum_x, stats.sum_xx, stats.centers)]
+    online.shift_centres(stats, c + 2.0)
+    for a, b in zip((stats.nk, stats.sum_x, stats.sum_xx, stats.centers), before):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("ct", COVARIANCE_TYPES)
+def test_stepwise_update_is_the_convex_combination_around_the_running_centres(ct):
+    XA, rA, wA, cA = _problem(4)
+    XB, rB, wB, cB = _problem(5)  # summed around other centres
+    eta = 0.3
+    got = online.stepwise_update(_stats(XA, rA, wA, cA, ct), _stats(XB, rB, wB, cB, ct),
+                                 eta)
+    A, B = _oracle(XA, rA, wA, cA, ct), _oracle(XB, rB, wB, cA, ct)
+    np.testing.assert_array_equal(got.centers, cA)
+    _assert_stats(got, [(1 - eta) * a + eta * b for a, b in zip(A, B)],
+                  rtol=1e-10, atol=1e-10)
+
+
+def test_step_size_formula_and_defaults():
+    assert online.step_size(1) == (1 + 10.0) ** -0.7
+    assert online.step_size(7, 0.6, 2.5) == (7 + 2.5) ** -0.6
+    assert [online.step_size(t, 1.0, 0.0) for t in (1, 2, 3, 10)] == [1.0, 0.5, 1 / 3, 0.1]
+    assert online.DEFAULT_LEARNING_DECAY == 0.7 and online.DEFAULT_LEARNING_OFFSET == 10.0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"step": 1, "learning_decay": 0.5}, "learning_decay must be in"),
+    ({"step": 1, "learning_decay": 1.01}, "learning_decay must be in"),
+    ({"step": 1, "learning_decay": float("nan")}, "learning_decay must be in"),
+    ({"step": 1, "learning_offset": -1.0}, "learning_offset must be"),
+    ({"step": 1, "learning_offset": float("inf")}, "learning_offset must be"),
+    ({"step": 0}, "step must be an integer >= 1"),
+    ({"step": 1.5}, "step must be an integer >= 1"),
+])
+def test_step_size_refuses_out_of_range(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        online.step_size(**kwargs)
+
+
+@pytest.mark.parametrize("ct", COVARIANCE_TYPES)
+def test_alpha_one_t0_zero_gives_the_plain_average_of_the_batches(ct):
+    """s_t = s_{t-1} + (1/t)(sbar_t - s_{t-1}) from any s_0: the mean of sbar_1..t,
+    whatever centres each batch was summed around."""
+    X0, r0, w0, c0 = _problem(10)
+    running = _stats(X0, r0, w0, c0, ct)  # s_0, discarded by eta_1 = 1
+    batches = [_problem(20 + t) for t in range(6)]
+    for t, (X, r, w, c) in enumerate(batches, start=1):
+        running = online.stepwise_update(running, _stats(X, r, w, c, ct),
+                                         online.step_size(t, 1.0, 0.0))
+    parts = [_oracle(X, r, w, c0, ct) for X, r, w, _ in batches]
+    _assert_stats(running, [np.mean(p, axis=0) for p in zip(*parts)],
+                  rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("ct", COVARIANCE_TYPES)
+def test_implied_statistics_invert_the_m_step(ct):
+    X, resp, w, c = _problem(6)
+    reg = 1e-3
+    weights, means, cov = _oracle_m_step(*_oracle(X, resp, w, c, ct), c, reg, ct)
+    implied = online.implied_statistics(weights, means, cov, reg, ct)
+    np.testing.assert_array_equal(implied.centers, means)
+    np.testing.assert_array_equal(implied.sum_x, 0.0)
+    back = _oracle_m_step(implied.nk, implied.sum_x, implied.sum_xx, implied.centers,
+                          reg, ct)
+    for got, want in zip(back, (weights, means, cov)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    if ct != "spherical":  # (spherical keeps only the features' mean)
+        recentred = _oracle(X, resp, w, means, ct)
+        _assert_stats(implied, (recentred[0], np.zeros_like(means), recentred[2]),
+                      rtol=1e-10, atol=1e-10)
+
+
+def test_float64_deterministic_and_arrays_round_trip():
+    X, resp, w, c = _problem(7)
+    N, s, S = (a.astype(np.float32) for a in _oracle(X, resp, w, c, "full", False))
+    one = online.normalised(N, s, S, c.astype(np.float32), w.sum(), "full")
+    two = online.normalised(N, s, S, c.astype(np.float32), w.sum(), "full")
+    for a, b in zip(online.to_arrays(one).values(), online.to_arrays(two).values()):
+        assert a.dtype == np.float64
+        np.testing.assert_array_equal(a, b)
+    back = online.from_arrays(online.to_arrays(one), "full")
+    for a, b in zip(online.to_arrays(back).values(), online.to_arrays(one).values()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.update(online_nk=np.ones(5)), "nk has shape"),
+    (lambda a: a.update(online_sum_xx=np.ones((3, 4))), "sum_xx has shape"),
+])
+def test_from_arrays_checks_shapes(change, match):
+    X, resp, w, c = _problem(8)
+    arrays = online.to_arrays(_stats(X, resp, w, c, "full"))
+    change(arrays)
+    with pytest.raises(ValueError, match=match):
+        online.from_arrays(arrays, "full")
+
+
+@pytest.mark.parametrize("eta", [-0.1, 1.5, float("nan")])
+def test_stepwise_update_refuses_eta_outside_unit_interval(eta):
+    X, resp, w, c = _problem(9)
+    stats = _stats(X, resp, w, c, "diag")
+    with pytest.raises(ValueError, match="eta must be in"):
+        online.stepwise_update(stats, stats, eta)
+
+
+def test_normalised_refuses_zero_total_weight():
+    X, resp, w, c = _problem(9)
+    N, s, S = _oracle(X, resp, w, c, "diag", False)
+    with pytest.raises(ValueError, match="total_weight"):
+        online.normalised(N, s, S, c, 0.0, "diag")
+
+
+def test_normalised_full_statistics_are_symmetrised_from_the_upper_triangles():
+    X, resp, w, c = _problem(11)
+    N, s, S = _oracle(X, resp, w, c, "full", normalise=False)
+    upper_only = np.triu(S)  # the engine's gathered statistics fill only these
+    stats = online.normalised(N, s, upper_only, c, w.sum(), "full")
+    np.testing.assert_allclose(stats.sum_xx, S / w.sum(), rtol=1e-13)
+    np.testing.assert_array_equal(stats.sum_xx, np.swapaxes(stats.sum_xx, 1, 2))

@@ -1,0 +1,212 @@
+"""Weight sources (emgmm.io.weights): every kind reads the same checked blocks."""
+
+import pickle
+
+import h5py
+import numpy as np
+import pytest
+
+from emgmm.io import weights as ws
+
+N = 100
+
+
+@pytest.fixture
+def w():
+    return np.random.default_rng(0).uniform(0.0, 3.0, size=N)
+
+
+def _kinds(w, tmp_path):
+    """(kind, object) for every way of passing ``w``; h5py handles closed by caller."""
+    npy = tmp_path / "w.npy"
+    np.save(npy, w)
+    dat = tmp_path / "w.dat"
+    offset = 16
+    raw = np.memmap(dat, dtype=np.float64, mode="w+", offset=offset, shape=w.shape)
+    raw[:] = w
+    raw.flush()
+    del raw
+    h5 = tmp_path / "w.h5"
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("g/w", data=w, chunks=(16,))
+    handle = h5py.File(h5, "r")
+    writable = h5py.File(tmp_path / "rw.h5", "w")
+    writable.create_dataset("w", data=w)
+    return [
+        ("ndarray", w.copy()), ("list", list(w)),
+        ("memmap", np.memmap(dat, dtype=np.float64, mode="r", offset=offset,
+                             shape=w.shape)),
+        ("npy", str(npy)), ("npy_path", npy), ("h5_string", f"{h5}:/g/w"),
+        ("h5_dataset", handle["g/w"]), ("h5_writable", writable["w"]),
+    ], (handle, writable)
+
+
+def test_every_kind_reads_the_same_blocks(w, tmp_path):
+    kinds, handles = _kinds(w, tmp_path)
+    try:
+        for kind, obj in kinds:
+            source = ws.as_weight_source(obj, N)
+            assert source.n_samples == N, kind
+            for a, b in ((0, 17), (17, 64), (64, N), (N - 1, N)):
+                block = source.read(a, b)
+                assert block.dtype == np.float64 and not block.flags.writeable, kind
+                np.testing.assert_array_equal(block, w[a:b], err_msg=kind)
+            totals = ws.check_weights(source, n_components=3)
+            np.testing.assert_allclose(totals.total, w.sum(), rtol=1e-14)
+            assert totals.n_positive == np.count_nonzero(w)
+            source.close()
+    finally:
+        for f in handles:
+            f.close()
+
+
+def test_file_backed_sources_travel_by_reference(w, tmp_path):
+    kinds, handles = _kinds(w, tmp_path)
+    try:
+        for kind, obj in kinds:
+            if kind in ("ndarray", "list", "h5_writable"):
+                continue
+            source = ws.as_weight_source(obj, N)
+            source.read(0, 10)  # opened here: the pickle must not carry the handle
+            payload = pickle.dumps(source)
+            assert len(payload) < 2000, kind  # no n-sized copy
+            np.testing.assert_array_equal(pickle.loads(payload).read(30, 60), w[30:60])
+        writable = ws.as_weight_source(kinds[-1][1], N)
+        assert not writable.shareable
+        with pytest.raises(TypeError, match="worker processes cannot read it"):
+            pickle.dumps(writable)
+    finally:
+        for f in handles:
+            f.close()
+
+
+def test_integer_bool_float32_and_scalar_weights():
+    ints = np.arange(N) % 4
+    np.testing.assert_array_equal(ws.as_weight_source(ints, N).read(0, N), ints)
+    np.testing.assert_array_equal(ws.as_weight_source(ints.astype(bool), N).read(0, N),
+                                  (ints > 0).astype(float))
+    f32 = (np.arange(N) / 7).astype(np.float32)
+    np.testing.assert_array_equal(ws.as_weight_source(f32, N).read(0, N),
+                                  f32.astype(np.float64))
+    np.testing.assert_array_equal(ws.as_weight_source(2.5, N).read(10, 20),
+                                  np.full(10, 2.5))
+    assert ws.as_weight_source(None, N) is None
+
+
+@pytest.mark.parametrize("row, value, match", [
+    (7, -1.0, r"sample_weight has a negative value \(-1.0\) at row 7\b"),
+    (3, np.nan, r"sample_weight has NaN at row 3\b"),
+    (5, np.inf, r"sample_weight has infinity \(inf\) at row 5\b"),
+])
+def test_bad_values_name_the_row(row, value, match, tmp_path):
+    w = np.ones(N)
+    w[row] = value
+    with pytest.raises(ValueError, match=match):
+        ws.as_weight_source(w, N)
+    npy = tmp_path / "bad.npy"
+    np.save(npy, w)
+    source = ws.as_weight_source(str(npy), N)
+    source.read(0, row)  # the rows before it are fine
+    with pytest.raises(ValueError, match=rf"bad\.npy has .* at row {row}\b"):
+        source.read(0, N)
+    with pytest.raises(ValueError, match=rf"at row {row}\b"):
+        ws.check_weights(source)
+
+
+def test_scalar_weight_checked():
+    with pytest.raises(ValueError, match="negative"):
+        ws.as_weight_source(-1.0, N)
+
+
+@pytest.mark.parametrize("value, match", [
+    (np.ones(N - 1), r"sample_weight has 99 values, but X has 100 rows"),
+    (np.ones((N, 1)), r"sample_weight must be 1-D .* got shape \(100, 1\)"),
+    (np.array(["a"] * N), r"sample_weight has dtype <U1"),
+    (np.ones(N, dtype=complex), r"sample_weight has dtype complex128"),
+])
+def test_shape_and_dtype_errors(value, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        ws.as_weight_source(value, N)
+    if value.dtype.kind in "fc":
+        npy = tmp_path / "shape.npy"
+        np.save(npy, value)
+        with pytest.raises(ValueError, match="shape.npy"):
+            ws.as_weight_source(npy, N)
+
+
+def test_all_zero_and_too_few_positive_rows():
+    with pytest.raises(ValueError, match="sample_weight sums to zero"):
+        ws.check_weights(ws.as_weight_source(np.zeros(N), N))
+    w = np.zeros(N)
+    w[[4, 9]] = 1.0
+    assert ws.check_weights(ws.as_weight_source(w, N), n_components=2).n_positive == 2
+    with pytest.raises(ValueError, match="2 rows of positive weight, fewer than "
+                                         "n_components=3"):
+        ws.check_weights(ws.as_weight_source(w, N), n_components=3)
+
+
+def test_missing_files_and_datasets(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.npy"):
+        ws.as_weight_source(str(tmp_path / "missing.npy"), N)
+    h5 = tmp_path / "w.h5"
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("w", data=np.ones(N))
+    with pytest.raises(KeyError, match="no dataset '/nope'"):
+        ws.as_weight_source(f"{h5}:/nope", N)
+    text = tmp_path / "w.txt"
+    text.write_text("1\n2\n")
+    with pytest.raises(ValueError, match="not a .npy file"):
+        ws.as_weight_source(text, N)
+
+
+def test_a_file_replaced_during_reading_is_an_error(tmp_path):
+    npy = tmp_path / "w.npy"
+    np.save(npy, np.ones(N))
+    source = ws.as_weight_source(npy, N)
+    source.read(0, 10)
+    np.save(npy, np.ones(N + 5))
+    with pytest.raises(OSError, match="replaced or modified"):
+        source.read(10, 20)
+
+
+def test_dump_weights_writes_one_checked_file(w, tmp_path):
+    source = ws.as_weight_source(w, N)
+    dumped = ws.dump_weights(source, str(tmp_path))
+    assert isinstance(dumped, ws.MemmapWeights) and dumped.checked
+    np.testing.assert_array_equal(dumped.read(0, N), w)
+    assert len(pickle.dumps(dumped)) < 2000
+    npy = tmp_path / "given.npy"
+    np.save(npy, w)
+    file_backed = ws.as_weight_source(npy, N)
+    assert ws.dump_weights(file_backed, str(tmp_path)) is file_backed
+
+
+def test_a_view_of_a_memmap_is_read_as_an_array(w, tmp_path):
+    dat = tmp_path / "w.dat"
+    mm = np.memmap(dat, dtype=np.float64, mode="w+", shape=(2 * N,))
+    mm[::2] = w
+    mm.flush()
+    view = np.memmap(dat, dtype=np.float64, mode="r", shape=(2 * N,))[::2]
+    source = ws.as_weight_source(view, N)
+    assert isinstance(source, ws.ArrayWeights)
+    np.testing.assert_array_equal(source.read(0, N), w)
+
+
+def test_take_reads_the_rows_of_a_subsample(w, tmp_path):
+    npy = tmp_path / "w.npy"
+    np.save(npy, w)
+    idx = np.array([0, 3, 17, 18, 64, 99])
+    for obj in (w, str(npy)):
+        np.testing.assert_array_equal(ws.as_weight_source(obj, N).take(idx, 16), w[idx])
+    assert ws.as_weight_source(w, N).take(np.array([], dtype=int), 16).shape == (0,)
+
+
+def test_fingerprint_tells_weights_apart_whatever_the_source(w, tmp_path):
+    npy = tmp_path / "w.npy"
+    np.save(npy, w.astype(np.float32).astype(np.float64))
+    a = ws.weights_fingerprint(ws.as_weight_source(w.astype(np.float32), N))
+    assert a == ws.weights_fingerprint(ws.as_weight_source(npy, N))
+    other = w.astype(np.float32).astype(np.float64)
+    other[50] += 1.0
+    assert a != ws.weights_fingerprint(ws.as_weight_source(other, N))
+    assert ws.weights_fingerprint(None) is None
