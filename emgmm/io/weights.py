@@ -21,7 +21,7 @@ from .sources import (
     _REOPENABLE_DRIVERS,
     _check_file_unchanged,
     _file_state,
-    _hdf5_error,
+    hdf5_error,
     _open_file_path,
     is_hdf5_dataset,
     is_npy,
@@ -228,7 +228,7 @@ class HDF5Weights(WeightSource):
             try:
                 self._file = h5py.File(self.filename, "r")
             except OSError as exc:
-                raise _hdf5_error(self.filename, exc) from None
+                raise hdf5_error(self.filename, exc) from None
             _check_file_unchanged(self.filename, self._state, self.description)
         try:
             return self._file[self.dataset]

@@ -193,11 +193,11 @@ class FitPlan:
     model_nbytes: int
     block_nbytes: int
     checkpointer: object
-    #: The scoring pass (a shared one when several fits read the data together).
-    score_pass: object = score_pass
     sample_weights: object = None
     total_weight: float = None
     weights: object = None  # the sample weights as the tasks read them (once entered)
+    #: The scoring pass (a shared one when several fits read the data together).
+    score_pass: object = score_pass
 
 
 class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):

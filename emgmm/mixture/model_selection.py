@@ -493,7 +493,7 @@ def fit_side_by_side(candidates, X):
         with explain_worker_loss(estimate, block_nbytes, executor.n_workers), executor:
             passes = SharedPasses(executor, tasks, block_size, len(candidates))
             plan = dataclasses.replace(plan, statistics_pass=passes.statistics_pass,
-                                       score_pass=passes.score_pass)
+                                       score_pass=passes.score_pass, total_weight=n)
             errors = _run_members(candidates, source, passes, plan)
     finally:
         source.close()
