@@ -307,3 +307,21 @@ def test_float32_data_lower_bound_is_the_score(data):
     gm = _fit(single)
     assert gm.loadings_.dtype == np.float32 and gm.noise_variance_.dtype == np.float32
     assert gm.lower_bound_ == gm.score(single)
+
+
+def test_integer_sample_weights_equal_repeated_rows(data):
+    """'factor' with sample_weight: integer weights fit as the rows repeated (the
+    initialisation's k-means and PPCA, the statistics and the lower bound)."""
+    rng = np.random.default_rng(7)
+    counts = rng.integers(0, 3, size=len(data))
+    means = data[[0, 1, 2]]
+    weighted = GaussianMixture(K, covariance_type="factor", n_factors=Q, means_init=means,
+                               random_state=0, max_iter=20, tol=1e-8)
+    weighted.fit(data, sample_weight=counts.astype(float))
+    repeated = GaussianMixture(K, covariance_type="factor", n_factors=Q, means_init=means,
+                               random_state=0, max_iter=20, tol=1e-8)
+    repeated.fit(np.repeat(data, counts, axis=0))
+    np.testing.assert_allclose(weighted.lower_bounds_, repeated.lower_bounds_, rtol=1e-10)
+    np.testing.assert_allclose(weighted.means_, repeated.means_, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(weighted.noise_variance_, repeated.noise_variance_,
+                               rtol=1e-8)

@@ -142,7 +142,8 @@ _BAYESIAN_FLAGS = [
     (("--covariance-prior",), "covariance_prior", {"metavar": "NPY|FLOAT"}),
 ]
 #: GaussianMixture's parameters that BayesianGaussianMixture has not.
-_GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate", "n_factors")
+_GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate", "n_factors", "learning_decay",
+                                 "learning_offset")
 
 
 class CommandError(Exception):
@@ -317,6 +318,8 @@ def _bayesian_params(args, params):
                                "BayesianGaussianMixture: add --bayesian")
         return params, False
     given = [name for name in _GAUSSIAN_ONLY if name in params]
+    if args.sample_weight is not None:
+        given.append("sample_weight")
     if given:
         raise CommandError(f"{_flag(given[0])} is a GaussianMixture parameter that "
                            "BayesianGaussianMixture has not: drop it, or drop --bayesian")
@@ -378,7 +381,10 @@ def _cmd_fit(args):
     # stdout carries the result only (--json): the estimator's verbose lines go to
     # stderr with the progress reports
     with contextlib.redirect_stdout(sys.stderr):
-        estimator.fit(args.data, sample_weight=args.sample_weight)
+        # (BayesianGaussianMixture takes no sample_weight: refused with --bayesian)
+        weights = ({} if args.sample_weight is None
+                   else {"sample_weight": args.sample_weight})
+        estimator.fit(args.data, **weights)
     estimator.set_params(callback=None)
     save_model(estimator, args.output)
     summary = dict(reporter.summary(estimator), data=args.data, model=args.output)

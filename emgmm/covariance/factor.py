@@ -326,7 +326,10 @@ class FactorCovariance(CovarianceType):
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         raise NotImplementedError("'factor' moves means and loadings together: m_step")
 
-    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar):
+    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar,
+                                          sample_weight=None):
+        if sample_weight is not None:  # the weighted responsibilities w_i r_ik
+            resp = np.asarray(resp) * sample_weight[:, None]
         _, _, W, psi = initial_parameters(X, resp, self._q(), reg_covar)
         return pack_parameters(W, psi)
 

@@ -396,8 +396,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
             sufficient statistic sums ``w_i r_ik``; the lower bound is the weighted
             mean log-likelihood (``tol`` keeps its meaning); the initialisation
             weighs the rows too. Integer weights fit as repeated rows, weight 0 as
-            a dropped row. A component is starved below one sample's mean weight
-            (``sum w / n``).
+            a dropped row. A component is starved below a thousandth of the mean
+            weight (``sum w / n``).
 
         Returns
         -------

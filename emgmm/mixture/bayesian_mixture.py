@@ -1,5 +1,7 @@
 """Variational Bayesian Gaussian mixture fitted from blocked, out-of-core passes."""
 
+from __future__ import annotations
+
 from numbers import Real
 
 import numpy as np
@@ -17,7 +19,7 @@ from ..engine.variational import (
     resolve_priors,
     update_posterior,
 )
-from .base import BaseMixture
+from .base import BaseMixture, DataLike
 from .gaussian_mixture import GaussianMixture
 from .initialization import (
     initial_responsibilities,
@@ -206,6 +208,61 @@ class BayesianGaussianMixture(BaseMixture):
         self.callback = callback
         self.checkpoint = checkpoint
         self.checkpoint_interval = checkpoint_interval
+
+    # the variational fit takes no sample_weight yet (as scikit-learn's): these
+    # signatures say so to scikit-learn's checks and to users
+    def fit(self, X: DataLike, y: None = None) -> BayesianGaussianMixture:
+        """Estimate the variational posterior, keeping the run with the highest
+        lower bound of ``n_init`` (as :meth:`emgmm.GaussianMixture.fit`, without
+        ``sample_weight``).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            Training data, from any source :meth:`emgmm.GaussianMixture.fit` accepts.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        BayesianGaussianMixture
+            The fitted estimator (``self``).
+        """
+        return super().fit(X)
+
+    def fit_predict(self, X: DataLike, y: None = None) -> np.ndarray:
+        """Fit, then return the labels of ``X`` from a final E step.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            Training data, as :meth:`fit` takes it.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,), int64
+            The most responsible component of each sample.
+        """
+        return super().fit_predict(X)
+
+    def score(self, X: DataLike, y: None = None) -> float:
+        """Mean per-sample log-likelihood of ``X`` under the expected parameters.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
+            The data, from any source :meth:`fit` accepts.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        float
+            The mean log-likelihood per sample, in nats.
+        """
+        return super().score(X)
 
     def _check_priors(self, n_features):
         """Validated ``(mean_prior, covariance_prior)`` as float64 (``None`` kept);
