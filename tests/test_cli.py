@@ -652,3 +652,28 @@ def test_init_flag_with_a_file_that_is_not_an_array(tmp_path, data, capsys, cont
     assert "--means-init" in err and str(path) in err
     assert "unsafe" not in err and "allow_pickle=" not in err
     assert not (tmp_path / "m.h5").exists()
+
+
+def test_fit_refuses_to_replace_a_file_that_is_not_a_model(tmp_path, data, capsys):
+    """``fit -o`` replaces an emgmm model (its warm start, an earlier fit), never
+    another file: an HDF5 file of data there is left as it was."""
+    other = tmp_path / "data.h5"
+    with h5py.File(other, "w") as f:
+        f["X"] = np.ones((10, 3))
+    before = file_fingerprint(other)
+    assert cli.main(["fit", data[1], "-k", "2", "-o", str(other), "-q"]) == 1
+    assert "is not an emgmm model file" in capsys.readouterr().err
+    assert file_fingerprint(other) == before
+    model = tmp_path / "m.h5"
+    for _ in range(2):  # a model is replaced
+        assert cli.main(["fit", data[1], "-k", "2", "-o", str(model), "-q"]) == 0
+
+
+def test_fit_refuses_a_parameter_of_another_covariance_type(tmp_path, data, capsys):
+    out = str(tmp_path / "m.h5")
+    assert cli.main(["fit", data[1], "-k", "2", "--n-factors", "2", "-o", out,
+                     "-q"]) == 1
+    assert "--n-factors is a parameter of --covariance-type factor" in \
+        capsys.readouterr().err
+    assert cli.main(["fit", data[1], "-k", "2", "--covariance-type", "factor",
+                     "--n-factors", "2", "-o", out, "-q"]) == 0

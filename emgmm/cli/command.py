@@ -28,7 +28,6 @@ import numpy as np
 from numpy.lib.format import open_memmap
 from sklearn import get_config
 
-from . import demo
 from ..covariance import REGISTRY
 from ..io.atomic import (
     atomic_output,
@@ -37,9 +36,17 @@ from ..io.atomic import (
     reserve,
     reserved_file,
 )
-from ..io.model_file import package_version, load_model, read_header, save_model
+from ..io.model_file import (
+    ModelFileError,
+    load_model,
+    package_version,
+    read_header,
+    save_model,
+)
 from ..io.sources import _HDF5_SUFFIXES, as_source, is_npy, split_hdf5_spec
+from . import demo
 from .progress import ProgressReporter, format_summary
+
 
 #: (flag, estimator parameter, argparse keywords) for every parameter of
 #: ``emgmm.GaussianMixture`` settable from ``emgmm fit``. ``warm_start`` is
@@ -334,6 +341,33 @@ def _bayesian_params(args, params):
     return dict(params, **priors), True
 
 
+def _check_type_parameters(params):
+    """Refuse a parameter of another covariance type than the one asked for (e.g.
+    ``--n-factors`` without ``--covariance-type factor``): it would be ignored."""
+    covariance_type = params.get("covariance_type", "full")
+    kind = REGISTRY[covariance_type]
+    for name in sorted({p for k in REGISTRY.values() for p in k.parameters}):
+        if name in params and name not in kind.parameters:
+            owners = [n for n, k in REGISTRY.items() if name in k.parameters]
+            raise CommandError(
+                f"{_flag(name)} is a parameter of --covariance-type "
+                f"{' or '.join(owners)}, not {covariance_type}: drop it, or give "
+                "that covariance type")
+
+
+def _check_replaces_a_model(path):
+    """Refuse an output path that holds a file other than an emgmm model: ``fit -o``
+    replaces a model (e.g. the one it warm-starts from), never the user's data."""
+    if not os.path.isfile(path):
+        return
+    try:
+        read_header(path)
+    except (ModelFileError, OSError):
+        raise CommandError(
+            f"output {path} exists and is not an emgmm model file: emgmm fit replaces "
+            "only models. Remove it or choose another name.") from None
+
+
 def _cmd_fit(args):
     from .. import BayesianGaussianMixture, GaussianMixture
 
@@ -352,6 +386,9 @@ def _cmd_fit(args):
         _check_output(checkpoint, "checkpoint",
                       inputs=inputs + [("--warm-start", args.warm_start)])
     _check_suffix(args.output, "output", "HDF5", ".h5")
+    _check_replaces_a_model(args.output)
+    if args.warm_start is None:  # (a warm start checks them against its model)
+        _check_type_parameters(params)
     for name in _INIT_ARRAYS:
         if name in params:
             params[name] = _load_init_array(params[name], "--" + name.replace("_", "-"))
