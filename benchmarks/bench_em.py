@@ -30,7 +30,7 @@ E 20k 30x30 patches, K=200 full, 10 iterations (scikit-learn 2: its iterations c
 the same each time), compared by the mean of emgmm's iterations 3-10; F 200k 30x30
 patches, K=200, emgmm alone to convergence (``tol=1e-3``, ``--configs F``: hours).
 emgmm's rows report the pairs per row each iteration evaluated (the rest were proved
-negligible by the screen of emgmm/engine/screen.py and never computed). Extra
+negligible by the screen of emgmm/covariance/screen.py and never computed). Extra
 emgmm rows: float32 compute mode on A, B and D, ``working_memory=64`` (MiB) on A,
 ``resp_threshold=1e-8`` on D, and ``resp_threshold=0`` ("exact": every pair computed
 exactly, none skipped) on A and D, which measures what skipping the responsibilities

@@ -26,7 +26,7 @@ from scipy.stats import multivariate_normal
 from emgmm.engine import estep as _estep
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import packed_estimate as _packed_estimate
-from emgmm.engine.screen import ProjectionScreen
+from emgmm.covariance.screen import ProjectionScreen
 
 from conftest import random_spd
 

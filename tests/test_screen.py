@@ -1,4 +1,4 @@
-"""The certified screen of the 'full' E step (emgmm/engine/screen.py).
+"""The certified screen of the 'full' E step (emgmm/covariance/screen.py).
 
 Oracles: the definition of the weighted log-density in long double (bounds), the
 unscreened E step (every pair computed) and the unscreened fit from the same start
@@ -17,7 +17,7 @@ from emgmm import GaussianMixture
 from emgmm.cli.demo import extract_patches, gray_images, remove_dc
 from emgmm.covariance import log_density as _log_density
 from emgmm.engine import estep as _estep
-from emgmm.engine.screen import ProjectionScreen
+from emgmm.covariance.screen import ProjectionScreen
 
 from conftest import random_spd
 

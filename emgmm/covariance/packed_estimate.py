@@ -24,7 +24,7 @@ from .log_density import (
     _shift,
     _use_packed,
 )
-from ..engine.screen import ProjectionScreen, exact_pairs
+from .screen import ProjectionScreen, exact_pairs
 from ..runtime.workspace import borrow
 from .base import get_covariance_type
 
@@ -483,7 +483,7 @@ def prepare_full_log_prob(weights, means, precisions_cholesky, dtype):
       recompute); for float64 data the float64 one. ``None`` for float32 data when
       float32 cannot hold the packed weights.
     * larger ``d``: the certified screen
-      (:class:`~emgmm.engine.screen.ProjectionScreen`, ``K d^2 p`` flops here),
+      (:class:`~emgmm.covariance.screen.ProjectionScreen`, ``K d^2 p`` flops here),
       which computes only the pairs that may lie within the margin and refuses
       blocks where too many do (broad components); then, for float32 data, the
       float32 :class:`TriangularEstimate` (``K d^2`` flops here), unless float32

@@ -38,7 +38,7 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
         or, for
         'full' beyond the packed products' ``d``, are ``-inf`` where a certified
         bound puts them more than ``margin`` below the row's best
-        (:class:`~emgmm.engine.screen.ProjectionScreen`).
+        (:class:`~emgmm.covariance.screen.ProjectionScreen`).
     prepared : object or None, default=None
         :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
         its work between the blocks of a pass.

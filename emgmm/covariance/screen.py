@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..covariance.cholesky import log_det_cholesky
-from ..covariance.log_density import _LOG_2PI, _chunk_rows, _gamma, _shift
 from ..runtime.blas import single_blas_thread
 from ..runtime.gather import GatherBuffers
 from ..runtime.workspace import borrow
+from .cholesky import log_det_cholesky
+from .log_density import _LOG_2PI, chunk_rows, _gamma, _shift
 
 #: Directions ``p`` per component. On sample-image patches fitted by emgmm
 #: (K=200; 30x30: K=100), pairs per row surviving for p = 4/8/16: 8x8 13.2/9.9/7.6
@@ -181,7 +181,7 @@ class ProjectionScreen:
         """
         n, d = X.shape
         K, p = self.offset.size, self.p
-        rows = _chunk_rows(K * p, 8, n, _PROJECTION_BYTES)
+        rows = chunk_rows(K * p, 8, n, _PROJECTION_BYTES)
         shrink = 1.0 - _gamma(p + 1, np.float64)
         out_t = out.T  # (K, n): contiguous rows for a column-major out
         err = self.err_coef[:, None]
