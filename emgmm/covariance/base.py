@@ -130,7 +130,7 @@ class CovarianceType(ABC):
         return np.sqrt(np.finfo(dtype).max / self.factor_terms(n_features))
 
     @abstractmethod
-    def factorize(self, covariances, dtype=np.float64):
+    def factorize(self, covariances, dtype=np.float64, threads=1):
         """Precision Cholesky factors and the components whose covariance is not
         positive definite (see :func:`emgmm.covariance.cholesky.factorize`)."""
 

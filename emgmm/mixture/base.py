@@ -210,6 +210,11 @@ class BaseMixture(DensityMixin, BaseEstimator):
         """Store the fitted ``model`` as attributes of ``dtype``."""
         raise NotImplementedError
 
+    def _stored_precisions(self, precisions_cholesky):
+        """The precisions of the factors ``precisions_cholesky`` (attributes'
+        dtype), as :meth:`_set_model` stores them."""
+        raise NotImplementedError
+
     def _n_parameters(self):
         """Free parameters of the fitted model."""
         raise NotImplementedError
@@ -316,12 +321,12 @@ class BaseMixture(DensityMixin, BaseEstimator):
                                         plan.executor.n_workers), \
                     plan.executor:
                 best = self._best_run(plan, source, want_labels)
-                # U U^T under the BLAS threads of the fit's other products: the
-                # thread count changes a product's rounding, and precisions_ too is
-                # then bitwise the same for any n_jobs
-                model = best[1].model
-                precisions = model.kind.precisions_from_cholesky(
-                    model.precisions_cholesky.astype(plan.out_dtype))
+                # float32 attributes: the precisions are formed now, to check that
+                # they hold (float64: on first access, see precisions_)
+                precisions = None
+                if plan.out_dtype != np.float64:
+                    precisions = self._stored_precisions(best[1].model.precisions_cholesky
+                                                         .astype(plan.out_dtype))
                 if plan.checkpointer is not None:
                     plan.checkpointer.remove()  # (while it holds the path)
         finally:

@@ -1,5 +1,6 @@
 """emgmm.GaussianMixture: scikit-learn's estimator, fitted by blocked single-pass EM."""
 
+import functools
 import math
 import os
 from numbers import Integral, Real
@@ -17,6 +18,7 @@ from ..covariance.cholesky import (
 from ..engine.degenerate import initial_factors
 from ..engine.model import Model
 from ..io.sources import ArraySource
+from ..runtime.blas import single_blas_thread
 from .base import BaseMixture
 from .initialization import (
     initial_responsibilities,
@@ -396,11 +398,26 @@ class GaussianMixture(BaseMixture):
         )
 
     def _set_model(self, model, dtype, precisions):
-        self.weights_ = model.weights.astype(dtype)
-        self.means_ = model.means.astype(dtype)
-        self.covariances_ = model.covariances.astype(dtype)
-        self.precisions_cholesky_ = model.precisions_cholesky.astype(dtype)
-        self.precisions_ = precisions
+        # the model's arrays themselves when they have the dtype: at d=900, K=200
+        # each (K, d, d) copy is 1.3 GB
+        self.weights_ = model.weights.astype(dtype, copy=False)
+        self.means_ = model.means.astype(dtype, copy=False)
+        self.covariances_ = model.covariances.astype(dtype, copy=False)
+        self.precisions_cholesky_ = model.precisions_cholesky.astype(dtype, copy=False)
+        self.__dict__.pop("precisions_", None)
+        if precisions is not None:
+            self.precisions_ = precisions
+
+    @functools.cached_property
+    def precisions_(self):
+        """Inverses of the covariances, ``U U^T`` from ``precisions_cholesky_``:
+        formed on first access (one BLAS thread: the same for any ``n_jobs``) and
+        kept; a fit sets it anew."""
+        return self._stored_precisions(self.precisions_cholesky_)
+
+    def _stored_precisions(self, precisions_cholesky):
+        with single_blas_thread():
+            return self._kind().precisions_from_cholesky(np.asarray(precisions_cholesky))
 
     def sample(self, n_samples=1):
         """Draw samples from the fitted mixture (as scikit-learn draws them).
