@@ -393,6 +393,13 @@ def main(argv=None):
     parser.add_argument("--blas-threads", type=int, default=None,
                         help="BLAS threads in every fit (default: the library's; "
                              "--quick: 1)")
+    parser.add_argument("--n-samples", type=int, default=None,
+                        help="override n of every chosen config (a shorter run; "
+                             "the results record it)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="override emgmm's iterations of every chosen config")
+    parser.add_argument("--sk-iters", type=int, default=None,
+                        help="override scikit-learn's iterations")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
@@ -446,6 +453,10 @@ def main(argv=None):
             cfg = dict(CONFIGS[name])
             if args.quick:
                 cfg.update(QUICK[name])
+            for key, value in (("n", args.n_samples), ("iters", args.iters),
+                               ("sk_iters", args.sk_iters)):
+                if value is not None:
+                    cfg[key] = value
             rows.extend(run_config(name, cfg, Path(tmp), args.rtol, log, blas_threads))
             # written after every configuration, so an interrupted run keeps its rows
             result["wall_seconds"] = time.time() - started

@@ -41,6 +41,7 @@ from ..runtime.memory import (
     block_rows,
     bytes_per_row,
     choose_schedule,
+    max_row_tasks,
     partition,
     row_threads_worthwhile,
     tasks_are_tiny,
@@ -348,7 +349,9 @@ class BaseMixture(DensityMixin, BaseEstimator):
         out_dtype = np.float32 if (compute_dtype == np.float32
                                    and source.dtype == np.float32) else np.float64
         block_size = self._block_size(source)
-        tasks = partition(n, block_size)
+        tasks = partition(n, block_size,
+                          max_tasks=max_row_tasks(self.n_components, d,
+                                                  self.covariance_type))
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         random_state = check_random_state(self.random_state)
         executor = Executor(source, self.n_jobs)
