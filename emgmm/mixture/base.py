@@ -211,10 +211,14 @@ class BaseMixture(DensityMixin, BaseEstimator):
         """Store the fitted ``model`` as attributes of ``dtype``."""
         raise NotImplementedError
 
+    #: Whether float64 ``precisions_`` are formed on first access: then
+    #: :meth:`_set_model` gets ``precisions=None`` for them.
+    _precisions_on_demand = False
+
     def _stored_precisions(self, precisions_cholesky):
         """The precisions of the factors ``precisions_cholesky`` (attributes'
         dtype), as :meth:`_set_model` stores them."""
-        raise NotImplementedError
+        return self._kind().precisions_from_cholesky(np.asarray(precisions_cholesky))
 
     def _n_parameters(self):
         """Free parameters of the fitted model."""
@@ -322,12 +326,14 @@ class BaseMixture(DensityMixin, BaseEstimator):
                                         plan.executor.n_workers), \
                     plan.executor:
                 best = self._best_run(plan, source, want_labels)
-                # float32 attributes: the precisions are formed now, to check that
-                # they hold (float64: on first access, see precisions_)
+                # formed now under the fit's BLAS threads, unless the estimator
+                # forms float64 precisions on first access (float32 attributes are
+                # checked to hold them)
                 precisions = None
-                if plan.out_dtype != np.float64:
-                    precisions = self._stored_precisions(best[1].model.precisions_cholesky
-                                                         .astype(plan.out_dtype))
+                if not (self._precisions_on_demand and plan.out_dtype == np.float64):
+                    factors = best[1].model.precisions_cholesky
+                    precisions = self._stored_precisions(
+                        factors.astype(plan.out_dtype, copy=False))
                 if plan.checkpointer is not None:
                     plan.checkpointer.remove()  # (while it holds the path)
         finally:

@@ -408,6 +408,8 @@ class GaussianMixture(BaseMixture):
         if precisions is not None:
             self.precisions_ = precisions
 
+    _precisions_on_demand = True
+
     @functools.cached_property
     def precisions_(self):
         """Inverses of the covariances, ``U U^T`` from ``precisions_cholesky_``:
