@@ -74,8 +74,8 @@ def em_step(data_pass, take_model, settings, policy, seeds, used_rows, n_iter):
     The model is let go as soon as it is no longer needed: its covariances before
     the pass (the E step uses the factors), the rest after the M step, before the
     new factors are formed. For 'full' at d=900, K=200 each ``(K, d, d)`` array is
-    1.3 GB: the iteration then holds at most two of them (factors and statistics
-    during the pass, covariances and new factors after it).
+    1.3 GB: the iteration holds the factors and the tasks' statistics during the
+    pass, then the covariances (in the statistics' memory) and the new factors.
 
     Parameters
     ----------
