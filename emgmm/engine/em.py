@@ -190,6 +190,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
         state = RunResult(new, state.lower_bounds + [lower_bound], n_iter,
                           abs(record["change"]) < settings.tol and not reseeded,
                           state.history + [record], used_rows)
+        del new  # (the state holds it alone: em_step lets it go part by part)
         if on_iteration is not None:
             on_iteration(state)
         if callback is not None:
