@@ -509,7 +509,7 @@ def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
     equals the one under a process-wide limit of one thread."""
     from contextlib import contextmanager
 
-    from emgmm.covariance import packed_estimate as _packed_estimate
+    from emgmm.covariance import screen as _screen
     from emgmm.covariance import statistics as _statistics
 
     seen = {"loops": [], "callback": set()}
@@ -521,7 +521,8 @@ def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
             seen["loops"].append(parallel.blas_thread_count())
             yield
 
-    for module in (_packed_estimate, _statistics):
+    # (the exact recomputations are screen.exact_pairs, also the packed estimate's)
+    for module in (_screen, _statistics):
         monkeypatch.setattr(module, "single_blas_thread", spying_single_blas_thread)
     monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
     rng = np.random.default_rng(0)

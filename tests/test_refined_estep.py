@@ -26,6 +26,7 @@ from scipy.stats import multivariate_normal
 from emgmm.engine import estep as _estep
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import packed_estimate as _packed_estimate
+from emgmm.covariance.screen import ProjectionScreen
 
 from helpers import random_spd
 
@@ -491,8 +492,8 @@ def test_triangular_estimate_error_within_its_bound(case):
     weights, means, U = wide_model(case, rng)
     X32 = sample(rng, weights, means, U, 400).astype(np.float32)
     prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
-    assert len(prepared) == 1
-    est = prepared[0]
+    assert len(prepared) == 2  # after the screen (tests/test_screen.py)
+    est = prepared[1]
     assert isinstance(est, _packed_estimate.TriangularEstimate)
     y_norm = np.empty(len(X32))
     approx = est.weighted(X32, np.empty((len(X32), len(means)), order="F"), y_norm)
@@ -530,14 +531,14 @@ def test_float32_wide_refined_estep_matches_oracle_where_it_matters(case):
 
 
 def test_wide_estimates_only_for_float32_data():
-    """Float64 data with d = 100 have no estimate (their plain path is exact); a
-    model whose factors float32 cannot hold has none either."""
+    """Float64 data with d = 100 have no estimate, only the screen (their plain path
+    is exact); a model whose factors float32 cannot hold has none either."""
     rng = np.random.default_rng(14)
     weights, means, U = wide_model("separated", rng)
-    assert _packed_estimate.prepare_log_prob(weights, means, U, "full",
-                                             np.float64) is None
-    assert _packed_estimate.prepare_log_prob(weights, means, U * 1e40, "full",
-                                             np.float32) is None
+    for model, dtype in (((weights, means, U), np.float64),
+                         ((weights, means, U * 1e40), np.float32)):
+        prepared = _packed_estimate.prepare_log_prob(*model, "full", dtype)
+        assert [type(e) for e in prepared] == [ProjectionScreen]
     assert _packed_estimate.prepare_log_prob(weights, means, U, "diag",
                                              np.float32) is None
 

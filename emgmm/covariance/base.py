@@ -160,9 +160,14 @@ class CovarianceType(ABC):
         """``{name: array}``: the fitted attributes of ``model``'s covariances in
         ``dtype`` (``precisions`` formed by the caller, as the fit's BLAS threads
         round them)."""
-        return {"covariances_": model.covariances.astype(dtype),
-                "precisions_cholesky_": model.precisions_cholesky.astype(dtype),
-                "precisions_": precisions}
+        # (the model's own arrays when they have the dtype: at d=900, K=200 each
+        # (K, d, d) copy is 1.3 GB; precisions None: formed on first access)
+        attributes = {"covariances_": model.covariances.astype(dtype, copy=False),
+                      "precisions_cholesky_": model.precisions_cholesky.astype(
+                          dtype, copy=False)}
+        if precisions is not None:
+            attributes["precisions_"] = precisions
+        return attributes
 
     def model_arrays(self, attributes):
         """``(covariances, precisions_cholesky)`` in float64 from the fitted
@@ -227,7 +232,7 @@ class CovarianceType(ABC):
         return np.sqrt(np.finfo(dtype).max / self.factor_terms(n_features))
 
     @abstractmethod
-    def factorize(self, covariances, dtype=np.float64):
+    def factorize(self, covariances, dtype=np.float64, threads=1):
         """Precision Cholesky factors and the components whose covariance is not
         positive definite (see :func:`emgmm.covariance.cholesky.factorize`)."""
 

@@ -28,7 +28,7 @@ class DiagCovariance(CovarianceType):
     def work_per_row(self, n_features):
         return n_features
 
-    def factorize(self, covariances, dtype=np.float64):
+    def factorize(self, covariances, dtype=np.float64, threads=1):
         limit = self.factor_limit(covariances.shape[-1], dtype)
         with np.errstate(divide="ignore", invalid="ignore"):
             u = 1.0 / np.sqrt(covariances)

@@ -35,9 +35,9 @@ class FullCovariance(CovarianceType):
     def work_per_row(self, n_features):
         return n_features * n_features
 
-    def factorize(self, covariances, dtype=np.float64):
+    def factorize(self, covariances, dtype=np.float64, threads=1):
         return cholesky_factors(covariances, self.factor_limit(covariances.shape[-1],
-                                                               dtype))
+                                                               dtype), threads)
 
     def precisions_cholesky_from_precisions(self, precisions):
         return upper_factors_of_precisions(precisions, self.name)

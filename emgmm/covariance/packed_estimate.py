@@ -10,9 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..runtime.blas import single_blas_thread
 from .cholesky import log_det_cholesky
-from ..runtime.gather import GatherBuffers
 from .log_density import (
     _LOG_2PI,
     _REFINE_TOL,
@@ -26,6 +24,7 @@ from .log_density import (
     _shift,
     _use_packed,
 )
+from .screen import ProjectionScreen, exact_pairs
 from ..runtime.workspace import borrow
 from .base import get_covariance_type
 
@@ -265,22 +264,8 @@ class RefinedEstimate:
         ``log w_k + log N`` with ``||(x - mu_k) U_k||^2`` over each component's
         gathered rows (float64, one numpy product per component: it releases the
         GIL, scipy's ``trmm`` does not); in place."""
-        K = self.means.shape[0]
-        bounds = np.searchsorted(comps, np.arange(K + 1))
-        counts = np.diff(bounds)
-        size = counts.max(initial=0)
-        sq = np.empty(size)
-        with single_blas_thread(), GatherBuffers.borrowed(X, size) as gather, \
-                borrow("gather_products", (size, X.shape[1])) as zbuf:
-            for k in np.flatnonzero(counts):
-                these = rows[bounds[k]:bounds[k + 1]]
-                m = these.size
-                z = np.matmul(gather.centred(these, self.means[k]), self.u[k],
-                              out=zbuf[:m])
-                q = np.einsum("ij,ij->i", z, z, out=sq[:m])
-                q *= -0.5
-                q += self.offset[k]
-                weighted[these, k] = q
+        weighted[rows, comps] = exact_pairs(X, self.means, self.u, self.offset, comps,
+                                            rows)
         return weighted
 
 
@@ -497,9 +482,13 @@ def prepare_full_log_prob(weights, means, precisions_cholesky, dtype):
       patches D, ill-conditioned precisions: 150 of 200 pairs per row to
       recompute); for float64 data the float64 one. ``None`` for float32 data when
       float32 cannot hold the packed weights.
-    * larger ``d``, float32 data: the float32 :class:`TriangularEstimate` (``K d^2``
-      flops here), unless float32 cannot hold the factors. Float64 data have none:
-      their plain path is exact.
+    * larger ``d``: the certified screen
+      (:class:`~emgmm.covariance.screen.ProjectionScreen`, ``K d^2 p`` flops here),
+      which computes only the pairs that may lie within the margin and refuses
+      blocks where too many do (broad components); then, for float32 data, the
+      float32 :class:`TriangularEstimate` (``K d^2`` flops here), unless float32
+      cannot hold the factors. Float64 data have no estimate: their plain path is
+      exact.
 
     Where every estimate refuses a block (too many pairs to recompute), float32
     data take the plain path in float64. Where float32's range falls short (the
@@ -515,7 +504,8 @@ def prepare_full_log_prob(weights, means, precisions_cholesky, dtype):
                 weights, means, precisions_cholesky,
                 (np.float32, np.float64) if float32 else (np.float64,))
             return None if built is None else tuple(built)
+        screen = (ProjectionScreen.build(weights, means, precisions_cholesky),)
         if float32:
             built = TriangularEstimate.build(weights, means, precisions_cholesky)
-            return None if built is None else (built,)
-    return None
+            return screen if built is None else screen + (built,)
+    return screen

@@ -39,7 +39,7 @@ class TiedCovariance(CovarianceType):
     def work_per_row(self, n_features):
         return n_features * n_features
 
-    def factorize(self, covariances, dtype=np.float64):
+    def factorize(self, covariances, dtype=np.float64, threads=1):
         limit = self.factor_limit(covariances.shape[-1], dtype)
         out, bad = cholesky_factors(covariances[np.newaxis], limit)
         return out[0], bad

@@ -3,6 +3,7 @@ the M step, recentring, factorisation and the degenerate policy) and the loop
 around it (:func:`run_em`: tolerance, callback, checkpoint hook)."""
 
 import collections
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -81,14 +82,21 @@ class DataPass:
         return self.statistics_pass(*args, **kwargs)
 
 
-def em_step(data_pass, model, settings, policy, seeds, used_rows, n_iter,
+def em_step(data_pass, take_model, settings, policy, seeds, used_rows, n_iter,
             streaks=None):
-    """One EM iteration from ``model``.
+    """One EM iteration from the model ``take_model()`` returns.
+
+    The model is let go as soon as it is no longer needed: its covariances before
+    the pass (the E step uses the factors), the rest after the M step, before the
+    new factors are formed. For 'full' at d=900, K=200 each ``(K, d, d)`` array is
+    1.3 GB: the iteration holds the factors and the tasks' statistics during the
+    pass, then the covariances (in the statistics' memory) and the new factors.
 
     Parameters
     ----------
     data_pass : DataPass
-    model : Model
+    take_model : callable
+        Returns the model; the caller keeps no reference to it.
     settings : EMSettings
     policy : RaisePolicy or ReinitPolicy
     seeds : collections.Counter
@@ -110,7 +118,7 @@ def em_step(data_pass, model, settings, policy, seeds, used_rows, n_iter,
     reseeded : list of int
     """
     update = settings.update
-    model = update.e_step_model(model)
+    model = dataclasses.replace(update.e_step_model(take_model()), covariances=None)
     K = model.means.shape[0]
     n_worst = min(K + len(used_rows), 2 * K)
     stats, worst = data_pass(model, n_worst)
@@ -119,8 +127,10 @@ def em_step(data_pass, model, settings, policy, seeds, used_rows, n_iter,
     log_likelihood = stats.log_likelihood
     stats, new = update.parameters_from_statistics(data_pass, model, stats,
                                                    settings.reg_covar)
-    new.precisions_cholesky, bad = factorize(new.covariances, new.kind,
-                                             settings.compute_dtype)
+    del model
+    new.precisions_cholesky, bad = factorize(
+        new.covariances, new.kind, settings.compute_dtype,
+        threads=data_pass.executor.component_threads)
     # a component re-seeded before that starves again is kept, as scikit-learn
     # keeps it (its covariance is positive definite; re-seeding it on every
     # iteration would keep the fit from converging, e.g. K close to n)
@@ -188,7 +198,10 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
                                     for k in record["reseeded"])
         streaks = reseed_streaks(state.history, n_iter)
         prev = lower_bound
-        new, lower_bound, reseeded = em_step(data_pass, state.model, settings, policy,
+        # the model goes to em_step alone, which lets it go part by part
+        held = [state.model]
+        state = dataclasses.replace(state, model=None)
+        new, lower_bound, reseeded = em_step(data_pass, held.pop, settings, policy,
                                              seeds, used_rows, n_iter, streaks)
         record = {
             "event": "iteration",
@@ -202,6 +215,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
         state = RunResult(new, state.lower_bounds + [lower_bound], n_iter,
                           abs(record["change"]) < settings.tol and not reseeded,
                           state.history + [record], used_rows)
+        del new  # (the state holds it alone: em_step lets it go part by part)
         if on_iteration is not None:
             on_iteration(state)
         if callback is not None:

@@ -34,7 +34,11 @@ def weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
         'diag' and 'spherical', only the pairs within ``margin`` nats of their row's
         best component are computed exactly; the others are estimated to within a
         (first-order) rounding-error bound and have ``r_ik < exp(-margin)`` (see
-        :meth:`~emgmm.covariance.packed_estimate.RefinedEstimate.weighted_refined`).
+        :meth:`~emgmm.covariance.packed_estimate.RefinedEstimate.weighted_refined`),
+        or, for
+        'full' beyond the packed products' ``d``, are ``-inf`` where a certified
+        bound puts them more than ``margin`` below the row's best
+        (:class:`~emgmm.covariance.screen.ProjectionScreen`).
     prepared : object or None, default=None
         :func:`prepare_log_prob` of the same parameters and ``X.dtype``, to share
         its work between the blocks of a pass.

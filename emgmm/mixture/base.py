@@ -47,6 +47,7 @@ from ..runtime.memory import (
     block_rows,
     bytes_per_row,
     choose_schedule,
+    max_row_tasks,
     partition,
     row_threads_worthwhile,
     tasks_are_tiny,
@@ -334,6 +335,15 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         """Store the fitted ``model`` as attributes of ``dtype``."""
         raise NotImplementedError
 
+    #: Whether float64 ``precisions_`` are formed on first access: then
+    #: :meth:`_set_model` gets ``precisions=None`` for them.
+    _precisions_on_demand = False
+
+    def _stored_precisions(self, precisions_cholesky):
+        """The precisions of the factors ``precisions_cholesky`` (attributes'
+        dtype), as :meth:`_set_model` stores them."""
+        return self._kind().precisions_from_cholesky(np.asarray(precisions_cholesky))
+
     def _n_parameters(self):
         """Free parameters of the fitted model."""
         raise NotImplementedError
@@ -475,12 +485,14 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
                     shared_weights(plan.executor, plan.sample_weights) as weights:
                 plan.weights = weights
                 best = self._best_run(plan, source, want_labels)
-                # U U^T under the BLAS threads of the fit's other products: the
-                # thread count changes a product's rounding, and precisions_ too is
-                # then bitwise the same for any n_jobs
-                model = best[1].model
-                precisions = model.kind.precisions_from_cholesky(
-                    model.precisions_cholesky.astype(plan.out_dtype))
+                # formed now under the fit's BLAS threads, unless the estimator
+                # forms float64 precisions on first access (float32 attributes are
+                # checked to hold them)
+                precisions = None
+                if not (self._precisions_on_demand and plan.out_dtype == np.float64):
+                    factors = best[1].model.precisions_cholesky
+                    precisions = self._stored_precisions(
+                        factors.astype(plan.out_dtype, copy=False))
                 if plan.checkpointer is not None:
                     plan.checkpointer.remove()  # (while it holds the path)
         finally:
@@ -512,7 +524,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         compute_dtype = self._compute_dtype(source)
         out_dtype = self._output_dtype(compute_dtype, source.dtype)
         block_size = self._block_size(source)
-        tasks = partition(n, block_size)
+        tasks = partition(n, block_size,
+                          max_tasks=max_row_tasks(self.n_components, d, self._kind()))
         do_init = (first if stream
                    else not (self.warm_start and hasattr(self, "converged_")))
         random_state = check_random_state(self.random_state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from ..covariance.cholesky import (
 from ..engine.degenerate import initial_factors
 from ..engine import online
 from ..engine.model import Model
+from ..runtime.blas import single_blas_thread
 from .base import BaseMixture, DataLike, WeightLike
 from .initialization import (
     initial_responsibilities,
@@ -409,6 +411,21 @@ class GaussianMixture(BaseMixture):
         self.weights_ = model.weights.astype(dtype)
         self.means_ = model.means.astype(dtype)
         self.__dict__.update(self._kind().fitted_attributes(model, dtype, precisions))
+
+    _precisions_on_demand = True
+
+    @functools.cached_property
+    def precisions_(self):
+        """Inverses of the covariances, ``U U^T`` from ``precisions_cholesky_``:
+        formed on first access (one BLAS thread: the same for any ``n_jobs``) and
+        kept; a fit sets it anew. ('factor': formed from the loadings.)"""
+        if "precisions_cholesky_" not in self.__dict__:  # unfitted, or 'factor'
+            return self.__getattr__("precisions_")
+        return self._stored_precisions(self.precisions_cholesky_)
+
+    def _stored_precisions(self, precisions_cholesky):
+        with single_blas_thread():
+            return self._kind().precisions_from_cholesky(np.asarray(precisions_cholesky))
 
     def __getattr__(self, name):
         # (only called when normal lookup fails) the attributes a covariance type

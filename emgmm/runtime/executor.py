@@ -361,6 +361,13 @@ class Executor:
             self._holds_limit = True
         return self
 
+    @property
+    def component_threads(self):
+        """Threads for a loop of one LAPACK call per component in this process
+        between passes (the factorisation of the M step): the pass's parallelism
+        (row threads or workers, which are idle then), one with ``n_jobs=1``."""
+        return max(1, min(max(self.row_threads, self.n_workers), os.cpu_count() or 1))
+
     def one_blas_thread(self):
         """Run every task with one BLAS thread, also in this process (for tiny
         tasks, :func:`emgmm._memory.tasks_are_tiny`); call before entering."""

@@ -438,6 +438,23 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     return int(min(rows, max(n_samples, 1)))
 
 
+#: Bytes that the statistics of a row-sharded pass's tasks may take together: each
+#: task sums its rows' statistics into arrays of its own (``K d^2`` float64 for
+#: 'full': 1.3 GB at d=900, K=200), and with 2 row threads ~5 of them were alive at
+#: once. Beyond it the rows go into fewer tasks (at least 2; see max_row_tasks).
+STATISTICS_BUDGET = 2**30
+
+
+def max_row_tasks(n_components, n_features, covariance_type):
+    """The most tasks a row-sharded pass splits the rows into: 64, fewer (at least
+    2) when their statistics would exceed ``STATISTICS_BUDGET``. Depends only on the
+    model's size, never on the number of workers."""
+    # (the arrays hold whole (d, d) matrices: the covariances' size)
+    per_task = 8 * get_covariance_type(covariance_type).covariance_values(n_components,
+                                                                          n_features)
+    return int(max(2, min(64, STATISTICS_BUDGET // max(per_task, 1))))
+
+
 def partition(n_samples, block_size, max_tasks=64):
     """Fixed split of the rows into tasks of whole blocks.
 
