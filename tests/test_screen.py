@@ -19,7 +19,7 @@ from emgmm.covariance import log_density as _log_density
 from emgmm.engine import estep as _estep
 from emgmm.covariance.screen import ProjectionScreen
 
-from conftest import random_spd
+from helpers import random_spd
 
 MARGIN = _log_density.relevance_margin(1e-20)
 LD_EPS = float(np.finfo(np.longdouble).eps)

@@ -241,7 +241,7 @@ class FactorCovariance(CovarianceType):
         return n_features + self._q() + 1
 
     # ---------------------------------------------------- parameterisation
-    def factorize(self, covariances, dtype=np.float64):
+    def factorize(self, covariances, dtype=np.float64, threads=1):
         W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
         bad = [int(k) for k in bad_components(psi)]
         good = np.setdiff1d(np.arange(len(psi)), bad)
