@@ -299,7 +299,22 @@ def _open(path):
     return f
 
 
+#: What h5py raises reading damaged internal structures or undecodable bytes.
+_HDF5_READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
+
+
 def _check_format(f, path):
+    try:
+        _check_format_attributes(f, path)
+    except _HDF5_READ_ERRORS as exc:
+        if isinstance(exc, ModelFileError):
+            raise
+        raise ModelFileError(f"{path} is a damaged emgmm model file: HDF5 cannot "
+                             f"read its attributes ({type(exc).__name__}: {exc})") \
+            from None
+
+
+def _check_format_attributes(f, path):
     try:
         fmt = _text(f.attrs.get("format"), "format")
     except _Damage:
@@ -338,7 +353,7 @@ def _read(path, arrays):
         except _Damage as exc:
             raise ModelFileError(f"{path} is a damaged emgmm model file: {exc}") \
                 from None
-        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+        except _HDF5_READ_ERRORS as exc:
             # h5py's errors reading damaged internal structures (object headers,
             # B-trees, heaps) or undecodable bytes
             raise ModelFileError(
