@@ -36,6 +36,7 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import COVARIANCE_TYPES, random_spd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
@@ -43,13 +44,10 @@ from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
 from emgmm.covariance import cholesky as _cholesky
-from emgmm.engine import estep as _estep
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import m_step as _m_step
 from emgmm.covariance import statistics as _statistics
-
-from helpers import COVARIANCE_TYPES, random_spd
-
+from emgmm.engine import estep as _estep
 
 U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff 2**-24
 U64 = float(np.finfo(np.float64).eps) / 2  # 2**-53
@@ -209,7 +207,7 @@ def test_full_dense_products_by_column_blocks(monkeypatch, dtype, d, block):
     block: several blocks with a narrower last one, several component batches, a
     single block; against scipy's logpdf (float32: within the float32 bound)."""
     if block is not None:
-        monkeypatch.setattr(_log_density, "_TRIANGLE_BLOCK", block)
+        monkeypatch.setattr(_log_density, "TRIANGLE_BLOCK", block)
     rng = np.random.default_rng(d)
     K, n = 21, 150  # d=150: 16 + 5 components per batch of 1024 columns
     weights, means, U, dense = make_model(rng, K, d, "full", dtype, cond=30.0)
@@ -627,7 +625,7 @@ def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
 def test_packed_sums_over_row_chunks_equal_whole_array_products(chunk_bytes, monkeypatch):
     """``R^T [y_j y_l, y, 1]`` over the kept pairs against numpy on the whole array."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(_log_density, "_PACKED_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_log_density, "PACKED_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(8)
     n, d, K = 203, 5, 7
     X = rng.normal(size=(n, d))
@@ -682,7 +680,7 @@ def test_full_statistics_from_packed_sums_take_no_model_sized_temporaries(monkey
     are formed a few components at a time and added into the sums, with no (K, d, d)
     temporaries (it took five: the block's sums, the cross terms, and the Cholesky
     factors and their inverses of the accuracy check)."""
-    monkeypatch.setattr(_log_density, "_PACKED_CHUNK_BYTES", 4 * 2**20)
+    monkeypatch.setattr(_log_density, "PACKED_CHUNK_BYTES", 4 * 2**20)
     rng = np.random.default_rng(8)
     n, d, K = 600, 64, 200
     X = rng.normal(size=(n, d))
@@ -721,7 +719,7 @@ def test_packed_moments_recompute_tight_far_components_in_any_chunk(monkeypatch)
     resp = np.asfortranarray(resp / resp.sum(axis=1, keepdims=True))
     X, resp, centers = ro(X, resp, centers)
     whole = _statistics.block_statistics(X, resp, centers, "full", 1e-20)
-    monkeypatch.setattr(_statistics, "_MOMENT_CHUNK_BYTES", 3 * 8 * d * d)
+    monkeypatch.setattr(_statistics, "MOMENT_CHUNK_BYTES", 3 * 8 * d * d)
     g = _log_density._shift(centers, resp.sum(axis=0))
     sums = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
     acc = _statistics._packed_sums(X, resp, g, (resp > 1e-20).T)

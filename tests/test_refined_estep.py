@@ -19,16 +19,14 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import random_spd
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
-from emgmm.engine import estep as _estep
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import packed_estimate as _packed_estimate
-
-from helpers import random_spd
-
+from emgmm.engine import estep as _estep
 
 # the oracle needs a wider float than float64 (x86-64 long double: 64-bit mantissa)
 needs_extended = pytest.mark.skipif(
@@ -191,7 +189,7 @@ def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
     their first rows (the probe); candidates taken all at once or 3 (15 for the
     probe) components at a time."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(_packed_estimate, "_BOUND_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_packed_estimate, "BOUND_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(13)
     weights, means, U = separated_model(rng, 40, 3, 6.0, 10.0)
     est = packed_estimate(weights, means, U)
@@ -268,7 +266,7 @@ def test_pairs_to_refine_of_broad_components_take_memory_of_the_pairs_kept(inexa
         tracemalloc.stop()
     assert comps.size == inexact * n
     kept = comps.nbytes + rows.nbytes
-    assert peak - before < n * K + 4 * kept + 12 * _packed_estimate._BOUND_CHUNK_BYTES
+    assert peak - before < n * K + 4 * kept + 12 * _packed_estimate.BOUND_CHUNK_BYTES
 
 
 @pytest.mark.parametrize("d", [1, 2, 12, 64])
@@ -669,8 +667,8 @@ def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,
     """The one-exponential responsibilities equal exp(log_resp) and sum to one; a
     zero weight gives zero responsibilities. Also over many row chunks (16 rows)."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(_log_density, "_CHUNK_BYTES", chunk_bytes)
-        monkeypatch.setattr(_log_density, "_PACKED_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_log_density, "CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_log_density, "PACKED_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(2)
     weights, means, U = separated_model(rng, 6, 4, 3.0, 10.0)
     weights[2] = 0.0

@@ -11,6 +11,12 @@ Notation (Bishop, *Pattern Recognition and Machine Learning*, 2006, section 9.2)
 (scikit-learn's ``precisions_cholesky_`` convention). ``r_ik`` are the
 responsibilities (eq. 9.23) and ``c_k`` the centres the sufficient statistics are
 accumulated around (the means of the previous iteration).
+
+Tuning constants: ``TRIANGLE_BLOCK`` (columns of one block of a triangular factor),
+``CHUNK_BYTES`` and ``PACKED_CHUNK_BYTES`` (bytes of one row chunk's product buffer,
+dense and packed products) size the pieces of the 'full' kernels' work, not what they
+compute. They are read at every call, so that tests can lower them to cross chunk
+and block boundaries on small data.
 """
 
 from dataclasses import dataclass
@@ -58,34 +64,34 @@ _GEMM_COLUMNS = 1024      # columns of one batched product (components x feature
 # Width of the column blocks of the triangular factor in _full_maha_dense: narrower
 # blocks skip more of the zero triangle but make thinner GEMMs (d = 400 and 900 on one
 # thread: 32 and 64 fastest, 1.6-1.7x over dense products; 128: 1.4-1.7x).
-_TRIANGLE_BLOCK = 64
-_CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
+TRIANGLE_BLOCK = 64
+CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
 # The packed formulation (below) is used while its packed model fits in this many bytes
-# and _CHUNK_BYTES of float64 packed products still hold _PACKED_MIN_ROWS rows (the
+# and CHUNK_BYTES of float64 packed products still hold _PACKED_MIN_ROWS rows (the
 # cut-off at d ~ 90, beyond which the dense products run nearer the GEMM rate).
 _PACKED_MODEL_BYTES = 64 * 2**20
 _PACKED_MIN_ROWS = 128
 # Bytes of one row chunk of float64 packed products (float32 chunks have as many rows).
-# Larger than _CHUNK_BYTES: the thin side of their GEMM is the K components, and more
+# Larger than CHUNK_BYTES: the thin side of their GEMM is the K components, and more
 # rows per call amortise the packing of the (T, K) weights that each call repeats
 # (d=64, K=200: 244 -> 977 rows took a block's estimate from 300 to 260 ms on one
 # thread and 5-iteration fits from 1.62 to 1.38 s per iteration in float64; float32
 # gained ~3% on one thread, nothing in a fit). Each thread holds one such buffer
 # (16 MiB at d=64, beside its block's (n, K) arrays: not counted in working_memory).
-_PACKED_CHUNK_BYTES = 16 * 2**20
+PACKED_CHUNK_BYTES = 16 * 2**20
 
 
 def chunk_rows(n_columns, itemsize, n_rows, nbytes=None):
     """Rows per chunk so that a ``(rows, n_columns)`` buffer holds ``nbytes`` (default
-    ``_CHUNK_BYTES``)."""
-    rows = (_CHUNK_BYTES if nbytes is None else nbytes) // max(1, n_columns * itemsize)
+    ``CHUNK_BYTES``)."""
+    rows = (CHUNK_BYTES if nbytes is None else nbytes) // max(1, n_columns * itemsize)
     return int(min(max(rows, 16), max(n_rows, 1)))
 
 
 def _use_packed(d, K):
     """Whether the packed products suit ``d`` features and ``K`` components."""
     T = d * (d + 1) // 2 + d + 1
-    return T * K * 8 <= _PACKED_MODEL_BYTES and _CHUNK_BYTES // (T * 8) >= _PACKED_MIN_ROWS
+    return T * K * 8 <= _PACKED_MODEL_BYTES and CHUNK_BYTES // (T * 8) >= _PACKED_MIN_ROWS
 
 
 def _packed_index(d):
@@ -147,11 +153,11 @@ def _representable(W, dtype):
 
 def packed_chunk_rows(n, d):
     """Rows per chunk of :func:`_packed_chunks` for ``n`` rows of ``d`` features."""
-    return chunk_rows(d * (d + 1) // 2 + d + 1, 8, n, _PACKED_CHUNK_BYTES)
+    return chunk_rows(d * (d + 1) // 2 + d + 1, 8, n, PACKED_CHUNK_BYTES)
 
 
 def _packed_chunks(X, g, dtype=np.float64):
-    """Yield ``(r0, r1, y, P)`` over row chunks of ``X`` (``_PACKED_CHUNK_BYTES``):
+    """Yield ``(r0, r1, y, P)`` over row chunks of ``X`` (``PACKED_CHUNK_BYTES``):
     ``y = x - g`` and its packed products ``P = [y_j y_l (j <= l), y, 1]`` (work
     buffers of ``dtype``, reused, borrowed from the thread's workspace: valid until
     the next chunk). The buffers are column-major, so that every product
@@ -200,7 +206,7 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     """Squared Mahalanobis distances ``||(x - mu_k) U_k||^2`` for ``components``.
 
     ``U_k`` is upper triangular, so column block ``j`` (columns ``c0:c1``, width
-    ``_TRIANGLE_BLOCK``) of ``(x - mu_k) U_k`` involves only the first ``c1``
+    ``TRIANGLE_BLOCK``) of ``(x - mu_k) U_k`` involves only the first ``c1``
     features: it is ``y[:, :c1] U_k[:c1, c0:c1] - m_k U_k[:, c0:c1]`` with
     ``y = x - g`` and ``m_k = mu_k - g``. One GEMM per column block, batched over
     components, the constant subtracted after it (so that each sum starts from the
@@ -215,7 +221,7 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     """
     n, d = X.shape
     dtype = X.dtype
-    h = min(d, _TRIANGLE_BLOCK)
+    h = min(d, TRIANGLE_BLOCK)
     kb = max(1, min(len(components), _GEMM_COLUMNS // h))
     rows = chunk_rows(kb * h, dtype.itemsize, n)
     Y = np.subtract(X, g, dtype=dtype, casting="same_kind")

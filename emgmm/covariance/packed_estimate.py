@@ -4,6 +4,10 @@ rigorous rounding bound, and the exact recomputation of the pairs that matter.
 Pure functions of one block of rows and the model parameters they are given: none
 keeps state, reads files or starts workers (the orchestration lives in
 :mod:`emgmm.engine`). Notation as in :mod:`emgmm.covariance.log_density`.
+
+Tuning constant: ``BOUND_CHUNK_BYTES`` (bytes of one chunk of the rounding bounds and
+of the candidate pairs' indices), read at every call like those of
+:mod:`~emgmm.covariance.log_density`.
 """
 
 from dataclasses import dataclass
@@ -11,13 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..runtime.blas import single_blas_thread
-from .cholesky import log_det_cholesky
 from ..runtime.gather import GatherBuffers
+from ..runtime.workspace import borrow
+from . import log_density
+from .base import get_covariance_type
+from .cholesky import log_det_cholesky
 from .log_density import (
     _LOG_2PI,
     _REFINE_TOL,
-    _TRIANGLE_BLOCK,
-    chunk_rows,
     _full_maha_dense,
     _full_maha_packed,
     _gamma,
@@ -25,9 +30,8 @@ from .log_density import (
     _representable,
     _shift,
     _use_packed,
+    chunk_rows,
 )
-from ..runtime.workspace import borrow
-from .base import get_covariance_type
 
 # The refined E step probes this many rows first; if more than _REFINE_MAX_DENSITY of
 # their pairs, beyond one per row, would need the exact recomputation (broad
@@ -38,13 +42,13 @@ _REFINE_MAX_DENSITY = 0.3
 # RefinedEstimate.to_refine: while every row's uniform bound (at least each of its
 # pairs' bounds) is at most _UNIFORM_BOUND nats, as in float64, one comparison with the
 # row's best estimate finds the candidates (d=64, K=200, one thread: 4 ms per block of
-# 12500 rows); beyond, every bound is evaluated, in row chunks of _BOUND_CHUNK_BYTES
+# 12500 rows); beyond, every bound is evaluated, in row chunks of BOUND_CHUNK_BYTES
 # per work array (11-13 ms; 12-20 ms with the 4 MiB chunks and more passes of before).
-# The candidates are then taken a chunk of components at a time (_BOUND_CHUNK_BYTES
+# The candidates are then taken a chunk of components at a time (BOUND_CHUNK_BYTES
 # per array of their indices and bounds): all at once, the first pass of A (broad
 # components, nearly every pair a candidate) took 96 MB per block for them.
 _UNIFORM_BOUND = 1.0
-_BOUND_CHUNK_BYTES = 2**20
+BOUND_CHUNK_BYTES = 2**20
 # RefinedEstimate.beyond_range: relative room between the float64 norm of x - g and
 # the estimate's own (float32 x - g is within 2^-24 relative per feature)
 _BEYOND_RANGE_ROOM = 1e-6
@@ -157,7 +161,7 @@ class RefinedEstimate:
         bounds of up to ~1e5 nats on tight components) the condition is evaluated
         on every pair, in row chunks that stay in cache. The candidates (nearly
         every pair while the components are broad) are then taken a chunk of
-        components at a time (``_BOUND_CHUNK_BYTES`` per array of their indices and
+        components at a time (``BOUND_CHUNK_BYTES`` per array of their indices and
         bounds), so that these take no more memory than the pairs kept.
 
         Returns
@@ -180,7 +184,7 @@ class RefinedEstimate:
                 np.greater_equal(est, limit, out=candidate)
             else:
                 self._near_best(est, y_norm, margin, candidate)
-            step = max(1, _BOUND_CHUNK_BYTES // (8 * max(n, 1)))
+            step = max(1, BOUND_CHUNK_BYTES // (8 * max(n, 1)))
             for k0 in range(0, K, step):
                 flat = np.flatnonzero(candidate[k0:k0 + step])
                 comps = flat // max(n, 1)
@@ -199,9 +203,9 @@ class RefinedEstimate:
     def _near_best(self, est, y_norm, margin, mask):
         """Into ``mask`` (K, n), bool: the pairs in ``est`` (K, n) with ``w + e >=
         max(w - e) - margin`` over their row, every bound evaluated (row chunks of
-        ``_BOUND_CHUNK_BYTES``)."""
+        ``BOUND_CHUNK_BYTES``)."""
         K, n = est.shape
-        rows = chunk_rows(K, 8, n, _BOUND_CHUNK_BYTES)
+        rows = chunk_rows(K, 8, n, BOUND_CHUNK_BYTES)
         e_buf, t_buf = np.empty((K, rows)), np.empty((K, rows))
         for r0 in range(0, n, rows):
             r1 = min(r0 + rows, n)
@@ -432,7 +436,9 @@ class TriangularEstimate(RefinedEstimate):
         y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(initial=0.0),
                                                                 1.0))
                         - m_norm.max(initial=0.0))
-        gamma_sum = (_gamma(min(d, _TRIANGLE_BLOCK) + 1, dtype)
+        # (the column-block width of the dense products, read when the estimate is
+        # made: the tuning constant of log_density)
+        gamma_sum = (_gamma(min(d, log_density.TRIANGLE_BLOCK) + 1, dtype)
                      + _gamma(d, np.float64))
         return cls(dtype=dtype.str, means=means, u=u, g=g,
                    error_coef=gamma * np.sqrt(rho), m_norm=m_norm, offset=offset,
