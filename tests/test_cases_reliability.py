@@ -14,7 +14,6 @@ import weakref
 import numpy as np
 import psutil
 import pytest
-
 from helpers import (
     COVARIANCE_TYPES,
     PARAMS,
@@ -22,7 +21,9 @@ from helpers import (
     assert_valid_model,
     min_eigenvalues,
 )
+
 from emgmm import GaussianMixture
+from emgmm.runtime import memory as emgmm_memory
 from emgmm.runtime.executor import TEMP_PREFIX
 
 # ---------------------------------------------------------------------------- C09
@@ -469,7 +470,11 @@ def test_case_c21_worker_killed_for_memory(tmp_path, monkeypatch, memory):
     it names the likelier causes.
     """
     if memory == "tight":
-        monkeypatch.setattr("emgmm.runtime.worker_loss.available_memory", lambda: 2**20)
+        # the machine as the message sees it after the kill: 1 MiB available (the
+        # fit's own check takes memory_limit instead)
+        meminfo = tmp_path / "meminfo"
+        meminfo.write_text("MemTotal: 4096 kB\nMemAvailable: 1024 kB\n")
+        monkeypatch.setattr(emgmm_memory, "MEMINFO", str(meminfo))
     temp = tmp_path / "joblib-temp"
     temp.mkdir()
     monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(temp))
@@ -496,7 +501,7 @@ def test_case_c21_worker_killed_for_memory(tmp_path, monkeypatch, memory):
                 kill_workers()
 
     gm.set_params(n_jobs=2, max_iter=3, tol=0.0, block_size=5000,
-                  callback=KillDuringSecondPass())
+                  memory_limit=4096, callback=KillDuringSecondPass())
     with pytest.raises(MemoryError) as info:
         gm.fit(X)
     assert killed

@@ -65,10 +65,15 @@ def model_nbytes(n_components, n_features, covariance_type):
     return 8 * (2 * K * d + 3 * per_cov)
 
 
+#: The file :func:`available_memory` reads ``MemAvailable`` from (Linux); read at every
+#: call, so that tests can point it at a file of their own to fake a small machine.
+MEMINFO = "/proc/meminfo"
+
+
 def available_memory():
     """Physical memory available to new allocations, in bytes (Linux MemAvailable)."""
     try:
-        with open("/proc/meminfo") as fh:
+        with open(MEMINFO) as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
