@@ -30,6 +30,7 @@ import emgmm.engine.model as em
 import emgmm.engine.passes as passes
 import emgmm.runtime.memory as memory
 import emgmm.runtime.executor as parallel
+from emgmm.io.sources import ArraySource
 
 STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -311,32 +312,30 @@ def test_schedule_is_validated(X):
 # ------------------------------------------------------------ threads of one process
 
 
-class ExecutorSpy:
-    """Records each Executor's row_threads as the fit sees them and the BLAS threads
-    every task ran with."""
+class ThreadSpy:
+    """A callback recording each fit's row threads (its ``'plan'`` event), and the
+    data of a fit whose row tasks record the BLAS threads they read under."""
 
-    def __init__(self, monkeypatch):
+    wants_plan = True
+
+    def __init__(self):
         self.row_threads, self.task_blas = [], []
+
+    def __call__(self, record):
+        if record["event"] == "plan":
+            self.row_threads.append(record["row_threads"])
+
+    def source(self, X):
         spy = self
-        orig_enter = parallel.Executor.__enter__
 
-        def enter(executor):
-            spy.row_threads.append(executor.row_threads)
-            return orig_enter(executor)
+        class Recording(ArraySource):
+            def _read(self, start, stop):
+                # (the row tasks' threads; the initialisation reads in this one)
+                if threading.current_thread() is not threading.main_thread():
+                    spy.task_blas.append(parallel.blas_thread_count())
+                return super()._read(start, stop)
 
-        monkeypatch.setattr(parallel.Executor, "__enter__", enter)
-        orig_map = parallel.Executor.map
-
-        def counted(func):
-            def run(*args, **kwargs):
-                spy.task_blas.append(parallel.blas_thread_count())
-                return func(*args, **kwargs)
-            return run
-
-        def map_(executor, func, task_args):
-            return orig_map(executor, counted(func), task_args)
-
-        monkeypatch.setattr(parallel.Executor, "map", map_)
+        return Recording(np.asarray(X))
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -346,21 +345,22 @@ def test_row_threads_equal_serial_bitwise(X, covariance_type, monkeypatch):
     from threadpoolctl import threadpool_limits
 
     monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
-    spy = ExecutorSpy(monkeypatch)
+    spy = ThreadSpy()
     before = parallel.blas_thread_count()
     with threadpool_limits(limits=2, user_api="blas"):
-        threaded = fit(X, n_jobs=None, covariance_type=covariance_type)
+        threaded = fit(spy.source(X), n_jobs=None, covariance_type=covariance_type,
+                       callback=spy)
         threaded_blas = set(spy.task_blas)
         assert parallel.blas_thread_count() == 2  # restored after the fit
-        explicit_one = fit(X, n_jobs=1, covariance_type=covariance_type)
+        explicit_one = fit(X, n_jobs=1, covariance_type=covariance_type, callback=spy)
     with threadpool_limits(limits=1, user_api="blas"):
-        serial = fit(X, n_jobs=None, covariance_type=covariance_type)
+        serial = fit(X, n_jobs=None, covariance_type=covariance_type, callback=spy)
     assert parallel.blas_thread_count() == before
     assert spy.row_threads == [min(2, joblib.cpu_count()), 0, 0]
     assert_same_state(explicit_one, serial)
     if joblib.cpu_count() > 1:
         # every task of the threaded fit ran with one BLAS thread
-        assert threaded_blas == {1}
+        assert threaded_blas == {1}, spy.task_blas
     assert_same_state(threaded, serial)
 
 
@@ -574,14 +574,14 @@ def test_row_threads_only_for_enough_work_and_small_statistics():
 def test_row_threads_off_for_tiny_fits_and_under_a_blas_limit(X, monkeypatch):
     from threadpoolctl import threadpool_limits
 
-    spy = ExecutorSpy(monkeypatch)
-    fit(X, n_jobs=None)                  # 1500 rows: far below ROW_THREAD_MIN_WORK
+    spy = ThreadSpy()
+    fit(X, n_jobs=None, callback=spy)    # 1500 rows: far below ROW_THREAD_MIN_WORK
     monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
     with threadpool_limits(limits=1, user_api="blas"):
-        fit(X, n_jobs=None)              # the user's limit of one BLAS thread
-    fit(X, n_jobs=2)                     # two workers: no threads inside them
+        fit(X, n_jobs=None, callback=spy)  # the user's limit of one BLAS thread
+    fit(X, n_jobs=2, callback=spy)       # two workers: no threads inside them
     with joblib.parallel_config(n_jobs=1):
-        fit(X, n_jobs=None)              # joblib's n_jobs=1 (not None) resolves first
+        fit(X, n_jobs=None, callback=spy)  # joblib's n_jobs=1 (not None) resolves first
     assert spy.row_threads == [0, 0, 0, 0]
 
 

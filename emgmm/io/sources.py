@@ -831,7 +831,8 @@ def is_hdf5_dataset(X):
 
 
 def is_file_backed(X):
-    """True when ``X`` is read through a file-backed :class:`Source`."""
-    if isinstance(X, (str, os.PathLike)) or is_hdf5_dataset(X):
+    """True when ``X`` is read through a file-backed :class:`Source`, or is a
+    :class:`Source` already (read as it is, e.g. a subclass of one's own)."""
+    if isinstance(X, (Source, str, os.PathLike)) or is_hdf5_dataset(X):
         return True
     return isinstance(X, np.memmap) and MemmapSource.from_memmap(X) is not None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn import config_context, get_config
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import ConvergenceWarning
@@ -52,8 +53,6 @@ from ..runtime.memory import (
 )
 from ..runtime.worker_loss import explain_worker_loss
 from .validation import validate_params
-
-from numpy.typing import ArrayLike
 
 if TYPE_CHECKING:
     import h5py
@@ -334,8 +333,9 @@ class BaseMixture(DensityMixin, BaseEstimator):
         ----------
         X : array-like of shape (n_samples, n_features), np.memmap, str, PathLike or h5py.Dataset
             Training data: in memory, memory-mapped, a ``.npy`` path, an
-            ``h5py.Dataset`` or ``"file.h5:/path/to/dataset"``. float64 and float32
-            are used as they are; integer data is cast per block.
+            ``h5py.Dataset``, ``"file.h5:/path/to/dataset"`` or an
+            ``emgmm.io.sources.Source`` (read as it is). float64 and float32 are
+            used as they are; integer data is cast per block.
         y : None
             Ignored.
 
@@ -397,6 +397,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
         source = self._source(X, reset=True)
         try:
             plan = self._plan(source)
+            self._report_plan(plan)
             # (the checkpointer first: it holds its path from open_checkpointer on,
             # and must let it go also when the executor refuses to start)
             with plan.checkpointer or nullcontext(), \
@@ -456,6 +457,21 @@ class BaseMixture(DensityMixin, BaseEstimator):
             component_statistics_pass if schedule == "components"
             else rows_statistics_pass,
             estimate, block_nbytes, checkpointer)
+
+    def _report_plan(self, plan):
+        """Call a callback whose attribute ``wants_plan`` is true with the fit's plan
+        (the ``'plan'`` event of ``callback``)."""
+        if getattr(self.callback, "wants_plan", False):
+            self.callback({
+                "event": "plan",
+                "schedule": ("components"
+                             if plan.statistics_pass is component_statistics_pass
+                             else "rows"),
+                "block_size": plan.block_size,
+                "n_tasks": len(plan.tasks),
+                "n_workers": plan.executor.n_workers,
+                "row_threads": plan.executor.row_threads,
+            })
 
     def _best_run(self, plan, source, want_labels):
         """Run every initialisation (from a checkpoint's, if resuming); return
