@@ -1,6 +1,7 @@
 """Checkpoint and resume: atomic writes, exact resume after SIGKILL, refusal of a
 checkpoint written for other data or parameters."""
 
+import json
 import os
 import signal
 import subprocess
@@ -11,11 +12,11 @@ import warnings
 import h5py
 import numpy as np
 import pytest
-from emgmm.mixture.validation import InvalidParameterError
-
 from helpers import file_fingerprint, make_blobs_data
+
 from emgmm import GaussianMixture
 from emgmm.io.checkpoint import read_state
+from emgmm.mixture.validation import InvalidParameterError
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -262,19 +263,32 @@ def test_no_pickle_in_the_file(tmp_path, X):
             assert npz[name].dtype != object
 
 
-def test_interval_limits_writes(tmp_path, X, monkeypatch):
-    from emgmm.io import checkpoint as _checkpoint
+def checkpointed_iterations(path):
+    """A callback recording, after each iteration, the iteration that the checkpoint
+    on disk holds (None while there is none)."""
+    seen = []
 
-    writes = []
-    real = _checkpoint.write_state
-    monkeypatch.setattr(_checkpoint, "write_state",
-                        lambda *a: (writes.append(a[1].run.n_iter), real(*a)))
-    fit_quietly(GaussianMixture(**kwargs(), checkpoint=tmp_path / "a.npz"), X)
-    assert writes == list(range(1, 9))
-    writes.clear()
+    def record(info):
+        if info["event"] != "iteration":
+            return
+        if not path.exists():
+            seen.append(None)
+            return
+        with np.load(path, allow_pickle=False) as npz:
+            seen.append(json.loads(str(npz["meta"]))["run"]["n_iter"])
+
+    return seen, record
+
+
+def test_interval_limits_writes(tmp_path, X):
+    seen, record = checkpointed_iterations(tmp_path / "a.npz")
+    fit_quietly(GaussianMixture(**kwargs(), checkpoint=tmp_path / "a.npz",
+                                callback=record), X)
+    assert seen == list(range(1, 9))
+    seen, record = checkpointed_iterations(tmp_path / "b.npz")
     fit_quietly(GaussianMixture(**kwargs(), checkpoint=tmp_path / "b.npz",
-                                checkpoint_interval=3600.0), X)
-    assert writes == []
+                                checkpoint_interval=3600.0, callback=record), X)
+    assert seen == [None] * 8
     assert not (tmp_path / "a.npz").exists()
 
 
@@ -291,9 +305,7 @@ def test_write_is_atomic(tmp_path, X, monkeypatch):
         return real_savez(fh, **arrays)
 
     real_savez = np.savez
-    from emgmm.io import checkpoint as _checkpoint
-
-    monkeypatch.setattr(_checkpoint.np, "savez", failing_savez)
+    monkeypatch.setattr(np, "savez", failing_savez)
     with pytest.raises(OSError, match="No space"):
         GaussianMixture(**kwargs(), checkpoint=path).fit(X)
     monkeypatch.undo()

@@ -15,7 +15,7 @@ import pytest
 
 import emgmm
 from emgmm.cli import command as cli
-from emgmm.io.model_file import load_model
+from emgmm.io.model_file import load_model, save_model
 
 from helpers import file_fingerprint, make_blobs_data
 
@@ -417,22 +417,16 @@ def test_fit_json_stdout_holds_only_the_json_with_verbose(tmp_path, data, capsys
     assert "Initialization" in err or "Iteration" in err  # the verbose lines
 
 
-def test_predict_shows_each_warning_once(tmp_path, data, model_path, capsys,
-                                         monkeypatch):
+def test_predict_shows_each_warning_once(tmp_path, data, capsys):
     """A warning raised by every block (scikit-learn's about feature names, for a
     model fitted on a DataFrame) is shown once, not once per block."""
-    import warnings
-
-    from emgmm import GaussianMixture
-
-    predict = GaussianMixture.predict
-
-    def warning_predict(self, X):
-        warnings.warn("X does not have valid feature names", UserWarning)
-        return predict(self, X)
-
-    monkeypatch.setattr(GaussianMixture, "predict", warning_predict)
-    assert cli.main(["predict", model_path, data[1], "-o", str(tmp_path / "l.npy"),
+    pd = pytest.importorskip("pandas")
+    X = data[0]
+    gm = emgmm.GaussianMixture(3, random_state=0)
+    gm.fit(pd.DataFrame(X, columns=[f"f{j}" for j in range(X.shape[1])]))
+    model = tmp_path / "named.h5"
+    save_model(gm, model)
+    assert cli.main(["predict", str(model), data[1], "-o", str(tmp_path / "l.npy"),
                      "--block-size", "50"]) == 0
     assert capsys.readouterr().err.count("valid feature names") == 1
 

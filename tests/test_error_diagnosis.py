@@ -68,7 +68,7 @@ def test_object_npy_for_init_array_is_told_by_its_header(tmp_path, monkeypatch):
     def load_fails_otherwise(*args, **kwargs):
         raise ValueError("some other wording of numpy's")
 
-    monkeypatch.setattr(cli.np, "load", load_fails_otherwise)
+    monkeypatch.setattr(np, "load", load_fails_otherwise)
     with pytest.raises(cli.CommandError, match="holds Python objects, not numbers"):
         cli._load_init_array(str(path), "--means-init")
 
