@@ -41,7 +41,8 @@ def _shift(means, weights):
 
 
 def _gamma(m, dtype):
-    """Higham's ``gamma_m = m u / (1 - m u)`` for the unit roundoff ``u`` of ``dtype``."""
+    """Higham's ``gamma_m = m u / (1 - m u)`` for the unit roundoff ``u`` of
+    ``dtype``."""
     unit = np.finfo(dtype).eps / 2
     return m * unit / (1.0 - m * unit)
 
@@ -91,7 +92,8 @@ def chunk_rows(n_columns, itemsize, n_rows, nbytes=None):
 def _use_packed(d, K):
     """Whether the packed products suit ``d`` features and ``K`` components."""
     T = d * (d + 1) // 2 + d + 1
-    return T * K * 8 <= _PACKED_MODEL_BYTES and CHUNK_BYTES // (T * 8) >= _PACKED_MIN_ROWS
+    return (T * K * 8 <= _PACKED_MODEL_BYTES
+            and CHUNK_BYTES // (T * 8) >= _PACKED_MIN_ROWS)
 
 
 def _packed_index(d):
@@ -100,7 +102,8 @@ def _packed_index(d):
 
 
 def _packed_products(Y, out):
-    """``out[:, :T] = y_j y_l`` for ``j <= l`` (row-major upper triangle), then ``y``, 1.
+    """``out[:, :T] = y_j y_l`` for ``j <= l`` (row-major upper triangle), then
+    ``y``, 1.
 
     ``out`` has shape ``(n, T + d + 1)`` with ``T = d (d + 1) / 2``. It is the row-wise
     Khatri-Rao square of ``Y``, augmented so that one matrix product with it gives
@@ -138,7 +141,8 @@ def _packed_weights(precisions, means_shifted):
 def _representable(W, dtype):
     """Whether float64 values ``W`` (the packed weights, or a triangular estimate's
     factors and the bounds of its shifts) keep the error bound of their estimate
-    (:mod:`emgmm.covariance.packed_estimate`) in ``dtype``: finite, and every nonzero entry a
+    (:mod:`emgmm.covariance.packed_estimate`) in ``dtype``: finite, and every nonzero
+    entry a
     normal number of ``dtype`` (below that, rounding is absolute, not relative) and
     at most ``max * eps`` (so that a product underflowing to zero, off by at most
     ``tiny * u``, moves a term by less than 1e-13). A model beyond float32's range
@@ -268,8 +272,9 @@ def full_mahalanobis(X, means, precisions_cholesky, g, out=None):
     The triangular products of :func:`_full_maha_dense` for every component: their
     rounding is linear in ``|x - g|`` and ``|mu_k - g|``. The packed products are
     cheaper but cancel within each quadratic form; they are used only where a
-    rounding bound per pair vouches for them (:mod:`emgmm.covariance.packed_estimate`): on a
-    covariance of condition number 1e12 they were 2e-4 nats off.
+    rounding bound per pair vouches for them
+    (:mod:`emgmm.covariance.packed_estimate`): on a covariance of condition number
+    1e12 they were 2e-4 nats off.
     """
     K = means.shape[0]
     # The rows are shifted by g in the compute dtype: shift the means by the very
@@ -294,8 +299,8 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     triangular ``U_k``, batched over several components at once
     (:func:`_full_maha_dense`): their rounding is linear in ``|y|`` and ``|m_k|``.
     (The cheaper packed products, whose rounding can cancel within each quadratic
-    form, serve only the refined E step of :mod:`emgmm.covariance.packed_estimate`, which
-    bounds their error per pair.)
+    form, serve only the refined E step of
+    :mod:`emgmm.covariance.packed_estimate`, which bounds their error per pair.)
     For 'tied', 'diag' and 'spherical' the squared distances are expanded around the
     same shift so that the work is a few matrix products, in float64; a component
     whose expansion may lose more than ``_REFINE_TOL`` (far from the shift relative
@@ -399,8 +404,8 @@ def expanded_log_prob(X, means, precisions, g, offset, margin=None, products=Non
         y_max = np.sqrt((products.Z[:, :d] @ np.ones(d)).max())
         # (a zero weight's constant, -inf, is exact)
         constant = np.where(np.isfinite(A[-1]), np.abs(A[-1]), 0.0)
-        bound = gamma * (0.5 * prec.max(axis=1) * (y_max + np.linalg.norm(M, axis=1)) ** 2
-                         + constant)
+        reach = y_max + np.linalg.norm(M, axis=1)
+        bound = gamma * (0.5 * prec.max(axis=1) * reach ** 2 + constant)
 
         def exact(k, rows):
             diff = np.subtract(X[rows], means[k], dtype=np.float64)

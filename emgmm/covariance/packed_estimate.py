@@ -196,7 +196,8 @@ class RefinedEstimate:
                 inexact = e > _REFINE_TOL
                 found.append((comps[inexact], rows[inexact], (w + e)[inexact]))
             floor -= margin
-            comps, rows, upper = (np.concatenate(parts) for parts in zip(*found))
+            comps, rows, upper = (np.concatenate(parts)
+                                  for parts in zip(*found, strict=True))
             keep = upper >= floor[rows]
         return comps[keep], rows[keep]
 
@@ -395,9 +396,9 @@ class TriangularEstimate(RefinedEstimate):
     (float32; the blocks are added in float64, ``gamma_{d}`` there), so the
     estimate ``M^`` of ``||z||^2`` is within ``e = gamma_s M' + delta (2 sqrt(M') +
     delta)`` with ``M' = M^ / (1 - gamma_s)`` bounding ``||z^||^2`` (``M^`` is
-    recovered from ``w = offset_k - M^ / 2`` with room for that float64 rounding). Half of ``e``
-    bounds the error in ``log N``, with ``4 u64 (|w| + M')`` added for the float64
-    work on the estimate ``w`` of ``log w_k + log N``. Unlike the packed
+    recovered from ``w = offset_k - M^ / 2`` with room for that float64 rounding).
+    Half of ``e`` bounds the error in ``log N``, with ``4 u64 (|w| + M')`` added for
+    the float64 work on the estimate ``w`` of ``log w_k + log N``. Unlike the packed
     estimate's, the bound grows with ``sqrt(M)``, not with ``M``: a far pair's
     bound stays far below its distance. It is some 500x the errors seen (d = 100).
 
@@ -494,8 +495,8 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
 
 def prepare_full_log_prob(weights, means, precisions_cholesky, dtype):
     """The estimates (:class:`RefinedEstimate`) that
-    :func:`~emgmm.engine.estep.weighted_log_prob` tries in this order, each refined where it
-    matters, before its plain path:
+    :func:`~emgmm.engine.estep.weighted_log_prob` tries in this order, each refined
+    where it matters, before its plain path:
 
     * small ``d`` (packed products, ``K d^3`` flops here): for float32 data the
       float32 :class:`PackedEstimate`, then the float64 one (on the same data),

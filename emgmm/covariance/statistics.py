@@ -30,7 +30,8 @@ from .log_density import (
 
 
 def _pack_upper(S):
-    """Rows of the upper triangles of ``S`` (K, d, d), one after another: (K, d(d+1)/2)."""
+    """Rows of the upper triangles of ``S`` (K, d, d), one after another:
+    (K, d(d+1)/2)."""
     K, d, _ = S.shape
     out = np.empty((K, d * (d + 1) // 2), dtype=S.dtype)
     start = 0

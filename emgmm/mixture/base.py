@@ -149,12 +149,14 @@ def _check_out(out, shape, dtype, method):
     if out is None:
         return np.empty(shape, dtype)
     if not isinstance(out, np.ndarray):
-        raise ValueError(f"out must be a numpy array or memmap, got {type(out).__name__}")
+        raise ValueError("out must be a numpy array or memmap, got "
+                         f"{type(out).__name__}")
     if out.shape != shape:
         raise ValueError(f"out has shape {out.shape}, not {shape}")
     if np.dtype(out.dtype).kind != np.dtype(dtype).kind:
-        raise ValueError(f"out has dtype {out.dtype}; {method} writes {np.dtype(dtype)} "
-                         f"values (an out array of kind {np.dtype(dtype).kind!r})")
+        raise ValueError(f"out has dtype {out.dtype}; {method} writes "
+                         f"{np.dtype(dtype)} values (an out array of kind "
+                         f"{np.dtype(dtype).kind!r})")
     if not out.flags.writeable:
         raise ValueError("out is read-only")
     return out
@@ -216,8 +218,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
             if reset:
                 if n < 2:
                     raise ValueError(
-                        f"Found array with {n} sample(s) (shape={source.shape}) while a "
-                        f"minimum of 2 is required by {type(self).__name__} "
+                        f"Found array with {n} sample(s) (shape={source.shape}) while "
+                        f"a minimum of 2 is required by {type(self).__name__} "
                         f"({source.description})."
                     )
                 if d < 1:
@@ -238,7 +240,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
                 if d != self.n_features_in_:
                     raise ValueError(
                         f"X has {d} features, but {type(self).__name__} is expecting "
-                        f"{self.n_features_in_} features as input ({source.description})."
+                        f"{self.n_features_in_} features as input "
+                        f"({source.description})."
                     )
             return source
         _refuse_strings(X)
@@ -308,12 +311,13 @@ class BaseMixture(DensityMixin, BaseEstimator):
         expected = {"means": (K, d), **kind.stored_shapes(K, d)}
         found = {name: np.shape(self.__dict__.get(name + "_")) for name in expected}
         if found != expected:
-            shapes = ", ".join(f"{name} of shape {shape}" for name, shape in found.items())
+            shapes = ", ".join(f"{name} of shape {shape}"
+                               for name, shape in found.items())
             params = "".join(f", {name}={getattr(self, name)!r}"
                              for name in kind.parameters)
             raise ValueError(
-                f"warm_start=True continues the fitted model ({shapes}), which does not "
-                f"match n_components={K}, covariance_type={self.covariance_type!r}"
+                f"warm_start=True continues the fitted model ({shapes}), which does "
+                f"not match n_components={K}, covariance_type={self.covariance_type!r}"
                 f"{params} and {d} features. Set warm_start=False to fit a new model."
             )
         return self._fitted_model()
@@ -331,7 +335,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features), np.memmap, str, PathLike or h5py.Dataset
+        X : array-like of shape (n_samples, n_features), np.memmap, str, PathLike, \
+h5py.Dataset or Source
             Training data: in memory, memory-mapped, a ``.npy`` path, an
             ``h5py.Dataset``, ``"file.h5:/path/to/dataset"`` or an
             ``emgmm.io.sources.Source`` (read as it is). float64 and float32 are
@@ -542,7 +547,7 @@ class BaseMixture(DensityMixin, BaseEstimator):
             warnings.warn(
                 "Best performing initialization did not converge. Try different init "
                 "parameters, or increase max_iter, tol, or check for degenerate data.",
-                ConvergenceWarning,
+                ConvergenceWarning, stacklevel=1,
             )
         self._set_model(run.model, out_dtype, precisions)
         self.converged_ = run.converged
@@ -678,7 +683,8 @@ class BaseMixture(DensityMixin, BaseEstimator):
         ----------
         X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
             The data, from any source :meth:`fit` accepts.
-        out : ndarray or np.memmap of shape (n_samples, n_components) or None, default=None
+        out : ndarray or np.memmap of shape (n_samples, n_components) or None, \
+default=None
             Where to write the result, block by block; any float dtype.
 
         Returns
@@ -720,13 +726,14 @@ class BaseMixture(DensityMixin, BaseEstimator):
         check_is_fitted(self)
         if n_samples < 1:
             raise ValueError(
-                f"Invalid value for 'n_samples': {n_samples} . The sampling requires at "
-                "least one sample."
+                f"Invalid value for 'n_samples': {n_samples} . The sampling requires "
+                "at least one sample."
             )
         rng = check_random_state(self.random_state)
         counts = rng.multinomial(n_samples, self.weights_)
         kind = self._kind()
         parts = kind.sample(rng, self.means_, kind.sampling_covariances(self), counts)
         X = np.vstack(parts).astype(np.float64)
-        y = np.concatenate([np.full(int(s), k, dtype=np.int64) for k, s in enumerate(counts)])
+        y = np.concatenate([np.full(int(s), k, dtype=np.int64)
+                            for k, s in enumerate(counts)])
         return X, y

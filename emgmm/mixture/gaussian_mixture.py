@@ -74,7 +74,8 @@ class GaussianMixture(BaseMixture):
     n_init : int, default=1
         Number of initialisations; the run whose final parameters have the highest
         mean log-likelihood is kept.
-    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, default='kmeans'
+    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, \
+default='kmeans'
         How the initial responsibilities are found, as in scikit-learn, computed on a
         random subsample of at most ``init_max_samples`` rows (all rows when there are
         no more than that; then the initialisation equals scikit-learn's).
@@ -245,7 +246,9 @@ class GaussianMixture(BaseMixture):
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
         "n_init": [Interval(Integral, 1, None, closed="left")],
-        "init_params": [StrOptions({"kmeans", "random", "random_from_data", "k-means++"})],
+        "init_params": [
+            StrOptions({"kmeans", "random", "random_from_data", "k-means++"})
+        ],
         "weights_init": ["array-like", None],
         "means_init": ["array-like", None],
         "precisions_init": ["array-like", None],
@@ -347,7 +350,8 @@ class GaussianMixture(BaseMixture):
         weights_init, means_init, precisions_init = inits
         weights = means = covariances = None
         if weights_init is None or means_init is None or precisions_init is None:
-            if isinstance(source, ArraySource) and source.n_samples <= self.init_max_samples:
+            if (isinstance(source, ArraySource)
+                    and source.n_samples <= self.init_max_samples):
                 sample = source.array
             else:
                 idx = subsample_indices(source.n_samples, self.init_max_samples,

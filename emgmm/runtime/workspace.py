@@ -69,7 +69,7 @@ class Workspace:
             array = np.frombuffer(buf, dtype=dtype, count=count).reshape(shape,
                                                                          order=order)
             if FILL is not None:
-                array[...] = True if dtype == bool else FILL
+                array[...] = True if dtype.kind == "b" else FILL
             yield array
         finally:
             self._free[name] = buf
