@@ -5,10 +5,10 @@ another library's message."""
 import numpy as np
 import pytest
 
-h5py = pytest.importorskip("h5py")
-
 from emgmm import GaussianMixture
 from emgmm.io.sources import as_source
+
+h5py = pytest.importorskip("h5py")
 
 
 def _hdf5_bytes(tmp_path):

@@ -62,4 +62,5 @@ def test_path_likes_for_data_models_and_checkpoints(tmp_path, wrap):
     save_model(gm, wrap(tmp_path / "m.h5"))
     assert read_header(wrap(tmp_path / "m.h5"))["n_components"] == 2
     again = load_model(wrap(tmp_path / "m.h5"))
-    np.testing.assert_array_equal(again.predict(wrap(tmp_path / "x.npy")), gm.predict(X))
+    np.testing.assert_array_equal(again.predict(wrap(tmp_path / "x.npy")),
+                                  gm.predict(X))
