@@ -12,13 +12,12 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import h5py
 import joblib
 import numpy as np
 import pytest
-from helpers import make_blobs_data
+from helpers import IGNORE_NOT_CONVERGED, make_blobs_data, not_converging
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.model_selection import GridSearchCV
 from threadpoolctl import threadpool_info, threadpool_limits
@@ -36,8 +35,7 @@ CORES = joblib.cpu_count()
 
 
 def quiet_fit(est, X):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ConvergenceWarning with small max_iter
+    with not_converging():  # small max_iter
         return est.fit(X)
 
 
@@ -46,7 +44,8 @@ def assert_same_state(a, b, rtol=None, precision_rtol=None):
     precisions (inverses) may get ``precision_rtol``."""
     for name in STATE:
         x, y = getattr(a, name), getattr(b, name)
-        tol = precision_rtol if precision_rtol and name.startswith("precisions") else rtol
+        precisions = precision_rtol and name.startswith("precisions")
+        tol = precision_rtol if precisions else rtol
         if tol is None:
             assert_array_equal(x, y, err_msg=name)
         else:
@@ -131,6 +130,12 @@ class PlanSpy:
 
     def __getitem__(self, key):
         return [plan[key] for plan in self.plans]
+
+
+def _check_n_factors(mp, capsys):
+    for q in (1, 2):
+        gm = small_fit(covariance_type="factor", n_factors=q)
+        assert gm.loadings_.shape == (3, 3, q)
 
 
 def _check_n_components(mp, capsys):
@@ -331,10 +336,12 @@ PARAM_CHECKS = {name[len("_check_"):]: f for name, f in globals().items()
 def test_case_c12_every_constructor_argument_has_a_check():
     params = set(GaussianMixture().get_params())
     missing = params - set(PARAM_CHECKS)
-    assert not missing, f"add a _check_<param> showing these parameters are used: {missing}"
+    assert not missing, ("add a _check_<param> showing these parameters are used: "
+                         f"{missing}")
     assert not set(PARAM_CHECKS) - params
 
 
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)  # fits of 10 iterations or fewer
 @pytest.mark.parametrize("param", sorted(PARAM_CHECKS))
 def test_case_c12_constructor_argument_is_used(param, monkeypatch, capsys, tmp_path):
     check = PARAM_CHECKS[param]
@@ -366,7 +373,7 @@ def test_case_c15_kernels_never_write_into_inputs(covariance_type):
         _log_density.log_gaussian_prob(Xc, means, u, covariance_type, weights)
         _estep.estimate_log_prob_resp(Xc, weights, means, u, covariance_type)
         _statistics.block_statistics(Xc, resp, means, covariance_type, 0.1)
-    for a, c in zip(inputs, copies):
+    for a, c in zip(inputs, copies, strict=False):
         assert_array_equal(a, c)
 
 
@@ -568,7 +575,8 @@ def test_case_c22_open_h5py_dataset_with_process_workers(tmp_path):
         ds = f["data/x"]
         with pytest.raises(TypeError):
             pickle.dumps(ds)  # why the workers must open the file themselves
-        got = quiet_fit(GaussianMixture(3, random_state=0, n_jobs=2, block_size=128), ds)
+        got = quiet_fit(GaussianMixture(3, random_state=0, n_jobs=2, block_size=128),
+                        ds)
         assert ds.id.valid and ds[0, 0] == X[0, 0]  # the user's handle still works
     assert_same_state(got, ref)
 
@@ -581,7 +589,8 @@ def checksum_task(source, start, stop, *, blas_threads):
 
 
 @pytest.mark.parametrize("backend", ["loky", "multiprocessing"])
-def test_case_c23_compressed_hdf5_read_concurrently_after_parent_read(tmp_path, backend):
+def test_case_c23_compressed_hdf5_read_concurrently_after_parent_read(tmp_path,
+                                                                      backend):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(20_000, 8))
     path = tmp_path / "c23.h5"
@@ -622,7 +631,8 @@ def test_case_c24_workers_open_while_parent_holds_file(tmp_path):
     ref = quiet_fit(GaussianMixture(3, random_state=0, block_size=100), X)
     with h5py.File(path, "r") as held:
         for _ in range(3):
-            got = quiet_fit(GaussianMixture(3, random_state=0, block_size=100, n_jobs=2),
+            got = quiet_fit(GaussianMixture(3, random_state=0, block_size=100,
+                                            n_jobs=2),
                             f"{path}:/x")
             assert_same_state(got, ref)
         assert_array_equal(held["x"][:5], X[:5])

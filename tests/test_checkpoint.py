@@ -7,12 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import h5py
 import numpy as np
 import pytest
-from helpers import file_fingerprint, make_blobs_data
+from helpers import file_fingerprint, make_blobs_data, not_converging
 
 from emgmm import GaussianMixture
 from emgmm.io.checkpoint import read_state
@@ -45,8 +44,7 @@ def kwargs(**extra):
 
 
 def fit_quietly(gm, X):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with not_converging():
         return gm.fit(X)
 
 
@@ -89,7 +87,8 @@ def test_sigkill_after_third_iteration_then_resume_is_exact(tmp_path, X):
     script.write_text(KILLED_FIT)
     checkpoint = tmp_path / "fit.ckpt"
     marker, out = tmp_path / "killed-once", tmp_path / "result.npz"
-    args = [sys.executable, str(script), str(data), str(checkpoint), str(marker), str(out)]
+    args = [sys.executable, str(script), str(data), str(checkpoint), str(marker),
+            str(out)]
 
     first = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert first.returncode == -signal.SIGKILL, first.stderr
@@ -129,8 +128,7 @@ def test_resume_in_any_initialisation(tmp_path, X, init, n_iter):
     seen = []
     resumed = GaussianMixture(**params, checkpoint=path,
                               callback=lambda r: seen.append((r["init"], r["n_iter"])))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with not_converging():
         labels = resumed.fit_predict(X) if init else resumed.fit(X).predict(X)
     assert seen[0] == (init, n_iter + 1)
     assert_same_model(resumed, ref)
@@ -412,11 +410,13 @@ def test_checkpoint_folder_checked_before_any_pass(tmp_path, X, monkeypatch, cas
     if case == "read_only":
         access = os.access
         monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
-            False if os.path.abspath(path) == str(tmp_path) else access(path, mode, **kw)))
+            False if os.path.abspath(path) == str(tmp_path) else access(path, mode,
+                                                                        **kw)))
     passes = []
     est = GaussianMixture(3, random_state=0, checkpoint=str(folder / "c.npz"),
                           callback=passes.append)
-    error, message = {"missing": (FileNotFoundError, "checkpoint directory does not exist"),
+    error, message = {"missing": (FileNotFoundError,
+                                  "checkpoint directory does not exist"),
                       "read_only": (PermissionError,
                                     "checkpoint directory is not writable")}[case]
     with pytest.raises(error, match=message) as info:

@@ -19,17 +19,17 @@ import joblib
 import numpy as np
 import pytest
 import scipy.linalg
+from helpers import COVARIANCE_TYPES, make_blobs_data, not_converging
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 from threadpoolctl import threadpool_limits
 
-from helpers import COVARIANCE_TYPES, make_blobs_data
-from emgmm import GaussianMixture
-import emgmm.runtime.blas as blas
 import emgmm.engine.model as em
 import emgmm.engine.passes as passes
-import emgmm.runtime.memory as memory
+import emgmm.runtime.blas as blas
 import emgmm.runtime.executor as parallel
+import emgmm.runtime.memory as memory
+from emgmm import GaussianMixture
 from emgmm.io.sources import ArraySource
 
 STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
@@ -38,8 +38,7 @@ STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_choles
 def fit(X, **params):
     kw = dict(n_components=4, random_state=0, max_iter=6, tol=0.0, block_size=256)
     kw.update(params)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+    with not_converging():  # tol=0
         return GaussianMixture(**kw).fit(X)
 
 
@@ -52,7 +51,8 @@ def assert_same_state(a, b, rtol=None):
     for name in STATE:
         x, y = getattr(a, name), getattr(b, name)
         if rtol is not None and name.startswith("precisions"):
-            assert_allclose(x, y, rtol=0, atol=100 * rtol * np.abs(y).max(), err_msg=name)
+            assert_allclose(x, y, rtol=0, atol=100 * rtol * np.abs(y).max(),
+                            err_msg=name)
         elif rtol is None:
             assert_array_equal(x, y, err_msg=name)
         else:
@@ -66,7 +66,8 @@ def assert_same_state(a, b, rtol=None):
 
 
 def emgmm_entries(folder):
-    return [name for name in os.listdir(folder) if name.startswith(parallel.TEMP_PREFIX)]
+    return [name for name in os.listdir(folder)
+            if name.startswith(parallel.TEMP_PREFIX)]
 
 
 @pytest.fixture(autouse=True)
@@ -121,7 +122,7 @@ def test_component_buffer_is_bounded_and_split_is_fixed(X, monkeypatch):
         slices = memory.component_slices(K, d, "full")
         assert slices[0][0] == 0 and slices[-1][1] == K
         assert all(a < b for a, b in slices)
-        assert all(s[1] == t[0] for s, t in zip(slices, slices[1:]))
+        assert all(s[1] == t[0] for s, t in zip(slices, slices[1:], strict=False))
         assert max(b - a for a, b in slices) * d * d * 8 <= max(memory.SLICE_BYTES,
                                                                 d * d * 8)
     assert len(memory.component_slices(200, 900, "full")) >= memory.MIN_SLICES
@@ -147,7 +148,8 @@ def sklearn_init(X, K, covariance_type, seed=0):
         prec = 1.0 / np.diagonal(covs, axis1=1, axis2=2)
     else:
         prec = 1.0 / np.diagonal(covs, axis1=1, axis2=2).mean(axis=1)
-    if prec.ndim >= 2 and prec.shape[-1] == prec.shape[-2] and covariance_type != "diag":
+    if (prec.ndim >= 2 and prec.shape[-1] == prec.shape[-2]
+            and covariance_type != "diag"):
         prec = (prec + np.swapaxes(prec, -1, -2)) / 2
     return dict(weights_init=weights, means_init=means, precisions_init=prec)
 
@@ -200,7 +202,7 @@ def test_model_and_its_prepared_estimates_reach_workers_as_memory_maps(dtype,
         for array in (got.precisions_cholesky, *(e.W for e in got.prepared),
                       *(e.u for e in got.prepared)):
             assert isinstance(array, np.memmap) and not array.flags.writeable
-        for before, after in zip(prepared, got.prepared):
+        for before, after in zip(prepared, got.prepared, strict=False):
             assert_array_equal(after.W, before.W)
             assert_array_equal(after.u, before.u)
         # one file per array: u, shared by the model and its estimates, once
@@ -239,7 +241,8 @@ def test_no_temp_folder_left_after_fit(X, schedule, temp_folder):
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder, monkeypatch):
+def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder,
+                                                   monkeypatch):
     """A value whose squares overflow (1e200), written into the workers' copy of X at
     a late row (the copy of a checked array is not checked for NaN again): a worker
     raises."""
@@ -294,13 +297,15 @@ def test_schedule_choice_and_refusal():
     comp_need = memory.schedule_nbytes("components", 50, 200, "full", 8)
     assert comp_need < rows_need
     budget_mib = (comp_need + rows_need) / 2 / 2**20
-    assert memory.choose_schedule("auto", 50, 200, "full", 8, budget_mib)[0] == "components"
+    assert memory.choose_schedule("auto", 50, 200, "full", 8,
+                                  budget_mib)[0] == "components"
     with pytest.raises(MemoryError, match=r"'rows' schedule with 8 worker.*budget of"):
         memory.choose_schedule("rows", 50, 200, "full", 8, budget_mib)
     # the estimator refuses before writing X or starting workers
     X = np.zeros((200, 6001))
     est = GaussianMixture(200, memory_limit=1024, n_jobs=2)
-    with pytest.raises(MemoryError, match=r"needs about [\d,]+ MiB .*budget of 1,024 MiB"):
+    with pytest.raises(MemoryError,
+                       match=r"needs about [\d,]+ MiB .*budget of 1,024 MiB"):
         est.fit(X)
 
 

@@ -1,16 +1,16 @@
-"""The per-thread work buffers (emgmm.runtime.workspace): lending rules, and fits that reuse
-buffers holding stale values equal fits that allocate every array afresh, bitwise."""
+"""The per-thread work buffers (emgmm.runtime.workspace): lending rules, and fits that
+reuse buffers holding stale values equal fits that allocate every array afresh,
+bitwise."""
 
 import threading
-import warnings
 
 import numpy as np
 import pytest
+from helpers import make_blobs_data, not_converging
 from numpy.testing import assert_array_equal
 
-from helpers import make_blobs_data
-from emgmm import GaussianMixture
 import emgmm.runtime.workspace as workspace
+from emgmm import GaussianMixture
 
 
 def test_borrow_without_a_workspace_lends_fresh_arrays():
@@ -69,8 +69,7 @@ def _fit(X, **params):
     kw = dict(n_components=8, random_state=0, max_iter=5, tol=0.0, block_size=300,
               n_jobs=1)
     kw.update(params)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+    with not_converging():  # tol=0
         est = GaussianMixture(**kw).fit(X)
     return est, est.predict_proba(X), est.score_samples(X)
 

@@ -57,9 +57,14 @@ def check_block_finite(block, start, where):
     where : str
         How to name the data set in the message.
     """
-    if block.dtype.kind != "f" or np.isfinite(block.sum(dtype=np.float64)):
-        if block.dtype.kind != "f" or np.isfinite(block).all():
-            return
+    if block.dtype.kind != "f":
+        return
+    # the sum screens the block cheaply: +inf and -inf, or finite values that
+    # overflow, make it NaN or infinite (silently), and the exact check decides
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = block.sum(dtype=np.float64)
+    if np.isfinite(total) or np.isfinite(block).all():
+        return
     bad = ~np.isfinite(block)
     row, col = np.argwhere(bad)[0]
     kind = "NaN" if np.isnan(block[row, col]) else (
@@ -460,7 +465,8 @@ class MemmapSource(Source):
             if got == 0:
                 size = os.fstat(fd).st_size
                 raise OSError(
-                    f"The data file {self.filename}{_of(self.filename, self.description)}"
+                    f"The data file {self.filename}"
+                    f"{_of(self.filename, self.description)}"
                     f" was truncated while emgmm was reading it: it holds {size} "
                     f"bytes, fewer than the {offset + len(view)} this read needs. Keep "
                     "the file unchanged while emgmm reads it (fit, predict, score)."
@@ -760,7 +766,8 @@ def _check_mapped_file(mm, description):
         now = os.stat(mm.filename)
     except FileNotFoundError:
         return  # said by the caller
-    if mapped is not None and (mapped.st_dev, mapped.st_ino) != (now.st_dev, now.st_ino):
+    if mapped is not None and ((mapped.st_dev, mapped.st_ino)
+                               != (now.st_dev, now.st_ino)):
         raise OSError(
             f"The file {mm.filename} of {description} was replaced after the memmap "
             "was opened: emgmm reads a memmap again by its file name, which now leads "
