@@ -11,7 +11,12 @@ import textwrap
 import h5py
 import numpy as np
 import pytest
-from helpers import file_fingerprint, make_blobs_data, not_converging
+from helpers import (
+    IGNORE_NOT_CONVERGED,
+    file_fingerprint,
+    make_blobs_data,
+    not_converging,
+)
 
 from emgmm import GaussianMixture
 from emgmm.io.checkpoint import read_state
@@ -312,6 +317,7 @@ def test_write_is_atomic(tmp_path, X, monkeypatch):
     assert state.run.n_iter == 2
 
 
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)  # the resumed fit: tol=0
 def test_a_full_disk_names_the_checkpoint_and_keeps_the_last_one(tmp_path, X,
                                                                   monkeypatch):
     """A checkpoint's space is reserved before numpy writes it: on a full disk the
