@@ -380,6 +380,7 @@ def test_hdf5_file_locked_by_a_writer(tmp_path, fitted):
     finally:
         writer.kill()
         writer.wait()
+        writer.stdout.close()  # (left open, its pipe is a ResourceWarning)
 
 
 @pytest.mark.parametrize("cut", ["data", "header"])
