@@ -8,22 +8,38 @@ Source kinds (see ``SOURCE_KINDS``):
 ``npy``         the path (``str``) of a ``.npy`` file
 ``npy_path``    the same ``.npy`` file as a ``pathlib.Path``
 ``h5``          an open, read-only ``h5py.Dataset`` stored contiguously
-``h5_chunked``  an open, read-only ``h5py.Dataset`` chunked by rows (``(64, d)`` by default)
-``h5_string``   the string ``"file.h5:/group/ds"`` naming the chunked dataset
+``h5_chunked``  an open, read-only ``h5py.Dataset`` chunked by rows (``(64, d)`` by
+default) ``h5_string``   the string ``"file.h5:/group/ds"`` naming the chunked dataset
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 
 SOURCE_KINDS = ("ndarray", "memmap", "npy", "npy_path", "h5", "h5_chunked", "h5_string")
 FILE_KINDS = tuple(k for k in SOURCE_KINDS if k != "ndarray")
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+#: The start of the ConvergenceWarning of a fit that max_iter stopped: expected by the
+#: tests that run a fixed number of iterations (tol=0, or a small max_iter).
+NOT_CONVERGED = "Best performing initialization did not converge"
+#: ``pytest.mark.filterwarnings`` argument ignoring that warning alone.
+IGNORE_NOT_CONVERGED = f"ignore:{NOT_CONVERGED}:sklearn.exceptions.ConvergenceWarning"
+
+
+@contextmanager
+def not_converging():
+    """Ignore the ConvergenceWarning of a fit that max_iter stopped, nothing else."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", NOT_CONVERGED, ConvergenceWarning)
+        yield
 
 
 def make_blobs_data(
@@ -37,8 +53,8 @@ def make_blobs_data(
 ):
     """Well separated Gaussian blobs with random anisotropic covariances.
 
-    Deterministic for a given ``seed``; returns an ``(n_samples, n_features)`` C-contiguous
-    array of ``dtype``.
+    Deterministic for a given ``seed``; returns an ``(n_samples, n_features)``
+    C-contiguous array of ``dtype``.
     """
     rng = np.random.default_rng(seed)
     centers = rng.normal(scale=spread, size=(n_centers, n_features))
@@ -114,7 +130,8 @@ class SourceFactory:
                 mm.flush()
                 del mm
                 out.append(
-                    Source(kind, np.memmap(dat, dtype=X.dtype, mode="r", shape=X.shape), dat)
+                    Source(kind, np.memmap(dat, dtype=X.dtype, mode="r", shape=X.shape),
+                           dat)
                 )
             elif kind == "npy":
                 out.append(Source(kind, str(npy), npy))
@@ -193,4 +210,5 @@ def assert_bound_monotone(gm, rtol=1e-10):
     for i in range(1, len(lb)):
         if gm.history_[i - 1]["reseeded"]:
             continue
-        assert lb[i] >= lb[i - 1] - rtol * max(1.0, abs(lb[i - 1])), (i, lb[i - 1], lb[i])
+        assert lb[i] >= lb[i - 1] - rtol * max(1.0, abs(lb[i - 1])), (i, lb[i - 1],
+                                                                      lb[i])

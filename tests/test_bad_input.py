@@ -11,9 +11,9 @@ import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from helpers import FILE_KINDS, file_fingerprint, not_converging
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
-from helpers import FILE_KINDS, file_fingerprint
 from emgmm import GaussianMixture
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
@@ -26,8 +26,7 @@ def good_data(n=300, d=3, seed=0):
 @pytest.fixture(scope="module")
 def _fitted_once():
     gm = GaussianMixture(2, random_state=0, max_iter=5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with not_converging():
         gm.fit(good_data())
     return gm
 
@@ -61,7 +60,7 @@ def check_refused(gm, method, X, exc, match, paths=()):
         with pytest.raises(exc, match=match):
             getattr(gm, method)(X)
     assert_state_unchanged(gm, before)
-    for path, fp in zip(paths, prints):
+    for path, fp in zip(paths, prints, strict=False):
         assert file_fingerprint(path) == fp, path
 
 
@@ -116,7 +115,8 @@ def test_value_beyond_float32_with_float32_compute(make_sources, kind):
     gm = GaussianMixture(2, random_state=0, compute_dtype="float32")
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no overflow warning either
-        with pytest.raises(ValueError, match=r"too large for dtype\('float32'\).*row 123, "
+        with pytest.raises(ValueError,
+                           match=r"too large for dtype\('float32'\).*row 123, "
                                              r"column 1"):
             gm.fit(obj)
     assert not hasattr(gm, "weights_")
@@ -178,7 +178,8 @@ def test_far_outlier_gets_responsibilities_that_sum_to_one(covariance_type):
     rows summing to K there). predict_proba's rows sum to one, the tie split
     equally, and ordinary rows keep ``exp(log_resp)`` to rounding."""
     rng = np.random.default_rng(0)
-    X = np.concatenate([rng.standard_normal((500, 3)), rng.standard_normal((500, 3)) + 5])
+    X = np.concatenate([rng.standard_normal((500, 3)), rng.standard_normal((500,
+                                                                            3)) + 5])
     gm = GaussianMixture(2, covariance_type=covariance_type, random_state=0).fit(X)
     query = np.vstack([np.full((1, 3), 9.96921e36), [[1e17, 0.0, 0.0]], X[:50]])
     proba = gm.predict_proba(query)
@@ -353,7 +354,8 @@ def test_bad_weights_init(fitted, weights, match):
 @pytest.mark.parametrize("means", [np.zeros((2, 4)), np.zeros((3, 3)), np.zeros(3)])
 def test_bad_means_init(fitted, means):
     fitted.set_params(means_init=means)
-    check_refused(fitted, "fit", good_data(), ValueError, r"'means' should have the shape")
+    check_refused(fitted, "fit", good_data(), ValueError,
+                  r"'means' should have the shape")
 
 
 # -------------------------------------------------------------------- files
@@ -378,6 +380,7 @@ def test_hdf5_file_locked_by_a_writer(tmp_path, fitted):
     finally:
         writer.kill()
         writer.wait()
+        writer.stdout.close()  # (left open, its pipe is a ResourceWarning)
 
 
 @pytest.mark.parametrize("cut", ["data", "header"])
@@ -391,7 +394,8 @@ def test_truncated_npy(tmp_path, fitted, cut):
 
 
 def test_missing_files(tmp_path, fitted):
-    check_refused(fitted, "fit", str(tmp_path / "nope.npy"), FileNotFoundError, "nope.npy")
+    check_refused(fitted, "fit", str(tmp_path / "nope.npy"), FileNotFoundError,
+                  "nope.npy")
     path = tmp_path / "X.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("d", data=good_data())
@@ -399,7 +403,8 @@ def test_missing_files(tmp_path, fitted):
 
 
 @pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
-def test_float64_data_whose_variances_overflow_get_the_overflow_message(covariance_type):
+def test_float64_data_whose_variances_overflow_get_the_overflow_message(
+        covariance_type):
     """Data of scale 1e200: the variances (1e400) overflow float64. The message says
     so, not scikit-learn's "ill-defined covariance ... collapsed samples"."""
     rng = np.random.default_rng(0)

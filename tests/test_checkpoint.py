@@ -1,21 +1,26 @@
 """Checkpoint and resume: atomic writes, exact resume after SIGKILL, refusal of a
 checkpoint written for other data or parameters."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import h5py
 import numpy as np
 import pytest
-from emgmm.mixture.validation import InvalidParameterError
+from helpers import (
+    IGNORE_NOT_CONVERGED,
+    file_fingerprint,
+    make_blobs_data,
+    not_converging,
+)
 
-from helpers import file_fingerprint, make_blobs_data
 from emgmm import GaussianMixture
 from emgmm.io.checkpoint import read_state
+from emgmm.mixture.validation import InvalidParameterError
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -44,8 +49,7 @@ def kwargs(**extra):
 
 
 def fit_quietly(gm, X):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with not_converging():
         return gm.fit(X)
 
 
@@ -88,7 +92,8 @@ def test_sigkill_after_third_iteration_then_resume_is_exact(tmp_path, X):
     script.write_text(KILLED_FIT)
     checkpoint = tmp_path / "fit.ckpt"
     marker, out = tmp_path / "killed-once", tmp_path / "result.npz"
-    args = [sys.executable, str(script), str(data), str(checkpoint), str(marker), str(out)]
+    args = [sys.executable, str(script), str(data), str(checkpoint), str(marker),
+            str(out)]
 
     first = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert first.returncode == -signal.SIGKILL, first.stderr
@@ -128,8 +133,7 @@ def test_resume_in_any_initialisation(tmp_path, X, init, n_iter):
     seen = []
     resumed = GaussianMixture(**params, checkpoint=path,
                               callback=lambda r: seen.append((r["init"], r["n_iter"])))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with not_converging():
         labels = resumed.fit_predict(X) if init else resumed.fit(X).predict(X)
     assert seen[0] == (init, n_iter + 1)
     assert_same_model(resumed, ref)
@@ -262,19 +266,32 @@ def test_no_pickle_in_the_file(tmp_path, X):
             assert npz[name].dtype != object
 
 
-def test_interval_limits_writes(tmp_path, X, monkeypatch):
-    from emgmm.io import checkpoint as _checkpoint
+def checkpointed_iterations(path):
+    """A callback recording, after each iteration, the iteration that the checkpoint
+    on disk holds (None while there is none)."""
+    seen = []
 
-    writes = []
-    real = _checkpoint.write_state
-    monkeypatch.setattr(_checkpoint, "write_state",
-                        lambda *a: (writes.append(a[1].run.n_iter), real(*a)))
-    fit_quietly(GaussianMixture(**kwargs(), checkpoint=tmp_path / "a.npz"), X)
-    assert writes == list(range(1, 9))
-    writes.clear()
+    def record(info):
+        if info["event"] != "iteration":
+            return
+        if not path.exists():
+            seen.append(None)
+            return
+        with np.load(path, allow_pickle=False) as npz:
+            seen.append(json.loads(str(npz["meta"]))["run"]["n_iter"])
+
+    return seen, record
+
+
+def test_interval_limits_writes(tmp_path, X):
+    seen, record = checkpointed_iterations(tmp_path / "a.npz")
+    fit_quietly(GaussianMixture(**kwargs(), checkpoint=tmp_path / "a.npz",
+                                callback=record), X)
+    assert seen == list(range(1, 9))
+    seen, record = checkpointed_iterations(tmp_path / "b.npz")
     fit_quietly(GaussianMixture(**kwargs(), checkpoint=tmp_path / "b.npz",
-                                checkpoint_interval=3600.0), X)
-    assert writes == []
+                                checkpoint_interval=3600.0, callback=record), X)
+    assert seen == [None] * 8
     assert not (tmp_path / "a.npz").exists()
 
 
@@ -291,9 +308,7 @@ def test_write_is_atomic(tmp_path, X, monkeypatch):
         return real_savez(fh, **arrays)
 
     real_savez = np.savez
-    from emgmm.io import checkpoint as _checkpoint
-
-    monkeypatch.setattr(_checkpoint.np, "savez", failing_savez)
+    monkeypatch.setattr(np, "savez", failing_savez)
     with pytest.raises(OSError, match="No space"):
         GaussianMixture(**kwargs(), checkpoint=path).fit(X)
     monkeypatch.undo()
@@ -302,6 +317,7 @@ def test_write_is_atomic(tmp_path, X, monkeypatch):
     assert state.run.n_iter == 2
 
 
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)  # the resumed fit: tol=0
 def test_a_full_disk_names_the_checkpoint_and_keeps_the_last_one(tmp_path, X,
                                                                   monkeypatch):
     """A checkpoint's space is reserved before numpy writes it: on a full disk the
@@ -400,11 +416,13 @@ def test_checkpoint_folder_checked_before_any_pass(tmp_path, X, monkeypatch, cas
     if case == "read_only":
         access = os.access
         monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
-            False if os.path.abspath(path) == str(tmp_path) else access(path, mode, **kw)))
+            False if os.path.abspath(path) == str(tmp_path) else access(path, mode,
+                                                                        **kw)))
     passes = []
     est = GaussianMixture(3, random_state=0, checkpoint=str(folder / "c.npz"),
                           callback=passes.append)
-    error, message = {"missing": (FileNotFoundError, "checkpoint directory does not exist"),
+    error, message = {"missing": (FileNotFoundError,
+                                  "checkpoint directory does not exist"),
                       "read_only": (PermissionError,
                                     "checkpoint directory is not writable")}[case]
     with pytest.raises(error, match=message) as info:

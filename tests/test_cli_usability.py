@@ -2,10 +2,15 @@
 messages, one progress stream with --verbose, output suffixes."""
 
 import argparse
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
+from helpers import IGNORE_NOT_CONVERGED
 
 import emgmm
 from emgmm.cli import command as cli
@@ -85,9 +90,11 @@ def test_block_size_0_is_answered_the_same_in_fit_and_predict(npy, model, tmp_pa
 def test_sample_n_0_names_the_flag(model, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["sample", model, "-n", "0", "-o", str(tmp_path / "s.npy")])
-    assert "argument -n/--n-samples: must be at least 1, got 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument -n/--n-samples: must be at least 1, got 0" in err
 
 
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)  # 5 iterations, tol=0
 def test_fit_verbose_prints_progress_once(npy, tmp_path, capsys):
     assert cli.main(["fit", npy, "-k", "2", "--random-state", "0", "--verbose", "2",
                      "--verbose-interval", "1", "--max-iter", "5", "--tol", "0",
@@ -127,11 +134,6 @@ def test_fit_refuses_a_model_named_like_another_format(npy, tmp_path, capsys):
 
 
 # ------------------------------------------------ 28.6: interrupts, stale locks
-
-import os
-import subprocess
-import sys
-import textwrap
 
 _INTERRUPT_IMPORT = textwrap.dedent("""
     import builtins, os, signal

@@ -12,12 +12,12 @@ import h5py
 import joblib
 import numpy as np
 import pytest
+from helpers import make_blobs_data, not_converging
 from numpy.testing import assert_allclose, assert_array_equal
 
-from helpers import make_blobs_data
 from emgmm import GaussianMixture
-from emgmm.runtime.executor import Executor
 from emgmm.io.sources import as_source
+from emgmm.runtime.executor import Executor
 
 distributed = pytest.importorskip("distributed")
 dask = pytest.importorskip("dask")
@@ -72,7 +72,8 @@ def test_executor_on_dask(client, files):
         with executor:
             assert executor.uses_threads is False
             out = list(executor.map(where, [(s, s + 250) for s in range(0, 2000, 250)]))
-    assert [s for _, s, _ in out] == [float(X[s:s + 250].sum()) for s in range(0, 2000, 250)]
+    assert [s for _, s, _ in out] == [float(X[s:s + 250].sum()) for s in range(0, 2000,
+                                                                               250)]
     worker_pids = set(client.run(os.getpid).values())
     assert {pid for pid, _, _ in out} <= worker_pids
     assert os.getpid() not in {pid for pid, _, _ in out}
@@ -83,8 +84,7 @@ def test_fit_on_local_cluster_equals_local_fit(client, files, schedule):
     X, npy, h5 = files
     kw = dict(n_components=3, random_state=0, block_size=250, max_iter=5, tol=0,
               schedule=schedule)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+    with not_converging():  # tol=0
         local = GaussianMixture(**kw, n_jobs=1).fit(X)
         with joblib.parallel_config(backend="dask"):
             fits = [GaussianMixture(**kw).fit(npy), GaussianMixture(**kw).fit(h5)]

@@ -5,10 +5,10 @@ another library's message."""
 import numpy as np
 import pytest
 
-h5py = pytest.importorskip("h5py")
-
 from emgmm import GaussianMixture
 from emgmm.io.sources import as_source
+
+h5py = pytest.importorskip("h5py")
 
 
 def _hdf5_bytes(tmp_path):
@@ -68,7 +68,7 @@ def test_object_npy_for_init_array_is_told_by_its_header(tmp_path, monkeypatch):
     def load_fails_otherwise(*args, **kwargs):
         raise ValueError("some other wording of numpy's")
 
-    monkeypatch.setattr(cli.np, "load", load_fails_otherwise)
+    monkeypatch.setattr(np, "load", load_fails_otherwise)
     with pytest.raises(cli.CommandError, match="holds Python objects, not numbers"):
         cli._load_init_array(str(path), "--means-init")
 

@@ -1,5 +1,5 @@
-"""The pure kernels (``emgmm.covariance.cholesky``, ``_log_density``, ``_estep``, ``_statistics``,
-``_m_step``) against independent oracles.
+"""The pure kernels (``emgmm.covariance.cholesky``, ``_log_density``, ``_estep``,
+``_statistics``, ``_m_step``) against independent oracles.
 
 Oracles:
 
@@ -23,8 +23,8 @@ Algorithms*, 2nd ed., ch. 3: a dot product of length ``m`` has error at most
 ``gamma_m * sum |a_i b_i|`` with ``gamma_m = m u / (1 - m u)``. Where the contract
 promises float64 accumulation (sufficient statistics) the float32 part of the bound does
 *not* grow with the number of rows: only the per-element rounding of ``x - c`` and of
-the products is float32; the accumulation over ``n`` rows is charged ``gamma_n`` with the
-float64 roundoff.
+the products is float32; the accumulation over ``n`` rows is charged ``gamma_n`` with
+the float64 roundoff.
 """
 
 import functools
@@ -36,6 +36,7 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import COVARIANCE_TYPES, random_spd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
@@ -43,13 +44,10 @@ from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
 from emgmm.covariance import cholesky as _cholesky
-from emgmm.engine import estep as _estep
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import m_step as _m_step
 from emgmm.covariance import statistics as _statistics
-
-from helpers import COVARIANCE_TYPES, random_spd
-
+from emgmm.engine import estep as _estep
 
 U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff 2**-24
 U64 = float(np.finfo(np.float64).eps) / 2  # 2**-53
@@ -80,9 +78,9 @@ def upper_factor(precision):
 def make_model(rng, K, d, covariance_type, dtype=np.float64, cond=10.0):
     """Random weights, means and precisions; returns params + dense per-k precisions.
 
-    ``prec_dense[k]`` is the (d, d) precision of component k computed in float64 from the
-    (possibly float32-rounded) Cholesky factor actually passed to the kernel, so the oracle
-    sees exactly the kernel's input.
+    ``prec_dense[k]`` is the (d, d) precision of component k computed in float64 from
+    the (possibly float32-rounded) Cholesky factor actually passed to the kernel, so the
+    oracle sees exactly the kernel's input.
     """
     weights = rng.dirichlet(np.full(K, 3.0))
     means = rng.normal(scale=3.0, size=(K, d))
@@ -113,8 +111,9 @@ def oracle_log_prob(X, means, prec_dense):
     X = np.asarray(X, dtype=np.float64)
     return np.stack(
         [
-            multivariate_normal(m.astype(np.float64), np.linalg.inv(P)).logpdf(X).reshape(-1)
-            for m, P in zip(means, prec_dense)
+            multivariate_normal(m.astype(np.float64),
+                                np.linalg.inv(P)).logpdf(X).reshape(-1)
+            for m, P in zip(means, prec_dense, strict=False)
         ],
         axis=1,
     )
@@ -209,7 +208,7 @@ def test_full_dense_products_by_column_blocks(monkeypatch, dtype, d, block):
     block: several blocks with a narrower last one, several component batches, a
     single block; against scipy's logpdf (float32: within the float32 bound)."""
     if block is not None:
-        monkeypatch.setattr(_log_density, "_TRIANGLE_BLOCK", block)
+        monkeypatch.setattr(_log_density, "TRIANGLE_BLOCK", block)
     rng = np.random.default_rng(d)
     K, n = 21, 150  # d=150: 16 + 5 components per batch of 1024 columns
     weights, means, U, dense = make_model(rng, K, d, "full", dtype, cond=30.0)
@@ -271,7 +270,8 @@ def test_log_gaussian_prob_of_clusters_far_apart(covariance_type, separation, ma
     assert_allclose(got, expected, rtol=1e-9)
 
 
-# ------------------------------------------------------------------ estimate_log_prob_resp
+# ------------------------------------------------------------------
+# estimate_log_prob_resp
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -283,7 +283,8 @@ def test_estimate_log_prob_resp(covariance_type, dtype):
     X = data_for(rng, means, n, dtype)
     # plus rows far away, where exp(log p) underflows: needs a real log-sum-exp
     X = np.vstack([X, (means[:2].astype(np.float64) + 300.0).astype(dtype)])
-    log_norm, log_resp = _estep.estimate_log_prob_resp(*ro(X, weights, means, U), covariance_type)
+    log_norm, log_resp = _estep.estimate_log_prob_resp(*ro(X, weights, means, U),
+                                                       covariance_type)
     assert log_norm.shape == (n + 2,) and log_resp.shape == (n + 2, K)
     weighted = oracle_log_prob(X, means, dense) + np.log(weights.astype(np.float64))
     exp_norm = logsumexp(weighted, axis=1)
@@ -308,9 +309,11 @@ def test_exp_flushed_is_exp_above_the_floor_and_zero_below():
     """np.exp bit for bit from EXP_FLOOR up; 0 below (the underflowing and subnormal
     results included); -inf gives 0, NaN stays NaN; in place."""
     rng = np.random.default_rng(0)
-    a = np.concatenate([rng.uniform(-800.0, 5.0, 5000), np.linspace(-760.0, -690.0, 701),
+    a = np.concatenate([rng.uniform(-800.0, 5.0, 5000), np.linspace(-760.0, -690.0,
+                                                                    701),
                         [_estep.EXP_FLOOR, np.nextafter(_estep.EXP_FLOOR, 0.0),
-                         np.nextafter(_estep.EXP_FLOOR, -np.inf), 0.0, -np.inf, np.nan]])
+                         np.nextafter(_estep.EXP_FLOOR,
+                                      -np.inf), 0.0, -np.inf, np.nan]])
     with np.errstate(under="ignore", invalid="ignore"):
         expected = np.where(a < _estep.EXP_FLOOR, 0.0, np.exp(a))
         assert (np.exp(a[a < _estep.EXP_FLOOR]) > 0.0).any()  # some really are flushed
@@ -341,7 +344,8 @@ def test_estimate_resp_flushes_only_responsibilities_below_the_floor():
 
 
 def oracle_stats(X, resp, centers, covariance_type):
-    """Whole-array numpy (broadcast + einsum) statistics; also |.| versions for bounds."""
+    """Whole-array numpy (broadcast + einsum) statistics; also |.| versions for
+    bounds."""
     X = np.asarray(X, dtype=np.float64)
     r = np.asarray(resp, dtype=np.float64)
     c = np.asarray(centers, dtype=np.float64)
@@ -362,8 +366,9 @@ def oracle_stats(X, resp, centers, covariance_type):
 
 
 def stats_tolerances(X, dtype, scale_x, scale_xx, n):
-    """Absolute bounds for sum_x and sum_xx: float32 rounding of x - c and of the products
-    (a few u32 per element, independent of n) + float64 accumulation over n rows."""
+    """Absolute bounds for sum_x and sum_xx: float32 rounding of x - c and of the
+    products (a few u32 per element, independent of n) + float64 accumulation over n
+    rows."""
     per_elem = 8 * U32 if dtype == np.float32 else 8 * U64
     acc = gamma(n + 2 * X.shape[1] + 8, U64)
     return (per_elem + acc) * scale_x, (per_elem + acc) * scale_xx
@@ -371,7 +376,8 @@ def stats_tolerances(X, dtype, scale_x, scale_xx, n):
 
 def assert_stats_match(stats, X, resp, centers, covariance_type):
     n = X.shape[0]
-    nk, sum_x, sum_xx, scale_x, scale_xx = oracle_stats(X, resp, centers, covariance_type)
+    nk, sum_x, sum_xx, scale_x, scale_xx = oracle_stats(X, resp, centers,
+                                                        covariance_type)
     tol_x, tol_xx = stats_tolerances(X, X.dtype, scale_x, scale_xx, n)
     got_nk = np.asarray(stats.nk)
     assert got_nk.dtype == np.float64
@@ -442,7 +448,8 @@ def test_block_statistics_far_from_origin_float32(covariance_type):
     _, _, sum_xx, _, _ = oracle_stats(X, resp, centers, covariance_type)
     got = np.asarray(stats.sum_xx)
     if covariance_type in ("full", "tied"):
-        got, sum_xx = np.diagonal(got, axis1=-2, axis2=-1), np.diagonal(sum_xx, axis1=-2, axis2=-1)
+        got = np.diagonal(got, axis1=-2, axis2=-1)
+        sum_xx = np.diagonal(sum_xx, axis1=-2, axis2=-1)
     # x - c is rounded once (|x| = 1e4, so absolute error ~ u * 1e4 ~ 6e-4 per row on a
     # spread of 1): relative error of the second moment <= ~4 * 6e-4, not 1e8 * u.
     assert_allclose(got, sum_xx, rtol=4 * U32 * 1e4 * 2)
@@ -517,14 +524,14 @@ def test_statistics_merge_equals_whole(covariance_type):
     whole = _statistics.block_statistics(X, resp, centers, covariance_type)
     bounds = [0, 1, 8, 150, 299, n]
     parts = []
-    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=False)):
         s = _statistics.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
         s.log_likelihood = float(i + 1)
         parts.append(s)
     before = [_as_tuple(p) for p in parts]
     merged = functools.reduce(operator.add, parts)
-    for p, b in zip(parts, before):
-        for x, y in zip(_as_tuple(p), b):
+    for p, b in zip(parts, before, strict=False):
+        for x, y in zip(_as_tuple(p), b, strict=False):
             assert_array_equal(x, y)
     assert merged.log_likelihood == pytest.approx(sum(range(1, len(parts) + 1)))
     assert_stats_match(merged, X, resp, centers, covariance_type)
@@ -542,10 +549,11 @@ def test_statistics_any_partition(cuts, covariance_type, seed):
     the whole array (to rounding)."""
     rng = np.random.default_rng(seed)
     n, d, K = 60, 3, 3
-    X, resp, centers = ro(rng.normal(size=(n, d)), random_resp(rng, n, K), rng.normal(size=(K, d)))
+    X, resp, centers = ro(rng.normal(size=(n, d)), random_resp(rng, n, K),
+                          rng.normal(size=(K, d)))
     bounds = [0] + sorted(cuts) + [n]
     merged = None
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in zip(bounds[:-1], bounds[1:], strict=False):
         s = _statistics.block_statistics(X[a:b], resp[a:b], centers, covariance_type)
         if merged is None:
             merged = s
@@ -565,7 +573,8 @@ def oracle_m_step(X, resp, reg_covar, covariance_type):
     weights = nk / nk.sum()
     means = np.stack([np.average(X, axis=0, weights=resp[:, k]) for k in range(K)])
     covs = np.stack(
-        [np.cov(X, rowvar=False, bias=True, aweights=resp[:, k]).reshape(d, d) for k in range(K)]
+        [np.cov(X, rowvar=False, bias=True, aweights=resp[:, k]).reshape(d, d)
+         for k in range(K)]
     )
     if covariance_type == "full":
         cov = covs + reg_covar * np.eye(d)
@@ -599,8 +608,9 @@ def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
     K, d = 40, 150
     S = np.stack([random_spd(rng, d) for _ in range(K)]) * 50.0
     garbage = np.tril(rng.normal(size=(K, d, d)), -1)
-    stats = _statistics.SufficientStatistics(rng.uniform(20, 60, K), rng.normal(size=(K, d)),
-                                         np.triu(S) + garbage, 0.0, 1000)
+    stats = _statistics.SufficientStatistics(rng.uniform(20, 60, K),
+                                             rng.normal(size=(K, d)),
+                                             np.triu(S) + garbage, 0.0, 1000)
     centers = rng.normal(size=(K, d))
     (weights, means, cov), peak = traced_peak(_m_step.m_step, stats, centers, 1e-6,
                                               "full")
@@ -624,10 +634,11 @@ def test_m_step_full_reads_the_upper_triangle_with_one_model_sized_temporary():
 
 
 @pytest.mark.parametrize("chunk_bytes", [None, 3000])  # one chunk / 17-row chunks
-def test_packed_sums_over_row_chunks_equal_whole_array_products(chunk_bytes, monkeypatch):
+def test_packed_sums_over_row_chunks_equal_whole_array_products(chunk_bytes,
+                                                                monkeypatch):
     """``R^T [y_j y_l, y, 1]`` over the kept pairs against numpy on the whole array."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(_log_density, "_PACKED_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_log_density, "PACKED_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(8)
     n, d, K = 203, 5, 7
     X = rng.normal(size=(n, d))
@@ -659,11 +670,13 @@ def test_full_statistics_add_into_the_sums_of_earlier_blocks(kept_share):
     resp /= resp.sum(axis=1, keepdims=True)
     resp = np.asfortranarray(resp)
     centers = rng.normal(scale=0.3, size=(K, d))
-    parts = [_statistics.block_statistics(X[i:i + n], resp[i:i + n], centers, "full", 1e-20)
+    parts = [_statistics.block_statistics(X[i:i + n], resp[i:i + n], centers, "full",
+                                          1e-20)
              for i in range(0, 3 * n, n)]
     total = _statistics.block_statistics(X[:n], resp[:n], centers, "full", 1e-20)
     for i in (n, 2 * n):
-        total, peak = traced_peak(_statistics.block_statistics, X[i:i + n], resp[i:i + n],
+        total, peak = traced_peak(_statistics.block_statistics, X[i:i + n],
+                                  resp[i:i + n],
                                   centers, "full", 1e-20, out=total)
     expected = parts[0] + parts[1] + parts[2]
     iu = np.triu_indices(d)
@@ -682,7 +695,7 @@ def test_full_statistics_from_packed_sums_take_no_model_sized_temporaries(monkey
     are formed a few components at a time and added into the sums, with no (K, d, d)
     temporaries (it took five: the block's sums, the cross terms, and the Cholesky
     factors and their inverses of the accuracy check)."""
-    monkeypatch.setattr(_log_density, "_PACKED_CHUNK_BYTES", 4 * 2**20)
+    monkeypatch.setattr(_log_density, "PACKED_CHUNK_BYTES", 4 * 2**20)
     rng = np.random.default_rng(8)
     n, d, K = 600, 64, 200
     X = rng.normal(size=(n, d))
@@ -692,7 +705,8 @@ def test_full_statistics_from_packed_sums_take_no_model_sized_temporaries(monkey
     assert np.count_nonzero(resp > 1e-20) / resp.size > _statistics._GATHER_DENSITY
     total = _statistics.SufficientStatistics(np.zeros(K), np.zeros((K, d)),
                                          np.zeros((K, d, d)), 0.0, 0)
-    total, peak = traced_peak(_statistics.block_statistics, X, resp, centers, "full", 1e-20,
+    total, peak = traced_peak(_statistics.block_statistics, X, resp, centers, "full",
+                              1e-20,
                               out=total)
     # the packed sums (about one (K, d, d)), one packed row chunk (<= 4 MiB) and
     # chunk-sized work arrays
@@ -721,7 +735,7 @@ def test_packed_moments_recompute_tight_far_components_in_any_chunk(monkeypatch)
     resp = np.asfortranarray(resp / resp.sum(axis=1, keepdims=True))
     X, resp, centers = ro(X, resp, centers)
     whole = _statistics.block_statistics(X, resp, centers, "full", 1e-20)
-    monkeypatch.setattr(_statistics, "_MOMENT_CHUNK_BYTES", 3 * 8 * d * d)
+    monkeypatch.setattr(_statistics, "MOMENT_CHUNK_BYTES", 3 * 8 * d * d)
     g = _log_density._shift(centers, resp.sum(axis=0))
     sums = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
     acc = _statistics._packed_sums(X, resp, g, (resp > 1e-20).T)
@@ -784,7 +798,8 @@ def test_packed_moments_kept_for_ill_conditioned_components(shift):
     acc = _statistics._packed_sums(X, resp, g, (resp > 1e-20).T)
     sums = np.zeros(K), np.zeros((K, d)), np.zeros((K, d, d))
     expected = sorted([tight, shifted]) if shift else [tight]
-    assert_array_equal(_statistics._add_packed_moments(acc, centers, g, *sums), expected)
+    assert_array_equal(_statistics._add_packed_moments(acc, centers, g, *sums),
+                       expected)
     stats = _statistics.block_statistics(X, resp, centers, "full", 1e-20)
     assert_stats_match(stats, X, np.where(resp > 1e-20, resp, 0.0), centers, "full")
 
@@ -806,7 +821,8 @@ def test_m_step(covariance_type, dtype):
     stats = _statistics.block_statistics(X, resp, centers, covariance_type)
     weights, means, cov = _m_step.m_step(stats, centers, reg, covariance_type)
     ew, em, ec = oracle_m_step(X, resp, reg, covariance_type)
-    assert cov.shape == ec.shape and means.shape == em.shape and weights.shape == ew.shape
+    assert cov.shape == ec.shape and means.shape == em.shape
+    assert weights.shape == ew.shape
     assert_allclose(weights.sum(), 1.0, rtol=1e-14)
     if dtype == np.float64:
         assert_allclose(weights, ew, rtol=1e-12)
@@ -814,8 +830,9 @@ def test_m_step(covariance_type, dtype):
         assert_allclose(cov, ec, rtol=1e-10, atol=1e-12)
     else:
         # propagate the sufficient-statistics bounds: mean error <= tol_x / N_k,
-        # covariance error <= tol_xx / N_k + 2 |m| tol_x / N_k + (tol_x / N_k)^2 with m =
-        # s_k / N_k the shift from the centre (elementwise; averaged for tied/spherical).
+        # covariance error <= tol_xx / N_k + 2 |m| tol_x / N_k + (tol_x / N_k)^2 with m
+        # = s_k / N_k the shift from the centre (elementwise; averaged for
+        # tied/spherical).
         _, sum_x, _, scale_x, scale_xx = oracle_stats(X, resp, centers, covariance_type)
         tol_x, tol_xx = stats_tolerances(X, X.dtype, scale_x, scale_xx, n)
         nk = resp.sum(axis=0)
@@ -823,15 +840,19 @@ def test_m_step(covariance_type, dtype):
         m = np.abs(sum_x) / nk[:, None]
         assert np.all(np.abs(means - em) <= em_err + 1e-12)
         if covariance_type == "full":
-            cov_err = tol_xx / nk[:, None, None] + 2 * m[:, :, None] * em_err[:, None, :] + em_err[:, :, None] * em_err[:, None, :] * 2
+            cov_err = (tol_xx / nk[:, None, None]
+                       + 2 * m[:, :, None] * em_err[:, None, :]
+                       + em_err[:, :, None] * em_err[:, None, :] * 2)
         elif covariance_type == "tied":
-            per_k = 2 * np.einsum("k,ki,kj->ij", nk, m, em_err) + np.einsum("k,ki,kj->ij", nk, em_err, em_err)
+            per_k = 2 * np.einsum("k,ki,kj->ij", nk, m,
+                                  em_err) + np.einsum("k,ki,kj->ij", nk, em_err, em_err)
             cov_err = (tol_xx + per_k) / nk.sum()
         else:
             cov_err = tol_xx / nk[:, None] + 2 * m * em_err + em_err**2
             if covariance_type == "spherical":
                 cov_err = cov_err.mean(axis=1)
-        assert np.all(np.abs(cov - ec) <= cov_err + 1e-12), np.max(np.abs(cov - ec) / cov_err)
+        assert np.all(np.abs(cov - ec) <= cov_err + 1e-12), np.max(np.abs(cov - ec)
+                                                                    / cov_err)
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -856,8 +877,8 @@ def test_m_step_covariances_do_not_change_when_the_data_are_shifted(covariance_t
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_m_step_empty_component_keeps_its_centre(covariance_type):
-    """A component with no responsibility: mean = its centre (c + 0 / (10 eps)), covariance
-    = reg_covar, weight ~ 0, all finite."""
+    """A component with no responsibility: mean = its centre (c + 0 / (10 eps)),
+    covariance = reg_covar, weight ~ 0, all finite."""
     rng = np.random.default_rng(8)
     n, d, K = 100, 3, 3
     X = rng.normal(size=(n, d))
@@ -868,7 +889,8 @@ def test_m_step_empty_component_keeps_its_centre(covariance_type):
     reg = 1e-2
     stats = _statistics.block_statistics(*ro(X, resp, centers), covariance_type)
     weights, means, cov = _m_step.m_step(stats, ro(centers), reg, covariance_type)
-    assert np.all(np.isfinite(weights)) and np.all(np.isfinite(means)) and np.all(np.isfinite(cov))
+    assert np.all(np.isfinite(weights)) and np.all(np.isfinite(means))
+    assert np.all(np.isfinite(cov))
     assert weights[2] < 1e-12
     assert_allclose(means[2], centers[2], rtol=1e-14)
     if covariance_type == "full":
@@ -914,7 +936,7 @@ def test_factorize(covariance_type, dtype):
     assert U.shape == cov.shape and U.dtype == dtype
     Ud = as_dense(U, covariance_type, K, d)
     Cd = as_dense(cov, covariance_type, K, d)
-    for u, c in zip(Ud, Cd):
+    for u, c in zip(Ud, Cd, strict=False):
         # upper triangular with a positive diagonal: the unique factor U U^T = inv(cov)
         assert_array_equal(np.tril(u, -1), 0.0)
         assert np.all(np.diag(u) > 0)
@@ -965,13 +987,15 @@ def test_precisions_cholesky_from_precisions(covariance_type, dtype):
     P = dense_covs(rng, K, d, covariance_type).astype(dtype)
     U = _cholesky.precisions_cholesky_from_precisions(ro(P), covariance_type)
     assert U.shape == P.shape and U.dtype == dtype
-    for u, p in zip(as_dense(U, covariance_type, K, d), as_dense(P, covariance_type, K, d)):
+    for u, p in zip(as_dense(U, covariance_type, K, d), as_dense(P, covariance_type, K,
+                                                                 d), strict=False):
         assert_array_equal(np.tril(u, -1), 0.0)
         assert np.all(np.diag(u) > 0)
         if dtype == np.float64:
             assert_allclose(u @ u.T, p, rtol=1e-12, atol=1e-13 * np.abs(p).max())
         else:
-            # backward-stable Cholesky: |U U^T - P| <= gamma_{d+1} |U| |U|^T (Higham 10.1)
+            # backward-stable Cholesky: |U U^T - P| <= gamma_{d+1} |U| |U|^T (Higham
+            # 10.1)
             bound = 2 * gamma(d + 1, U32) * (np.abs(u) @ np.abs(u).T)
             assert np.all(np.abs(u @ u.T - p) <= bound)
     # round trip with the covariance route: inv(P) as covariance gives the same factor
@@ -1079,7 +1103,8 @@ def test_full_statistics_broad_component_keeps_shift_near_data():
                                     np.array([np.zeros(d), np.full(d, off)]), U, "full")
     assert np.count_nonzero(resp > 1e-20) / resp.size > _statistics._GATHER_DENSITY
     centers = np.array([np.full(d, 0.01), np.full(d, off)])
-    stats = _statistics.block_statistics(*ro(X, resp, centers), "full", resp_threshold=1e-20)
+    stats = _statistics.block_statistics(*ro(X, resp, centers), "full",
+                                         resp_threshold=1e-20)
     assert_stats_match(stats, X, np.where(resp > 1e-20, resp, 0.0), centers, "full")
 
 
@@ -1117,7 +1142,8 @@ def test_tight_component_far_from_shift_is_exact(covariance_type, margin):
                                                 margin)
     assert_allclose(log_prob_norm, logsumexp(expected, axis=1), rtol=0, atol=1e-9)
     stats = _statistics.block_statistics(X, resp, means, covariance_type,
-                                     products=_log_density.centred_products(X, means, weights))
+                                     products=_log_density.centred_products(X, means,
+                                                                            weights))
     assert_array_equal(stats.sum_xx[0], 0.0)
     assert_array_equal(stats.sum_x[0], 0.0)
 
@@ -1135,7 +1161,7 @@ def test_statistics_pickle_round_trip(covariance_type):
     data = pickle.dumps(stats, protocol=5)
     back = pickle.loads(data)
     for a, b in zip(_m_step.m_step(stats, centers, 1e-6, covariance_type),
-                    _m_step.m_step(back, centers, 1e-6, covariance_type)):
+                    _m_step.m_step(back, centers, 1e-6, covariance_type), strict=False):
         assert_array_equal(a, b)
     assert back.n_samples == n and back.log_likelihood == stats.log_likelihood
     if covariance_type == "full":
@@ -1158,6 +1184,7 @@ def test_needs_recentring(covariance_type):
         assert got.shape == (3,)
         assert got[0] == (flagged and covariance_type != "tied"), reg
         assert not got[2]  # no weight
-    one_point = _statistics.block_statistics(X[3:4], resp[3:4], centers, covariance_type)
+    one_point = _statistics.block_statistics(X[3:4], resp[3:4], centers,
+                                             covariance_type)
     _, means, cov = _m_step.m_step(one_point, centers, 1e-6, covariance_type)
     assert not _m_step.needs_recentring(one_point, means, cov, covariance_type).any()

@@ -19,17 +19,18 @@ import joblib
 import numpy as np
 import pytest
 import scipy.linalg
+from helpers import COVARIANCE_TYPES, make_blobs_data, not_converging
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 from threadpoolctl import threadpool_limits
 
-from helpers import COVARIANCE_TYPES, make_blobs_data
-from emgmm import GaussianMixture
-import emgmm.runtime.blas as blas
 import emgmm.engine.model as em
 import emgmm.engine.passes as passes
-import emgmm.runtime.memory as memory
+import emgmm.runtime.blas as blas
 import emgmm.runtime.executor as parallel
+import emgmm.runtime.memory as memory
+from emgmm import GaussianMixture
+from emgmm.io.sources import ArraySource
 
 STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -37,8 +38,7 @@ STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_choles
 def fit(X, **params):
     kw = dict(n_components=4, random_state=0, max_iter=6, tol=0.0, block_size=256)
     kw.update(params)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+    with not_converging():  # tol=0
         return GaussianMixture(**kw).fit(X)
 
 
@@ -51,7 +51,8 @@ def assert_same_state(a, b, rtol=None):
     for name in STATE:
         x, y = getattr(a, name), getattr(b, name)
         if rtol is not None and name.startswith("precisions"):
-            assert_allclose(x, y, rtol=0, atol=100 * rtol * np.abs(y).max(), err_msg=name)
+            assert_allclose(x, y, rtol=0, atol=100 * rtol * np.abs(y).max(),
+                            err_msg=name)
         elif rtol is None:
             assert_array_equal(x, y, err_msg=name)
         else:
@@ -65,7 +66,8 @@ def assert_same_state(a, b, rtol=None):
 
 
 def emgmm_entries(folder):
-    return [name for name in os.listdir(folder) if name.startswith(parallel.TEMP_PREFIX)]
+    return [name for name in os.listdir(folder)
+            if name.startswith(parallel.TEMP_PREFIX)]
 
 
 @pytest.fixture(autouse=True)
@@ -120,7 +122,7 @@ def test_component_buffer_is_bounded_and_split_is_fixed(X, monkeypatch):
         slices = memory.component_slices(K, d, "full")
         assert slices[0][0] == 0 and slices[-1][1] == K
         assert all(a < b for a, b in slices)
-        assert all(s[1] == t[0] for s, t in zip(slices, slices[1:]))
+        assert all(s[1] == t[0] for s, t in zip(slices, slices[1:], strict=False))
         assert max(b - a for a, b in slices) * d * d * 8 <= max(memory.SLICE_BYTES,
                                                                 d * d * 8)
     assert len(memory.component_slices(200, 900, "full")) >= memory.MIN_SLICES
@@ -146,7 +148,8 @@ def sklearn_init(X, K, covariance_type, seed=0):
         prec = 1.0 / np.diagonal(covs, axis1=1, axis2=2)
     else:
         prec = 1.0 / np.diagonal(covs, axis1=1, axis2=2).mean(axis=1)
-    if prec.ndim >= 2 and prec.shape[-1] == prec.shape[-2] and covariance_type != "diag":
+    if (prec.ndim >= 2 and prec.shape[-1] == prec.shape[-2]
+            and covariance_type != "diag"):
         prec = (prec + np.swapaxes(prec, -1, -2)) / 2
     return dict(weights_init=weights, means_init=means, precisions_init=prec)
 
@@ -199,7 +202,7 @@ def test_model_and_its_prepared_estimates_reach_workers_as_memory_maps(dtype,
         for array in (got.precisions_cholesky, *(e.W for e in got.prepared),
                       *(e.u for e in got.prepared)):
             assert isinstance(array, np.memmap) and not array.flags.writeable
-        for before, after in zip(prepared, got.prepared):
+        for before, after in zip(prepared, got.prepared, strict=False):
             assert_array_equal(after.W, before.W)
             assert_array_equal(after.u, before.u)
         # one file per array: u, shared by the model and its estimates, once
@@ -238,7 +241,8 @@ def test_no_temp_folder_left_after_fit(X, schedule, temp_folder):
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder, monkeypatch):
+def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder,
+                                                   monkeypatch):
     """A value whose squares overflow (1e200), written into the workers' copy of X at
     a late row (the copy of a checked array is not checked for NaN again): a worker
     raises."""
@@ -293,13 +297,15 @@ def test_schedule_choice_and_refusal():
     comp_need = memory.schedule_nbytes("components", 50, 200, "full", 8)
     assert comp_need < rows_need
     budget_mib = (comp_need + rows_need) / 2 / 2**20
-    assert memory.choose_schedule("auto", 50, 200, "full", 8, budget_mib)[0] == "components"
+    assert memory.choose_schedule("auto", 50, 200, "full", 8,
+                                  budget_mib)[0] == "components"
     with pytest.raises(MemoryError, match=r"'rows' schedule with 8 worker.*budget of"):
         memory.choose_schedule("rows", 50, 200, "full", 8, budget_mib)
     # the estimator refuses before writing X or starting workers
     X = np.zeros((200, 6001))
     est = GaussianMixture(200, memory_limit=1024, n_jobs=2)
-    with pytest.raises(MemoryError, match=r"needs about [\d,]+ MiB .*budget of 1,024 MiB"):
+    with pytest.raises(MemoryError,
+                       match=r"needs about [\d,]+ MiB .*budget of 1,024 MiB"):
         est.fit(X)
 
 
@@ -311,32 +317,30 @@ def test_schedule_is_validated(X):
 # ------------------------------------------------------------ threads of one process
 
 
-class ExecutorSpy:
-    """Records each Executor's row_threads as the fit sees them and the BLAS threads
-    every task ran with."""
+class ThreadSpy:
+    """A callback recording each fit's row threads (its ``'plan'`` event), and the
+    data of a fit whose row tasks record the BLAS threads they read under."""
 
-    def __init__(self, monkeypatch):
+    wants_plan = True
+
+    def __init__(self):
         self.row_threads, self.task_blas = [], []
+
+    def __call__(self, record):
+        if record["event"] == "plan":
+            self.row_threads.append(record["row_threads"])
+
+    def source(self, X):
         spy = self
-        orig_enter = parallel.Executor.__enter__
 
-        def enter(executor):
-            spy.row_threads.append(executor.row_threads)
-            return orig_enter(executor)
+        class Recording(ArraySource):
+            def _read(self, start, stop):
+                # (the row tasks' threads; the initialisation reads in this one)
+                if threading.current_thread() is not threading.main_thread():
+                    spy.task_blas.append(parallel.blas_thread_count())
+                return super()._read(start, stop)
 
-        monkeypatch.setattr(parallel.Executor, "__enter__", enter)
-        orig_map = parallel.Executor.map
-
-        def counted(func):
-            def run(*args, **kwargs):
-                spy.task_blas.append(parallel.blas_thread_count())
-                return func(*args, **kwargs)
-            return run
-
-        def map_(executor, func, task_args):
-            return orig_map(executor, counted(func), task_args)
-
-        monkeypatch.setattr(parallel.Executor, "map", map_)
+        return Recording(np.asarray(X))
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -346,21 +350,22 @@ def test_row_threads_equal_serial_bitwise(X, covariance_type, monkeypatch):
     from threadpoolctl import threadpool_limits
 
     monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
-    spy = ExecutorSpy(monkeypatch)
+    spy = ThreadSpy()
     before = parallel.blas_thread_count()
     with threadpool_limits(limits=2, user_api="blas"):
-        threaded = fit(X, n_jobs=None, covariance_type=covariance_type)
+        threaded = fit(spy.source(X), n_jobs=None, covariance_type=covariance_type,
+                       callback=spy)
         threaded_blas = set(spy.task_blas)
         assert parallel.blas_thread_count() == 2  # restored after the fit
-        explicit_one = fit(X, n_jobs=1, covariance_type=covariance_type)
+        explicit_one = fit(X, n_jobs=1, covariance_type=covariance_type, callback=spy)
     with threadpool_limits(limits=1, user_api="blas"):
-        serial = fit(X, n_jobs=None, covariance_type=covariance_type)
+        serial = fit(X, n_jobs=None, covariance_type=covariance_type, callback=spy)
     assert parallel.blas_thread_count() == before
     assert spy.row_threads == [min(2, joblib.cpu_count()), 0, 0]
     assert_same_state(explicit_one, serial)
     if joblib.cpu_count() > 1:
         # every task of the threaded fit ran with one BLAS thread
-        assert threaded_blas == {1}
+        assert threaded_blas == {1}, spy.task_blas
     assert_same_state(threaded, serial)
 
 
@@ -575,14 +580,14 @@ def test_row_threads_only_for_enough_work_and_small_statistics():
 def test_row_threads_off_for_tiny_fits_and_under_a_blas_limit(X, monkeypatch):
     from threadpoolctl import threadpool_limits
 
-    spy = ExecutorSpy(monkeypatch)
-    fit(X, n_jobs=None)                  # 1500 rows: far below ROW_THREAD_MIN_WORK
+    spy = ThreadSpy()
+    fit(X, n_jobs=None, callback=spy)    # 1500 rows: far below ROW_THREAD_MIN_WORK
     monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
     with threadpool_limits(limits=1, user_api="blas"):
-        fit(X, n_jobs=None)              # the user's limit of one BLAS thread
-    fit(X, n_jobs=2)                     # two workers: no threads inside them
+        fit(X, n_jobs=None, callback=spy)  # the user's limit of one BLAS thread
+    fit(X, n_jobs=2, callback=spy)       # two workers: no threads inside them
     with joblib.parallel_config(n_jobs=1):
-        fit(X, n_jobs=None)              # joblib's n_jobs=1 (not None) resolves first
+        fit(X, n_jobs=None, callback=spy)  # joblib's n_jobs=1 (not None) resolves first
     assert spy.row_threads == [0, 0, 0, 0]
 
 

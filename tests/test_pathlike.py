@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import emgmm
-from emgmm.runtime import executor as _parallel
 from emgmm.io.model_file import load_model, read_header, save_model
+from emgmm.runtime import executor as _parallel
 
 
 class OtherPath(os.PathLike):
@@ -33,21 +33,23 @@ def test_joblib_temp_folder_given_as_a_path(tmp_path, wrap):
         assert _parallel.joblib_temp_folder() == str(folder)
 
 
-def test_fit_shares_x_in_a_path_temp_folder(tmp_path, monkeypatch):
+def test_fit_shares_x_in_a_path_temp_folder(tmp_path):
+    """X is written for the workers into the pathlib.Path temp_folder (seen there
+    from the callback, during the fit) and removed afterwards."""
     folder = tmp_path / "joblib-temp"
     folder.mkdir()
     seen = []
-    dump = _parallel.dump_array
 
-    def recording_dump(array, parent, description="X"):
-        seen.append(parent)
-        return dump(array, parent, description)
+    def in_folder(record):
+        seen.extend(path.relative_to(folder).parts[0] for path in folder.rglob("*")
+                    if path.is_file())
 
-    monkeypatch.setattr(_parallel, "dump_array", recording_dump)
     X = np.random.default_rng(0).standard_normal((2000, 3))
     with joblib.parallel_config(temp_folder=pathlib.Path(folder)):
-        emgmm.GaussianMixture(2, n_jobs=2, max_iter=3, tol=1e3, random_state=0).fit(X)
-    assert seen == [str(folder)]
+        emgmm.GaussianMixture(2, n_jobs=2, max_iter=3, tol=1e3, random_state=0,
+                              callback=in_folder).fit(X)
+    assert seen and all(name.startswith(_parallel.TEMP_PREFIX) for name in seen), seen
+    assert list(folder.iterdir()) == []
 
 
 @pytest.mark.parametrize("wrap", [pathlib.Path, OtherPath])
@@ -60,4 +62,5 @@ def test_path_likes_for_data_models_and_checkpoints(tmp_path, wrap):
     save_model(gm, wrap(tmp_path / "m.h5"))
     assert read_header(wrap(tmp_path / "m.h5"))["n_components"] == 2
     again = load_model(wrap(tmp_path / "m.h5"))
-    np.testing.assert_array_equal(again.predict(wrap(tmp_path / "x.npy")), gm.predict(X))
+    np.testing.assert_array_equal(again.predict(wrap(tmp_path / "x.npy")),
+                                  gm.predict(X))

@@ -1,9 +1,9 @@
 """Progress events: a bar over the blocks of a pass, and per-iteration records."""
 
 import io
-import warnings
 
 import numpy as np
+from helpers import not_converging
 
 from emgmm import GaussianMixture
 from emgmm.cli.progress import ProgressReporter
@@ -11,8 +11,7 @@ from emgmm.cli.progress import ProgressReporter
 
 def _fit(callback, n_jobs=None):
     X = np.random.default_rng(0).normal(size=(3000, 3))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with not_converging():
         return GaussianMixture(2, max_iter=3, tol=0, block_size=100, random_state=0,
                                n_jobs=n_jobs, callback=callback).fit(X)
 

@@ -15,20 +15,19 @@ well conditioned; ``scipy.special.logsumexp``. The contract under test:
 
 import dataclasses
 import tracemalloc
-import warnings
 
 import numpy as np
 import pytest
+from helpers import IGNORE_NOT_CONVERGED, not_converging, random_spd
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
-from emgmm.engine import estep as _estep
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import packed_estimate as _packed_estimate
+from emgmm.engine import estep as _estep
 from emgmm.covariance.screen import ProjectionScreen
 
-from helpers import random_spd
 
 
 # the oracle needs a wider float than float64 (x86-64 long double: 64-bit mantissa)
@@ -54,11 +53,12 @@ def oracle_weighted(X, weights, means, U):
     Xl = X.astype(ld)
     d = X.shape[1]
     cols = []
-    for w, m, u in zip(weights, means, U):
+    for w, m, u in zip(weights, means, U, strict=False):
         z = np.einsum("ij,jl->il", Xl - m.astype(ld), u.astype(ld))
         q = np.einsum("ij,ij->i", z, z)
         logdet = np.sum(np.log(np.diag(u).astype(ld)))
-        cols.append(np.log(ld(w)) + logdet - ld(0.5) * d * np.log(2 * ld(np.pi)) - q / 2)
+        cols.append(np.log(ld(w)) + logdet - ld(0.5) * d * np.log(2 * ld(np.pi))
+                    - q / 2)
     return np.stack(cols, axis=1).astype(np.float64)
 
 
@@ -68,7 +68,8 @@ def test_oracle_agrees_with_scipy_when_well_conditioned():
     weights, means, U = separated_model(rng, 5, 6, 3.0, 10.0)
     X = sample(rng, weights, means, U, 200)
     scipy_weighted = np.stack(
-        [multivariate_normal(m, np.linalg.inv(u @ u.T)).logpdf(X) for m, u in zip(means, U)],
+        [multivariate_normal(m, np.linalg.inv(u @ u.T)).logpdf(X)
+         for m, u in zip(means, U, strict=True)],
         axis=1) + np.log(weights)
     assert_allclose(oracle_weighted(X, weights, means, U), scipy_weighted, rtol=1e-12)
 
@@ -192,7 +193,7 @@ def test_pairs_to_refine_follow_their_definition(margin, largest_coef, uniform,
     their first rows (the probe); candidates taken all at once or 3 (15 for the
     probe) components at a time."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(_packed_estimate, "_BOUND_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_packed_estimate, "BOUND_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(13)
     weights, means, U = separated_model(rng, 40, 3, 6.0, 10.0)
     est = packed_estimate(weights, means, U)
@@ -263,13 +264,14 @@ def test_pairs_to_refine_of_broad_components_take_memory_of_the_pairs_kept(inexa
     tracemalloc.start()
     try:
         before, _ = tracemalloc.get_traced_memory()
-        comps, rows = est.to_refine(weighted, y_norm, _log_density.relevance_margin(1e-9))
+        comps, rows = est.to_refine(weighted, y_norm,
+                                    _log_density.relevance_margin(1e-9))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert comps.size == inexact * n
     kept = comps.nbytes + rows.nbytes
-    assert peak - before < n * K + 4 * kept + 12 * _packed_estimate._BOUND_CHUNK_BYTES
+    assert peak - before < n * K + 4 * kept + 12 * _packed_estimate.BOUND_CHUNK_BYTES
 
 
 @pytest.mark.parametrize("d", [1, 2, 12, 64])
@@ -339,6 +341,7 @@ def test_float32_refined_estep_matches_oracle_where_it_matters(case):
     assert np.all(log_resp[exp_resp < -margin - 1.0] < -margin + 1.0)
 
 
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)  # 5 iterations, tol=0
 def test_refined_statistics_equal_exact_ones():
     """A fit with the default resp_threshold equals one with every pair exact."""
     from emgmm import GaussianMixture
@@ -371,8 +374,7 @@ def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data(K, d, schedu
     kw = dict(n_components=K, covariance_type="full", max_iter=5, tol=0.0,
               weights_init=weights, means_init=means,
               precisions_init=np.matmul(U, np.swapaxes(U, 1, 2)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+    with not_converging():  # tol=0
         f32 = GaussianMixture(**kw, compute_dtype="float32",
                               schedule=schedule).fit(X)
         rounded = GaussianMixture(**kw).fit(X.astype(np.float32).astype(np.float64))
@@ -565,8 +567,8 @@ def test_float32_wide_blocks_the_triangular_estimate_refuses_take_the_float64_pa
 def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
     """The float32 estimate is only used where float32 can hold its weights as
     normal numbers and its products cannot overflow; otherwise the block takes the
-    plain float32 path. The fit of data at that scale equals the float64 fit of the rounded
-    data, as at scale 1."""
+    plain float32 path. The fit of data at that scale equals the float64 fit of the
+    rounded data, as at scale 1."""
     from emgmm import GaussianMixture
 
     rng = np.random.default_rng(3)
@@ -576,8 +578,7 @@ def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
     kw = dict(n_components=3, max_iter=3, tol=0.0, weights_init=weights,
               means_init=means, precisions_init=np.matmul(U, np.swapaxes(U, 1, 2)),
               reg_covar=0.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+    with not_converging():  # tol=0
         f32 = GaussianMixture(**kw, compute_dtype="float32").fit(X)
         rounded = GaussianMixture(**kw).fit(X.astype(np.float32).astype(np.float64))
     assert np.isfinite(f32.lower_bounds_).all()
@@ -585,12 +586,15 @@ def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
     # precisions of 1e34 (beyond float32's max * eps), 1e-44 or 1e-60 (subnormal or
     # zero in float32): no estimate for float32 data (the plain float32 path, as for
     # any d), not the float64 one either; float64 keeps its own
-    assert _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32) is None
+    assert _packed_estimate.prepare_log_prob(weights, means, U, "full",
+                                             np.float32) is None
     prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float64)
     assert [np.dtype(e.dtype) for e in prepared] == [np.float64]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, "float32", np.dtype(np.float32)])
+# (the row's float32 products on the plain path overflow, as they may there)
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")
 def test_float32_estimate_leaves_only_the_rows_too_far_for_its_products(
         dtype, monkeypatch):
     """A row so far from the mixture mean that its float32 products could overflow
@@ -699,8 +703,8 @@ def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,
     """The one-exponential responsibilities equal exp(log_resp) and sum to one; a
     zero weight gives zero responsibilities. Also over many row chunks (16 rows)."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(_log_density, "_CHUNK_BYTES", chunk_bytes)
-        monkeypatch.setattr(_log_density, "_PACKED_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_log_density, "CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(_log_density, "PACKED_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(2)
     weights, means, U = separated_model(rng, 6, 4, 3.0, 10.0)
     weights[2] = 0.0
@@ -713,7 +717,8 @@ def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,
         U = np.abs(U[:, 0, 0])
     log_norm, log_resp = _estep.estimate_log_prob_resp(X, weights, means, U,
                                                         covariance_type, margin)
-    log_norm2, resp = _estep.estimate_resp(X, weights, means, U, covariance_type, margin)
+    log_norm2, resp = _estep.estimate_resp(X, weights, means, U, covariance_type,
+                                           margin)
     assert_allclose(log_norm2, log_norm, rtol=1e-14)
     assert_allclose(resp, np.exp(log_resp), rtol=1e-12, atol=1e-300)
     assert_allclose(resp.sum(axis=1), 1.0, rtol=1e-14)

@@ -1,17 +1,16 @@
-"""The per-thread work buffers (emgmm.runtime.workspace): lending rules, and fits that reuse
-buffers holding stale values equal fits that allocate every array afresh, bitwise."""
+"""The per-thread work buffers (emgmm.runtime.workspace): lending rules, and fits that
+reuse buffers holding stale values equal fits that allocate every array afresh,
+bitwise."""
 
 import threading
-import warnings
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from helpers import make_blobs_data, not_converging
 from numpy.testing import assert_array_equal
 
-from helpers import make_blobs_data
-from emgmm import GaussianMixture
 import emgmm.runtime.workspace as workspace
+from emgmm import GaussianMixture
 
 
 def test_borrow_without_a_workspace_lends_fresh_arrays():
@@ -66,24 +65,11 @@ def test_threads_get_workspaces_of_their_own():
     assert lent[0][0] != lent[1][0]
 
 
-_borrow = workspace.Workspace.borrow
-
-
-@contextmanager
-def _poisoned(self, name, shape, dtype=np.float64, order="C"):
-    """Workspace.borrow lending arrays full of NaN (True for bool): a kernel that
-    read a borrowed buffer before writing it would change the fit."""
-    with _borrow(self, name, shape, dtype, order) as array:
-        array[...] = True if np.dtype(dtype) == bool else np.nan
-        yield array
-
-
 def _fit(X, **params):
     kw = dict(n_components=8, random_state=0, max_iter=5, tol=0.0, block_size=300,
               n_jobs=1)
     kw.update(params)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0
+    with not_converging():  # tol=0
         est = GaussianMixture(**kw).fit(X)
     return est, est.predict_proba(X), est.score_samples(X)
 
@@ -97,10 +83,11 @@ def test_fits_over_reused_buffers_equal_fresh_arrays_bitwise(compute_dtype,
     # separated clusters: refined pairs, gathered and packed statistics
     X = make_blobs_data(1000, 6, 8, seed=5)
     params = dict(compute_dtype=compute_dtype, resp_threshold=resp_threshold)
-    monkeypatch.setattr(workspace.Workspace, "borrow", _poisoned)
+    # lent arrays full of NaN: a kernel that read a borrowed buffer before writing
+    # it would change the fit
+    monkeypatch.setattr(workspace, "FILL", np.nan)
     reused = _fit(X, **params)
-    monkeypatch.setattr(workspace, "per_thread", lambda func: func)
-    monkeypatch.setattr("emgmm.runtime.executor.per_thread", lambda func: func)
+    monkeypatch.setattr(workspace, "REUSE", False)
     fresh = _fit(X, **params)
     for name in ("weights_", "means_", "precisions_cholesky_", "lower_bounds_"):
         assert_array_equal(getattr(reused[0], name), getattr(fresh[0], name), name)

@@ -11,6 +11,12 @@ Notation (Bishop, *Pattern Recognition and Machine Learning*, 2006, section 9.2)
 (scikit-learn's ``precisions_cholesky_`` convention). ``r_ik`` are the
 responsibilities (eq. 9.23) and ``c_k`` the centres the sufficient statistics are
 accumulated around (the means of the previous iteration).
+
+Tuning constants: ``TRIANGLE_BLOCK`` (columns of one block of a triangular factor),
+``CHUNK_BYTES`` and ``PACKED_CHUNK_BYTES`` (bytes of one row chunk's product buffer,
+dense and packed products) size the pieces of the 'full' kernels' work, not what they
+compute. They are read at every call, so that tests can lower them to cross chunk
+and block boundaries on small data.
 """
 
 from dataclasses import dataclass
@@ -35,7 +41,8 @@ def _shift(means, weights):
 
 
 def _gamma(m, dtype):
-    """Higham's ``gamma_m = m u / (1 - m u)`` for the unit roundoff ``u`` of ``dtype``."""
+    """Higham's ``gamma_m = m u / (1 - m u)`` for the unit roundoff ``u`` of
+    ``dtype``."""
     unit = np.finfo(dtype).eps / 2
     return m * unit / (1.0 - m * unit)
 
@@ -58,34 +65,35 @@ _GEMM_COLUMNS = 1024      # columns of one batched product (components x feature
 # Width of the column blocks of the triangular factor in _full_maha_dense: narrower
 # blocks skip more of the zero triangle but make thinner GEMMs (d = 400 and 900 on one
 # thread: 32 and 64 fastest, 1.6-1.7x over dense products; 128: 1.4-1.7x).
-_TRIANGLE_BLOCK = 64
-_CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
+TRIANGLE_BLOCK = 64
+CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
 # The packed formulation (below) is used while its packed model fits in this many bytes
-# and _CHUNK_BYTES of float64 packed products still hold _PACKED_MIN_ROWS rows (the
+# and CHUNK_BYTES of float64 packed products still hold _PACKED_MIN_ROWS rows (the
 # cut-off at d ~ 90, beyond which the dense products run nearer the GEMM rate).
 _PACKED_MODEL_BYTES = 64 * 2**20
 _PACKED_MIN_ROWS = 128
 # Bytes of one row chunk of float64 packed products (float32 chunks have as many rows).
-# Larger than _CHUNK_BYTES: the thin side of their GEMM is the K components, and more
+# Larger than CHUNK_BYTES: the thin side of their GEMM is the K components, and more
 # rows per call amortise the packing of the (T, K) weights that each call repeats
 # (d=64, K=200: 244 -> 977 rows took a block's estimate from 300 to 260 ms on one
 # thread and 5-iteration fits from 1.62 to 1.38 s per iteration in float64; float32
 # gained ~3% on one thread, nothing in a fit). Each thread holds one such buffer
 # (16 MiB at d=64, beside its block's (n, K) arrays: not counted in working_memory).
-_PACKED_CHUNK_BYTES = 16 * 2**20
+PACKED_CHUNK_BYTES = 16 * 2**20
 
 
 def chunk_rows(n_columns, itemsize, n_rows, nbytes=None):
     """Rows per chunk so that a ``(rows, n_columns)`` buffer holds ``nbytes`` (default
-    ``_CHUNK_BYTES``)."""
-    rows = (_CHUNK_BYTES if nbytes is None else nbytes) // max(1, n_columns * itemsize)
+    ``CHUNK_BYTES``)."""
+    rows = (CHUNK_BYTES if nbytes is None else nbytes) // max(1, n_columns * itemsize)
     return int(min(max(rows, 16), max(n_rows, 1)))
 
 
 def _use_packed(d, K):
     """Whether the packed products suit ``d`` features and ``K`` components."""
     T = d * (d + 1) // 2 + d + 1
-    return T * K * 8 <= _PACKED_MODEL_BYTES and _CHUNK_BYTES // (T * 8) >= _PACKED_MIN_ROWS
+    return (T * K * 8 <= _PACKED_MODEL_BYTES
+            and CHUNK_BYTES // (T * 8) >= _PACKED_MIN_ROWS)
 
 
 def _packed_index(d):
@@ -94,7 +102,8 @@ def _packed_index(d):
 
 
 def _packed_products(Y, out):
-    """``out[:, :T] = y_j y_l`` for ``j <= l`` (row-major upper triangle), then ``y``, 1.
+    """``out[:, :T] = y_j y_l`` for ``j <= l`` (row-major upper triangle), then
+    ``y``, 1.
 
     ``out`` has shape ``(n, T + d + 1)`` with ``T = d (d + 1) / 2``. It is the row-wise
     Khatri-Rao square of ``Y``, augmented so that one matrix product with it gives
@@ -132,7 +141,8 @@ def _packed_weights(precisions, means_shifted):
 def _representable(W, dtype):
     """Whether float64 values ``W`` (the packed weights, or a triangular estimate's
     factors and the bounds of its shifts) keep the error bound of their estimate
-    (:mod:`emgmm.covariance.packed_estimate`) in ``dtype``: finite, and every nonzero entry a
+    (:mod:`emgmm.covariance.packed_estimate`) in ``dtype``: finite, and every nonzero
+    entry a
     normal number of ``dtype`` (below that, rounding is absolute, not relative) and
     at most ``max * eps`` (so that a product underflowing to zero, off by at most
     ``tiny * u``, moves a term by less than 1e-13). A model beyond float32's range
@@ -147,11 +157,11 @@ def _representable(W, dtype):
 
 def packed_chunk_rows(n, d):
     """Rows per chunk of :func:`_packed_chunks` for ``n`` rows of ``d`` features."""
-    return chunk_rows(d * (d + 1) // 2 + d + 1, 8, n, _PACKED_CHUNK_BYTES)
+    return chunk_rows(d * (d + 1) // 2 + d + 1, 8, n, PACKED_CHUNK_BYTES)
 
 
 def _packed_chunks(X, g, dtype=np.float64):
-    """Yield ``(r0, r1, y, P)`` over row chunks of ``X`` (``_PACKED_CHUNK_BYTES``):
+    """Yield ``(r0, r1, y, P)`` over row chunks of ``X`` (``PACKED_CHUNK_BYTES``):
     ``y = x - g`` and its packed products ``P = [y_j y_l (j <= l), y, 1]`` (work
     buffers of ``dtype``, reused, borrowed from the thread's workspace: valid until
     the next chunk). The buffers are column-major, so that every product
@@ -200,7 +210,7 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     """Squared Mahalanobis distances ``||(x - mu_k) U_k||^2`` for ``components``.
 
     ``U_k`` is upper triangular, so column block ``j`` (columns ``c0:c1``, width
-    ``_TRIANGLE_BLOCK``) of ``(x - mu_k) U_k`` involves only the first ``c1``
+    ``TRIANGLE_BLOCK``) of ``(x - mu_k) U_k`` involves only the first ``c1``
     features: it is ``y[:, :c1] U_k[:c1, c0:c1] - m_k U_k[:, c0:c1]`` with
     ``y = x - g`` and ``m_k = mu_k - g``. One GEMM per column block, batched over
     components, the constant subtracted after it (so that each sum starts from the
@@ -215,7 +225,7 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     """
     n, d = X.shape
     dtype = X.dtype
-    h = min(d, _TRIANGLE_BLOCK)
+    h = min(d, TRIANGLE_BLOCK)
     kb = max(1, min(len(components), _GEMM_COLUMNS // h))
     rows = chunk_rows(kb * h, dtype.itemsize, n)
     Y = np.subtract(X, g, dtype=dtype, casting="same_kind")
@@ -262,8 +272,9 @@ def full_mahalanobis(X, means, precisions_cholesky, g, out=None):
     The triangular products of :func:`_full_maha_dense` for every component: their
     rounding is linear in ``|x - g|`` and ``|mu_k - g|``. The packed products are
     cheaper but cancel within each quadratic form; they are used only where a
-    rounding bound per pair vouches for them (:mod:`emgmm.covariance.packed_estimate`): on a
-    covariance of condition number 1e12 they were 2e-4 nats off.
+    rounding bound per pair vouches for them
+    (:mod:`emgmm.covariance.packed_estimate`): on a covariance of condition number
+    1e12 they were 2e-4 nats off.
     """
     K = means.shape[0]
     # The rows are shifted by g in the compute dtype: shift the means by the very
@@ -288,8 +299,8 @@ def log_gaussian_prob(X, means, precisions_cholesky, covariance_type, weights=No
     triangular ``U_k``, batched over several components at once
     (:func:`_full_maha_dense`): their rounding is linear in ``|y|`` and ``|m_k|``.
     (The cheaper packed products, whose rounding can cancel within each quadratic
-    form, serve only the refined E step of :mod:`emgmm.covariance.packed_estimate`, which
-    bounds their error per pair.)
+    form, serve only the refined E step of
+    :mod:`emgmm.covariance.packed_estimate`, which bounds their error per pair.)
     For 'tied', 'diag' and 'spherical' the squared distances are expanded around the
     same shift so that the work is a few matrix products, in float64; a component
     whose expansion may lose more than ``_REFINE_TOL`` (far from the shift relative
@@ -393,8 +404,8 @@ def expanded_log_prob(X, means, precisions, g, offset, margin=None, products=Non
         y_max = np.sqrt((products.Z[:, :d] @ np.ones(d)).max())
         # (a zero weight's constant, -inf, is exact)
         constant = np.where(np.isfinite(A[-1]), np.abs(A[-1]), 0.0)
-        bound = gamma * (0.5 * prec.max(axis=1) * (y_max + np.linalg.norm(M, axis=1)) ** 2
-                         + constant)
+        reach = y_max + np.linalg.norm(M, axis=1)
+        bound = gamma * (0.5 * prec.max(axis=1) * reach ** 2 + constant)
 
         def exact(k, rows):
             diff = np.subtract(X[rows], means[k], dtype=np.float64)

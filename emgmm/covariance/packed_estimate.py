@@ -4,18 +4,23 @@ rigorous rounding bound, and the exact recomputation of the pairs that matter.
 Pure functions of one block of rows and the model parameters they are given: none
 keeps state, reads files or starts workers (the orchestration lives in
 :mod:`emgmm.engine`). Notation as in :mod:`emgmm.covariance.log_density`.
+
+Tuning constant: ``BOUND_CHUNK_BYTES`` (bytes of one chunk of the rounding bounds and
+of the candidate pairs' indices), read at every call like those of
+:mod:`~emgmm.covariance.log_density`.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..runtime.workspace import borrow
+from . import log_density
+from .base import get_covariance_type
 from .cholesky import log_det_cholesky
 from .log_density import (
     _LOG_2PI,
     _REFINE_TOL,
-    _TRIANGLE_BLOCK,
-    chunk_rows,
     _full_maha_dense,
     _full_maha_packed,
     _gamma,
@@ -23,10 +28,9 @@ from .log_density import (
     _representable,
     _shift,
     _use_packed,
+    chunk_rows,
 )
 from .screen import ProjectionScreen, exact_pairs
-from ..runtime.workspace import borrow
-from .base import get_covariance_type
 
 # The refined E step probes this many rows first; if more than _REFINE_MAX_DENSITY of
 # their pairs, beyond one per row, would need the exact recomputation (broad
@@ -37,13 +41,13 @@ _REFINE_MAX_DENSITY = 0.3
 # RefinedEstimate.to_refine: while every row's uniform bound (at least each of its
 # pairs' bounds) is at most _UNIFORM_BOUND nats, as in float64, one comparison with the
 # row's best estimate finds the candidates (d=64, K=200, one thread: 4 ms per block of
-# 12500 rows); beyond, every bound is evaluated, in row chunks of _BOUND_CHUNK_BYTES
+# 12500 rows); beyond, every bound is evaluated, in row chunks of BOUND_CHUNK_BYTES
 # per work array (11-13 ms; 12-20 ms with the 4 MiB chunks and more passes of before).
-# The candidates are then taken a chunk of components at a time (_BOUND_CHUNK_BYTES
+# The candidates are then taken a chunk of components at a time (BOUND_CHUNK_BYTES
 # per array of their indices and bounds): all at once, the first pass of A (broad
 # components, nearly every pair a candidate) took 96 MB per block for them.
 _UNIFORM_BOUND = 1.0
-_BOUND_CHUNK_BYTES = 2**20
+BOUND_CHUNK_BYTES = 2**20
 # RefinedEstimate.beyond_range: relative room between the float64 norm of x - g and
 # the estimate's own (float32 x - g is within 2^-24 relative per feature)
 _BEYOND_RANGE_ROOM = 1e-6
@@ -156,7 +160,7 @@ class RefinedEstimate:
         bounds of up to ~1e5 nats on tight components) the condition is evaluated
         on every pair, in row chunks that stay in cache. The candidates (nearly
         every pair while the components are broad) are then taken a chunk of
-        components at a time (``_BOUND_CHUNK_BYTES`` per array of their indices and
+        components at a time (``BOUND_CHUNK_BYTES`` per array of their indices and
         bounds), so that these take no more memory than the pairs kept.
 
         Returns
@@ -179,7 +183,7 @@ class RefinedEstimate:
                 np.greater_equal(est, limit, out=candidate)
             else:
                 self._near_best(est, y_norm, margin, candidate)
-            step = max(1, _BOUND_CHUNK_BYTES // (8 * max(n, 1)))
+            step = max(1, BOUND_CHUNK_BYTES // (8 * max(n, 1)))
             for k0 in range(0, K, step):
                 flat = np.flatnonzero(candidate[k0:k0 + step])
                 comps = flat // max(n, 1)
@@ -191,16 +195,17 @@ class RefinedEstimate:
                 inexact = e > _REFINE_TOL
                 found.append((comps[inexact], rows[inexact], (w + e)[inexact]))
             floor -= margin
-            comps, rows, upper = (np.concatenate(parts) for parts in zip(*found))
+            comps, rows, upper = (np.concatenate(parts)
+                                  for parts in zip(*found, strict=True))
             keep = upper >= floor[rows]
         return comps[keep], rows[keep]
 
     def _near_best(self, est, y_norm, margin, mask):
         """Into ``mask`` (K, n), bool: the pairs in ``est`` (K, n) with ``w + e >=
         max(w - e) - margin`` over their row, every bound evaluated (row chunks of
-        ``_BOUND_CHUNK_BYTES``)."""
+        ``BOUND_CHUNK_BYTES``)."""
         K, n = est.shape
-        rows = chunk_rows(K, 8, n, _BOUND_CHUNK_BYTES)
+        rows = chunk_rows(K, 8, n, BOUND_CHUNK_BYTES)
         e_buf, t_buf = np.empty((K, rows)), np.empty((K, rows))
         for r0 in range(0, n, rows):
             r1 = min(r0 + rows, n)
@@ -376,9 +381,9 @@ class TriangularEstimate(RefinedEstimate):
     (float32; the blocks are added in float64, ``gamma_{d}`` there), so the
     estimate ``M^`` of ``||z||^2`` is within ``e = gamma_s M' + delta (2 sqrt(M') +
     delta)`` with ``M' = M^ / (1 - gamma_s)`` bounding ``||z^||^2`` (``M^`` is
-    recovered from ``w = offset_k - M^ / 2`` with room for that float64 rounding). Half of ``e``
-    bounds the error in ``log N``, with ``4 u64 (|w| + M')`` added for the float64
-    work on the estimate ``w`` of ``log w_k + log N``. Unlike the packed
+    recovered from ``w = offset_k - M^ / 2`` with room for that float64 rounding).
+    Half of ``e`` bounds the error in ``log N``, with ``4 u64 (|w| + M')`` added for
+    the float64 work on the estimate ``w`` of ``log w_k + log N``. Unlike the packed
     estimate's, the bound grows with ``sqrt(M)``, not with ``M``: a far pair's
     bound stays far below its distance. It is some 500x the errors seen (d = 100).
 
@@ -417,7 +422,9 @@ class TriangularEstimate(RefinedEstimate):
         y_limit = float(np.sqrt(np.finfo(dtype).max / 4.0 / max(rho.max(initial=0.0),
                                                                 1.0))
                         - m_norm.max(initial=0.0))
-        gamma_sum = (_gamma(min(d, _TRIANGLE_BLOCK) + 1, dtype)
+        # (the column-block width of the dense products, read when the estimate is
+        # made: the tuning constant of log_density)
+        gamma_sum = (_gamma(min(d, log_density.TRIANGLE_BLOCK) + 1, dtype)
                      + _gamma(d, np.float64))
         return cls(dtype=dtype.str, means=means, u=u, g=g,
                    error_coef=gamma * np.sqrt(rho), m_norm=m_norm, offset=offset,
@@ -473,8 +480,8 @@ def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype
 
 def prepare_full_log_prob(weights, means, precisions_cholesky, dtype):
     """The estimates (:class:`RefinedEstimate`) that
-    :func:`~emgmm.engine.estep.weighted_log_prob` tries in this order, each refined where it
-    matters, before its plain path:
+    :func:`~emgmm.engine.estep.weighted_log_prob` tries in this order, each refined
+    where it matters, before its plain path:
 
     * small ``d`` (packed products, ``K d^3`` flops here): for float32 data the
       float32 :class:`PackedEstimate`, then the float64 one (on the same data),

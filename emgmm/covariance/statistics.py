@@ -4,6 +4,10 @@ summed around fixed centres, skipping the negligible responsibilities.
 Pure functions of one block of rows and the model parameters they are given: none
 keeps state, reads files or starts workers (the orchestration lives in
 :mod:`emgmm.engine`). Notation as in :mod:`emgmm.covariance.log_density`.
+
+Tuning constant: ``MOMENT_CHUNK_BYTES`` (bytes of the work arrays that turn packed
+sums into second moments), read at every call like those of
+:mod:`~emgmm.covariance.log_density`.
 """
 
 from dataclasses import dataclass
@@ -13,6 +17,8 @@ from scipy import sparse
 
 from ..runtime.blas import single_blas_thread
 from ..runtime.gather import GatherBuffers
+from ..runtime.workspace import borrow
+from .base import get_covariance_type
 from .log_density import (
     _packed_chunks,
     _packed_index,
@@ -21,12 +27,11 @@ from .log_density import (
     centred_products,
     packed_chunk_rows,
 )
-from ..runtime.workspace import borrow
-from .base import get_covariance_type
 
 
 def _pack_upper(S):
-    """Rows of the upper triangles of ``S`` (K, d, d), one after another: (K, d(d+1)/2)."""
+    """Rows of the upper triangles of ``S`` (K, d, d), one after another:
+    (K, d(d+1)/2)."""
     K, d, _ = S.shape
     out = np.empty((K, d * (d + 1) // 2), dtype=S.dtype)
     start = 0
@@ -232,7 +237,7 @@ def _packed_sums(X, resp, g, kept=None, out=None):
 
 #: Bytes of the (components, d, d) work arrays that turn packed sums into centred
 #: second moments (:func:`_add_packed_moments`): a few per thread, never (K, d, d).
-_MOMENT_CHUNK_BYTES = 2**20
+MOMENT_CHUNK_BYTES = 2**20
 
 
 def _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx):
@@ -246,7 +251,7 @@ def _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx):
     terms exceed ``_PACKED_MAX_EXCESS`` times the centred ones in some feature
     (``a_j = sum_i r_ik y_ij^2 + N_k m_kj^2``, which is ``(S_k)_jj + 2 N_k m_kj^2``
     when ``c_k`` is the component's mean, against ``(S_k)_jj``) is not added.
-    Components are taken a chunk of ``_MOMENT_CHUNK_BYTES`` at a time.
+    Components are taken a chunk of ``MOMENT_CHUNK_BYTES`` at a time.
 
     Returns
     -------
@@ -256,7 +261,7 @@ def _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx):
     K, d = centers.shape
     iu = _packed_index(d)
     T = iu[0].size
-    step = max(1, _MOMENT_CHUNK_BYTES // (8 * d * d))
+    step = max(1, MOMENT_CHUNK_BYTES // (8 * d * d))
     S = np.empty((min(step, K), d, d))
     redo = []
     for k0 in range(0, K, step):

@@ -62,9 +62,14 @@ def check_block_finite(block, start, where):
     where : str
         How to name the data set in the message.
     """
-    if block.dtype.kind != "f" or np.isfinite(block.sum(dtype=np.float64)):
-        if block.dtype.kind != "f" or np.isfinite(block).all():
-            return
+    if block.dtype.kind != "f":
+        return
+    # the sum screens the block cheaply: +inf and -inf, or finite values that
+    # overflow, make it NaN or infinite (silently), and the exact check decides
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = block.sum(dtype=np.float64)
+    if np.isfinite(total) or np.isfinite(block).all():
+        return
     bad = ~np.isfinite(block)
     row, col = np.argwhere(bad)[0]
     kind = "NaN" if np.isnan(block[row, col]) else (
@@ -466,7 +471,8 @@ class MemmapSource(Source):
             if got == 0:
                 size = os.fstat(fd).st_size
                 raise OSError(
-                    f"The data file {self.filename}{_of(self.filename, self.description)}"
+                    f"The data file {self.filename}"
+                    f"{_of(self.filename, self.description)}"
                     f" was truncated while emgmm was reading it: it holds {size} "
                     f"bytes, fewer than the {offset + len(view)} this read needs. Keep "
                     "the file unchanged while emgmm reads it (fit, predict, score)."
@@ -770,7 +776,8 @@ def _check_mapped_file(mm, description):
         now = os.stat(mm.filename)
     except FileNotFoundError:
         return  # said by the caller
-    if mapped is not None and (mapped.st_dev, mapped.st_ino) != (now.st_dev, now.st_ino):
+    if mapped is not None and ((mapped.st_dev, mapped.st_ino)
+                               != (now.st_dev, now.st_ino)):
         raise OSError(
             f"The file {mm.filename} of {description} was replaced after the memmap "
             "was opened: emgmm reads a memmap again by its file name, which now leads "
@@ -841,7 +848,8 @@ def is_hdf5_dataset(X):
 
 
 def is_file_backed(X):
-    """True when ``X`` is read through a file-backed :class:`Source`."""
-    if isinstance(X, (str, os.PathLike)) or is_hdf5_dataset(X):
+    """True when ``X`` is read through a file-backed :class:`Source`, or is a
+    :class:`Source` already (read as it is, e.g. a subclass of one's own)."""
+    if isinstance(X, (Source, str, os.PathLike)) or is_hdf5_dataset(X):
         return True
     return isinstance(X, np.memmap) and MemmapSource.from_memmap(X) is not None

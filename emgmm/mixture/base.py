@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, TypeVar, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn import config_context, get_config
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import ConvergenceWarning
@@ -56,8 +57,6 @@ from ..runtime.worker_loss import explain_worker_loss
 from .initialization import init_sample, subsample_indices
 from .online import OnlineMixin, initial_model, shared_weights
 from .validation import validate_params
-
-from numpy.typing import ArrayLike
 
 if TYPE_CHECKING:
     import h5py
@@ -156,12 +155,14 @@ def _check_out(out, shape, dtype, method):
     if out is None:
         return np.empty(shape, dtype)
     if not isinstance(out, np.ndarray):
-        raise ValueError(f"out must be a numpy array or memmap, got {type(out).__name__}")
+        raise ValueError("out must be a numpy array or memmap, got "
+                         f"{type(out).__name__}")
     if out.shape != shape:
         raise ValueError(f"out has shape {out.shape}, not {shape}")
     if np.dtype(out.dtype).kind != np.dtype(dtype).kind:
-        raise ValueError(f"out has dtype {out.dtype}; {method} writes {np.dtype(dtype)} "
-                         f"values (an out array of kind {np.dtype(dtype).kind!r})")
+        raise ValueError(f"out has dtype {out.dtype}; {method} writes "
+                         f"{np.dtype(dtype)} values (an out array of kind "
+                         f"{np.dtype(dtype).kind!r})")
     if not out.flags.writeable:
         raise ValueError("out is read-only")
     return out
@@ -232,8 +233,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
             if reset:
                 if n < 2:
                     raise ValueError(
-                        f"Found array with {n} sample(s) (shape={source.shape}) while a "
-                        f"minimum of 2 is required by {type(self).__name__} "
+                        f"Found array with {n} sample(s) (shape={source.shape}) while "
+                        f"a minimum of 2 is required by {type(self).__name__} "
                         f"({source.description})."
                     )
                 if d < 1:
@@ -254,7 +255,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
                 if d != self.n_features_in_:
                     raise ValueError(
                         f"X has {d} features, but {type(self).__name__} is expecting "
-                        f"{self.n_features_in_} features as input ({source.description})."
+                        f"{self.n_features_in_} features as input "
+                        f"({source.description})."
                     )
             return source
         _refuse_strings(X)
@@ -362,12 +364,13 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         expected = {"means": (K, d), **kind.stored_shapes(K, d)}
         found = {name: np.shape(self.__dict__.get(name + "_")) for name in expected}
         if found != expected:
-            shapes = ", ".join(f"{name} of shape {shape}" for name, shape in found.items())
+            shapes = ", ".join(f"{name} of shape {shape}"
+                               for name, shape in found.items())
             params = "".join(f", {name}={getattr(self, name)!r}"
                              for name in kind.parameters)
             raise ValueError(
-                f"warm_start=True continues the fitted model ({shapes}), which does not "
-                f"match n_components={K}, covariance_type={self.covariance_type!r}"
+                f"warm_start=True continues the fitted model ({shapes}), which does "
+                f"not match n_components={K}, covariance_type={self.covariance_type!r}"
                 f"{params} and {d} features. Set warm_start=False to fit a new model."
             )
         return self._fitted_model()
@@ -394,10 +397,12 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features), np.memmap, str, PathLike or h5py.Dataset
+        X : array-like of shape (n_samples, n_features), np.memmap, str, PathLike, \
+h5py.Dataset or Source
             Training data: in memory, memory-mapped, a ``.npy`` path, an
-            ``h5py.Dataset`` or ``"file.h5:/path/to/dataset"``. float64 and float32
-            are used as they are; integer data is cast per block.
+            ``h5py.Dataset``, ``"file.h5:/path/to/dataset"`` or an
+            ``emgmm.io.sources.Source`` (read as it is). float64 and float32 are
+            used as they are; integer data is cast per block.
         y : None
             Ignored.
         sample_weight : array-like of shape (n_samples,), np.memmap, str, PathLike, h5py.Dataset or None, default=None
@@ -476,6 +481,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         plan = None
         try:
             plan = self._plan(source, sample_weight)
+            self._report_plan(plan)
             # (the checkpointer first: it holds its path from open_checkpointer on,
             # and must let it go also when the executor refuses to start)
             with plan.checkpointer or nullcontext(), \
@@ -552,6 +558,21 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
             component_statistics_pass if schedule == "components"
             else rows_statistics_pass,
             estimate, block_nbytes, checkpointer, sample_weights, total_weight)
+
+    def _report_plan(self, plan):
+        """Call a callback whose attribute ``wants_plan`` is true with the fit's plan
+        (the ``'plan'`` event of ``callback``)."""
+        if getattr(self.callback, "wants_plan", False):
+            self.callback({
+                "event": "plan",
+                "schedule": ("components"
+                             if plan.statistics_pass is component_statistics_pass
+                             else "rows"),
+                "block_size": plan.block_size,
+                "n_tasks": len(plan.tasks),
+                "n_workers": plan.executor.n_workers,
+                "row_threads": plan.executor.row_threads,
+            })
 
     def _best_run(self, plan, source, want_labels):
         """Run every initialisation (from a checkpoint's, if resuming); return
@@ -640,7 +661,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
             warnings.warn(
                 "Best performing initialization did not converge. Try different init "
                 "parameters, or increase max_iter, tol, or check for degenerate data.",
-                ConvergenceWarning,
+                ConvergenceWarning, stacklevel=1,
             )
         self._set_model(run.model, out_dtype, precisions)
         self.converged_ = run.converged
@@ -796,7 +817,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         ----------
         X : array-like of shape (n_samples, n_features), np.memmap, str or h5py.Dataset
             The data, from any source :meth:`fit` accepts.
-        out : ndarray or np.memmap of shape (n_samples, n_components) or None, default=None
+        out : ndarray or np.memmap of shape (n_samples, n_components) or None, \
+default=None
             Where to write the result, block by block; any float dtype.
 
         Returns
@@ -838,13 +860,14 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         check_is_fitted(self)
         if n_samples < 1:
             raise ValueError(
-                f"Invalid value for 'n_samples': {n_samples} . The sampling requires at "
-                "least one sample."
+                f"Invalid value for 'n_samples': {n_samples} . The sampling requires "
+                "at least one sample."
             )
         rng = check_random_state(self.random_state)
         counts = rng.multinomial(n_samples, self.weights_)
         kind = self._kind()
         parts = kind.sample(rng, self.means_, kind.sampling_covariances(self), counts)
         X = np.vstack(parts).astype(np.float64)
-        y = np.concatenate([np.full(int(s), k, dtype=np.int64) for k, s in enumerate(counts)])
+        y = np.concatenate([np.full(int(s), k, dtype=np.int64)
+                            for k, s in enumerate(counts)])
         return X, y

@@ -6,8 +6,8 @@ import functools
 import math
 import os
 from collections.abc import Callable
-from typing import Any, Literal, Optional, Union
 from numbers import Integral, Real
+from typing import Any, Literal, Optional
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -74,7 +74,8 @@ class GaussianMixture(BaseMixture):
     n_init : int, default=1
         Number of initialisations; the run whose final parameters have the highest
         mean log-likelihood is kept.
-    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, default='kmeans'
+    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, \
+default='kmeans'
         How the initial responsibilities are found, as in scikit-learn, computed on a
         random subsample of at most ``init_max_samples`` rows (all rows when there are
         no more than that; then the initialisation equals scikit-learn's).
@@ -143,10 +144,9 @@ class GaussianMixture(BaseMixture):
     callback : callable or None, default=None
         Called after every EM iteration with a dict (``event='iteration'``,
         ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,
-        ``reseeded``). If its attribute ``wants_progress`` is true, it is also
-        called after each finished task of a pass with ``{'event': 'progress',
-        'done': int, 'total': int}``, and with ``{'event': 'final_pass', 'init':
-        int}`` before the pass that scores a run's final parameters.
+        ``reseeded``). True attributes ``wants_progress`` and ``wants_plan`` ask
+        for the ``'progress'`` and ``'final_pass'`` events during passes and the
+        ``'plan'`` event before the first (user guide, "Progress and callbacks").
     checkpoint : str, os.PathLike or None, default=None
         Path of a checkpoint file (``.npz``, no pickle), written atomically after EM
         iterations. A fit of the same data and parameters resumes from it to the
@@ -259,7 +259,9 @@ class GaussianMixture(BaseMixture):
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
         "n_init": [Interval(Integral, 1, None, closed="left")],
-        "init_params": [StrOptions({"kmeans", "random", "random_from_data", "k-means++"})],
+        "init_params": [
+            StrOptions({"kmeans", "random", "random_from_data", "k-means++"})
+        ],
         "weights_init": ["array-like", None],
         "means_init": ["array-like", None],
         "precisions_init": ["array-like", None],
@@ -296,24 +298,24 @@ class GaussianMixture(BaseMixture):
         max_iter: int = 100,
         n_init: int = 1,
         init_params: str = "kmeans",
-        weights_init: Optional[ArrayLike] = None,
-        means_init: Optional[ArrayLike] = None,
-        precisions_init: Optional[ArrayLike] = None,
-        random_state: Union[int, np.random.RandomState, None] = None,
+        weights_init: ArrayLike | None = None,
+        means_init: ArrayLike | None = None,
+        precisions_init: ArrayLike | None = None,
+        random_state: int | np.random.RandomState | None = None,
         warm_start: bool = False,
         verbose: int = 0,
         verbose_interval: int = 10,
-        n_jobs: Optional[int] = None,
-        working_memory: Optional[float] = None,
-        block_size: Optional[int] = None,
-        memory_limit: Optional[float] = None,
+        n_jobs: int | None = None,
+        working_memory: float | None = None,
+        block_size: int | None = None,
+        memory_limit: float | None = None,
         schedule: Literal["auto", "rows", "components"] = "auto",
         init_max_samples: int = 100_000,
-        compute_dtype: Optional[Literal["float32", "float64"]] = None,
+        compute_dtype: Literal["float32", "float64"] | None = None,
         resp_threshold: float = 1e-20,
         on_degenerate: Literal["reinit", "raise"] = "reinit",
-        callback: Optional[Callable[[dict[str, Any]], Any]] = None,
-        checkpoint: Union[str, os.PathLike[str], None] = None,
+        callback: Callable[[dict[str, Any]], Any] | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
         checkpoint_interval: float = 0.0,
         learning_decay: float = online.DEFAULT_LEARNING_DECAY,
         learning_offset: float = online.DEFAULT_LEARNING_OFFSET,

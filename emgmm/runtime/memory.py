@@ -65,10 +65,15 @@ def model_nbytes(n_components, n_features, covariance_type):
     return 8 * (2 * K * d + 3 * per_cov)
 
 
+#: The file :func:`available_memory` reads ``MemAvailable`` from (Linux); read at every
+#: call, so that tests can point it at a file of their own to fake a small machine.
+MEMINFO = "/proc/meminfo"
+
+
 def available_memory():
     """Physical memory available to new allocations, in bytes (Linux MemAvailable)."""
     try:
-        with open("/proc/meminfo") as fh:
+        with open(MEMINFO) as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
@@ -261,7 +266,7 @@ def component_slices(n_components, n_features, covariance_type):
     n_slices = max(-(-K // per_slice), min(MIN_SLICES, -(-K * per_component // _MIB)))
     n_slices = int(min(K, n_slices))
     bounds = np.linspace(0, K, n_slices + 1).round().astype(int)
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def buffer_rows(n_samples, n_components, block_size):
@@ -289,7 +294,8 @@ def range_pieces(n_rows, block_size, n_components, n_features, covariance_type,
     """
     work = n_rows * n_components * _work_per_row(n_features, covariance_type)
     wanted = -(-work // (n_slices * TASK_WORK))
-    return partition(n_rows, block_size, max_tasks=int(max(1, min(wanted, 64 // n_slices))))
+    max_tasks = int(max(1, min(wanted, 64 // n_slices)))
+    return partition(n_rows, block_size, max_tasks=max_tasks)
 
 
 def schedule_nbytes(schedule, n_components, n_features, covariance_type, n_workers):
@@ -344,7 +350,8 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
     budget = available_memory() if memory_limit_mib is None else memory_limit_mib * _MIB
 
     def need(name):
-        return schedule_nbytes(name, n_components, n_features, covariance_type, n_workers)
+        return schedule_nbytes(name, n_components, n_features, covariance_type,
+                               n_workers)
 
     if schedule == "auto":
         big = statistics_nbytes(n_components, n_features, covariance_type) \
@@ -433,7 +440,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
                 "by rows (e.g. chunks=(1024, n_features)), or raise working_memory or "
                 "pass block_size (rows per block) a multiple of the chunk rows if the "
                 "memory allows.",
-                UserWarning,
+                UserWarning, stacklevel=1,
             )
     return int(min(rows, max(n_samples, 1)))
 

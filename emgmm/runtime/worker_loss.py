@@ -3,7 +3,7 @@
 from concurrent.futures import BrokenExecutor
 from contextlib import contextmanager
 
-from .memory import available_memory
+from . import memory
 
 _MIB = 2**20
 # Errors of a worker pool whose worker process died: loky's TerminatedWorkerError and
@@ -53,7 +53,7 @@ def explain_worker_loss(model_nbytes, block_nbytes, n_workers, source=None):
             except OSError as changed:
                 raise changed from exc
         total = model_nbytes + n_workers * block_nbytes
-        available = available_memory()
+        available = memory.available_memory()
         # (the dead workers' memory is free again: what is available now is an upper
         # bound of what was when they died)
         cause = ("The likely cause is the operating system's out-of-memory killer."

@@ -33,6 +33,12 @@ from contextvars import ContextVar
 import numpy as np
 
 _ACTIVE = ContextVar("emgmm_workspace", default=None)
+#: Test switches, read at every call. ``FILL``: None (lent values undefined), or a
+#: value every array a :class:`Workspace` lends is filled with first (NaN: a kernel
+#: that reads a buffer before writing it changes the fit; True for bool arrays).
+#: ``REUSE``: False makes :func:`per_thread` activate no workspace (fresh arrays).
+FILL = None
+REUSE = True
 
 
 class Workspace:
@@ -60,7 +66,11 @@ class Workspace:
             del buf  # unmapped before the larger one is mapped
             buf = mmap.mmap(-1, nbytes)
         try:
-            yield np.frombuffer(buf, dtype=dtype, count=count).reshape(shape, order=order)
+            array = np.frombuffer(buf, dtype=dtype, count=count).reshape(shape,
+                                                                         order=order)
+            if FILL is not None:
+                array[...] = True if dtype.kind == "b" else FILL
+            yield array
         finally:
             self._free[name] = buf
 
@@ -92,7 +102,10 @@ def borrow(name, shape, dtype=np.float64, order="C"):
 
 def per_thread(func):
     """``func`` run with a workspace of its thread's own active (one workspace per
-    thread that calls the returned function; all are dropped with it)."""
+    thread that calls the returned function; all are dropped with it), or ``func``
+    itself when ``REUSE`` is false."""
+    if not REUSE:
+        return func
     local = threading.local()
 
     def run(*args, **kwargs):
