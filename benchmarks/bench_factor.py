@@ -24,7 +24,8 @@ scikit-learn sample images (mean removed), 'factor' with q chosen by BIC against
 
 Usage::
 
-    nice python benchmarks/bench_factor.py [--quick] [--patches] [--name NAME | --out PATH]
+    nice python benchmarks/bench_factor.py [--quick] [--patches]
+                                           [--name NAME | --out PATH]
 """
 
 import argparse
@@ -199,10 +200,11 @@ def main(argv=None):
         rows = run_factor(cfg, tmp, args.blas_threads, log)
     n, d, K, q = (cfg[k] for k in ("n", "d", "K", "q"))
     f = flops(n, d, K, q)
-    for dtype, rec in rows.items():
+    for rec in rows.values():
         rec["gflops"] = f / rec["seconds_per_iteration"] / 1e9
         rec["flop_time_at_dgemm"] = f / (rates["dgemm"] * 1e9)
-        rec["time_over_flop_time"] = rec["seconds_per_iteration"] / rec["flop_time_at_dgemm"]
+        rec["time_over_flop_time"] = (rec["seconds_per_iteration"]
+                                      / rec["flop_time_at_dgemm"])
     block = rows["float64"]["block_rows"] * d * 8
     target_mb = (model_bytes(d, K, q) + block) / 2**20
     result = {

@@ -64,7 +64,8 @@ def run(args, path):
         passes, best = 0, None
         for k in range(1, args.max_k + 1):
             for kind in types:
-                model = GaussianMixture(k, covariance_type=kind, **params).fit(str(path))
+                model = GaussianMixture(k, covariance_type=kind,
+                                        **params).fit(str(path))
                 passes += model.n_iter_ + 1
                 n_params = model._n_parameters()
                 bic = -2 * model.lower_bound_ * args.n + n_params * np.log(args.n)

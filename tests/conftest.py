@@ -4,13 +4,15 @@
 
 import joblib
 import pytest
-
 from helpers import COVARIANCE_TYPES, SourceFactory, make_blobs_data
 
 
 @pytest.fixture
 def make_sources(tmp_path):
-    """Factory: ``make_sources(X, kinds=SOURCE_KINDS, chunk_rows=64)`` -> list of Source."""
+    """Factory: ``make_sources(X, kinds=SOURCE_KINDS, chunk_rows=64)``.
+
+    Returns a list of Source.
+    """
     factory = SourceFactory(tmp_path)
     yield factory
     factory.close()

@@ -81,7 +81,7 @@ def assert_same_fit(mine, sk, X, rtol=1e-7):
         assert_allclose(ours, theirs, rtol=rtol, atol=rtol * np.abs(theirs).max(),
                         err_msg=name)
     for ours, theirs in zip(np.atleast_2d(mine.weight_concentration_),
-                            np.atleast_2d(sk.weight_concentration_)):
+                            np.atleast_2d(sk.weight_concentration_), strict=False):
         assert_allclose(ours, theirs, rtol=rtol)
     assert_allclose(mine.predict_proba(X), sk.predict_proba(X), rtol=rtol, atol=1e-10)
     assert_allclose(mine.score_samples(X), sk.score_samples(X), rtol=rtol)
@@ -250,7 +250,8 @@ def test_sklearn_estimator_checks(estimator):
 def test_model_file_round_trip(data, tmp_path, covariance_type, prior_type):
     mine = BayesianGaussianMixture(
         n_components=3, covariance_type=covariance_type, random_state=0,
-        weight_concentration_prior_type=prior_type, mean_prior=[0.0, 1.0, 2.0]).fit(data)
+        weight_concentration_prior_type=prior_type,
+        mean_prior=[0.0, 1.0, 2.0]).fit(data)
     save_model(mine, tmp_path / "m.h5")
     loaded = load_model(tmp_path / "m.h5")
     assert type(loaded) is BayesianGaussianMixture
@@ -260,7 +261,7 @@ def test_model_file_round_trip(data, tmp_path, covariance_type, prior_type):
         assert_allclose(getattr(loaded, name), getattr(mine, name), rtol=1e-15,
                         err_msg=name)
     for ours, theirs in zip(np.atleast_2d(loaded.weight_concentration_),
-                            np.atleast_2d(mine.weight_concentration_)):
+                            np.atleast_2d(mine.weight_concentration_), strict=False):
         assert_array_equal(ours, theirs)
     assert_array_equal(loaded.score_samples(data), mine.score_samples(data))
     # a warm start from the file continues as the fitted estimator does

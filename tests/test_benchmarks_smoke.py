@@ -55,7 +55,8 @@ def test_quick_run_writes_every_field(quick_result):
             assert len(rec["lower_bounds"]) == r["iterations"]
             assert rec["peak_mb"] >= rec["baseline_mb"] > 0
         assert r["sklearn_s_per_iter"] > 0 and r["emgmm_s_per_iter"] > 0
-        assert math.isclose(r["speedup"], r["sklearn_s_per_iter"] / r["emgmm_s_per_iter"])
+        assert math.isclose(r["speedup"],
+                            r["sklearn_s_per_iter"] / r["emgmm_s_per_iter"])
         for side in ("sklearn", "emgmm"):
             assert math.isclose(r[f"{side}_mean_s_per_iter"],
                                 sum(r[side]["iteration_seconds"]) / r["iterations"])
@@ -72,7 +73,7 @@ def test_quick_run_lower_bounds_agree_with_sklearn(quick_result):
     for r in result["rows"]:
         sk = r["sklearn"]["lower_bounds"]
         em = r["emgmm"]["lower_bounds"]
-        rel = max(abs(a - b) / abs(b) for a, b in zip(em, sk))
+        rel = max(abs(a - b) / abs(b) for a, b in zip(em, sk, strict=False))
         assert rel == pytest.approx(r["lower_bound_max_rel_diff"])
         if r["mode"] in ("float64", "wm64", "exact"):
             assert r["lower_bounds_agree"] is True

@@ -4,10 +4,10 @@ and a type added by one class and one registry entry fits through the whole stac
 
 import numpy as np
 import pytest
+from helpers import COVARIANCE_TYPES, make_blobs_data, random_spd
 from numpy.testing import assert_allclose
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
-from helpers import COVARIANCE_TYPES, make_blobs_data, random_spd
 from emgmm import GaussianMixture
 from emgmm.covariance import REGISTRY, CovarianceType, get_covariance_type
 from emgmm.covariance.diag import DiagCovariance

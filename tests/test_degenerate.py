@@ -4,14 +4,14 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import COVARIANCE_TYPES, assert_bound_monotone, assert_valid_model
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
-from helpers import COVARIANCE_TYPES, assert_bound_monotone, assert_valid_model
 from emgmm import GaussianMixture
+from emgmm.covariance.cholesky import factorize
 from emgmm.engine.degenerate import initial_factors, reseed
 from emgmm.engine.passes import Worst, smallest
-from emgmm.covariance.cholesky import factorize
 
 DUPLICATES = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0)
 
@@ -199,7 +199,8 @@ def test_smallest_equals_stable_argsort():
                                       np.argsort(values, kind="stable")[:size])
 
 
-@pytest.mark.parametrize("case", ["shift 1e-2, reg 1e-20", "at 1000, shift 1, reg 1e-6"])
+@pytest.mark.parametrize("case", ["shift 1e-2, reg 1e-20",
+                                  "at 1000, shift 1, reg 1e-6"])
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_tight_component_whose_mean_moves_far_keeps_its_variance(covariance_type,
@@ -234,7 +235,8 @@ def test_tight_component_whose_mean_moves_far_keeps_its_variance(covariance_type
     resp = np.exp(log_resp)
     nk = resp.sum(axis=0)
     means = resp.T @ X / nk[:, None]
-    var = np.array([resp[:, k] @ (X[:, 0] - means[k, 0]) ** 2 / nk[k] for k in range(2)])
+    var = np.array([resp[:, k] @ (X[:, 0] - means[k, 0]) ** 2 / nk[k]
+                    for k in range(2)])
     if covariance_type == "tied":
         var = np.array([(var * nk).sum() / nk.sum()])
     var += reg

@@ -35,7 +35,8 @@ def test_demo_smallest_size_matches_sklearn(tmp_path, private_tmp, capsys):
     # same data, same initialisation, tol=0: emgmm and scikit-learn run the same 2 steps
     emgmm_fit, sk_fit = result["emgmm_comparison"], result["sklearn"]
     assert emgmm_fit["n_iter"] == sk_fit["n_iter"] == 2 == result["comparison_max_iter"]
-    assert emgmm_fit["heldout_score"] == pytest.approx(sk_fit["heldout_score"], rel=1e-7)
+    assert emgmm_fit["heldout_score"] == pytest.approx(sk_fit["heldout_score"],
+                                                       rel=1e-7)
     assert emgmm_fit["last_lower_bound"] == pytest.approx(sk_fit["last_lower_bound"],
                                                           rel=1e-9)
     assert result["score_difference"] == pytest.approx(
@@ -69,7 +70,8 @@ def test_demo_table(tmp_path, private_tmp, capsys):
     assert difference < 1e-5
 
 
-def test_demo_failure_removes_temporary_files(tmp_path, private_tmp, monkeypatch, capsys):
+def test_demo_failure_removes_temporary_files(tmp_path, private_tmp, monkeypatch,
+                                              capsys):
     def broken(*args):
         raise RuntimeError("scikit-learn exploded")
 

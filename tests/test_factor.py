@@ -37,7 +37,7 @@ def _dense_cov(W, psi):
 
 def _planted(rng, n_per, means, loadings, noise):
     rows = []
-    for mu, W, psi in zip(means, loadings, noise):
+    for mu, W, psi in zip(means, loadings, noise, strict=False):
         z = rng.normal(size=(n_per, W.shape[1]))
         rows.append(mu + z @ W.T + rng.normal(size=(n_per, len(mu))) * np.sqrt(psi))
     return np.concatenate(rows)
@@ -248,7 +248,8 @@ def test_m_step_equals_uncentred_augmented_formula():
         ezz = (ez * r[:, None]).T @ ez
         ezz[:q, :q] += r.sum() * (np.eye(q) - beta @ W[k])
         aug = ((X * r[:, None]).T @ ez) @ np.linalg.inv(ezz)
-        ref_psi = np.diag((X * r[:, None]).T @ X - aug @ ((ez * r[:, None]).T @ X)) / r.sum()
+        ref_psi = np.diag((X * r[:, None]).T @ X
+                          - aug @ ((ez * r[:, None]).T @ X)) / r.sum()
         np.testing.assert_allclose(new_W[k], aug[:, :q], rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(new_means[k], aug[:, q], rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(new_psi[k], ref_psi, rtol=1e-7)
@@ -328,7 +329,7 @@ def test_blocks_sum_to_the_whole():
     one, b1 = _em(X, *start, 5)
     many, b7 = _em(X, *start, 5, blocks=7)
     np.testing.assert_allclose(b1, b7, rtol=1e-12)
-    for a, b in zip(one, many):
+    for a, b in zip(one, many, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
 
@@ -359,7 +360,8 @@ def test_many_factors_approach_full():
     covs = [np.array([[2.0, 1.2, 0.3], [1.2, 1.5, -0.4], [0.3, -0.4, 1.0]]),
             np.array([[1.0, -0.5, 0.2], [-0.5, 0.8, 0.1], [0.2, 0.1, 0.5]])]
     X = np.concatenate([rng.multivariate_normal(m, c, size=n // K)
-                        for m, c in zip([np.zeros(d), np.full(d, 8.0)], covs)])
+                        for m, c in zip([np.zeros(d), np.full(d, 8.0)], covs,
+                                        strict=False)])
     full = SkGaussianMixture(K, covariance_type="full", tol=1e-12, max_iter=1000,
                              reg_covar=0.0, means_init=[X[:n // 2].mean(0),
                                                         X[n // 2:].mean(0)]).fit(X)
@@ -446,7 +448,11 @@ def test_reseed_pools_marginal_variances():
     """A re-seeded component gets no loadings and the healthy components' weighted
     marginal variances as its noise (FactorCovariance.pooled_covariance), against
     the dense covariances' diagonals."""
-    from emgmm.covariance.factor import FactorCovariance, pack_parameters, unpack_parameters
+    from emgmm.covariance.factor import (
+        FactorCovariance,
+        pack_parameters,
+        unpack_parameters,
+    )
 
     rng = np.random.default_rng(17)
     weights, _, W, psi = _random_model(rng, 3, 5, 2)
@@ -455,7 +461,8 @@ def test_reseed_pools_marginal_variances():
     W1, psi1 = unpack_parameters(pooled[None])
     np.testing.assert_array_equal(W1, 0.0)
     w = weights[[0, 2]] / weights[[0, 2]].sum()
-    expected = sum(wi * np.diag(_dense_cov(W[k], psi[k])) for wi, k in zip(w, [0, 2]))
+    expected = sum(wi * np.diag(_dense_cov(W[k], psi[k]))
+                   for wi, k in zip(w, [0, 2], strict=False))
     np.testing.assert_allclose(psi1[0], expected, rtol=1e-12)
 
 
@@ -497,7 +504,7 @@ def test_statistics_around_other_centres_give_the_same_m_step():
     first = factor.m_step(stats, means, 1e-6)
     moved = factor.block_statistics(X, resp, first[1], prec, means=means)
     second = factor.m_step(moved, first[1], 1e-6)
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 

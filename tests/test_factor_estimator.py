@@ -20,7 +20,7 @@ K, D, Q = 3, 10, 2
 def data():
     rng = np.random.default_rng(0)
     rows = []
-    for k in range(K):
+    for _ in range(K):
         W = rng.normal(size=(D, Q))
         mu = 6.0 * rng.normal(size=D)
         rows.append(mu + rng.normal(size=(300, Q)) @ W.T
@@ -50,7 +50,7 @@ def fitted(data):
 def _dense_log_likelihood(gm, X):
     parts = [np.log(w) + multivariate_normal(m, W @ W.T + np.diag(p)).logpdf(X)
              for w, m, W, p in zip(gm.weights_, gm.means_, gm.loadings_,
-                                   gm.noise_variance_)]
+                                   gm.noise_variance_, strict=False)]
     return logsumexp(np.stack(parts, axis=1), axis=1)
 
 
@@ -146,7 +146,8 @@ def test_model_file_round_trip(tmp_path, data, fitted):
     assert loaded.covariance_type == "factor" and loaded.n_factors == Q
     np.testing.assert_array_equal(loaded.loadings_, fitted.loadings_)
     np.testing.assert_array_equal(loaded.noise_variance_, fitted.noise_variance_)
-    np.testing.assert_array_equal(loaded.score_samples(data), fitted.score_samples(data))
+    np.testing.assert_array_equal(loaded.score_samples(data),
+                                  fitted.score_samples(data))
 
 
 def test_warm_start_continues(data):
@@ -315,13 +316,14 @@ def test_integer_sample_weights_equal_repeated_rows(data):
     rng = np.random.default_rng(7)
     counts = rng.integers(0, 3, size=len(data))
     means = data[[0, 1, 2]]
-    weighted = GaussianMixture(K, covariance_type="factor", n_factors=Q, means_init=means,
-                               random_state=0, max_iter=20, tol=1e-8)
+    weighted = GaussianMixture(K, covariance_type="factor", n_factors=Q,
+                               means_init=means, random_state=0, max_iter=20, tol=1e-8)
     weighted.fit(data, sample_weight=counts.astype(float))
-    repeated = GaussianMixture(K, covariance_type="factor", n_factors=Q, means_init=means,
-                               random_state=0, max_iter=20, tol=1e-8)
+    repeated = GaussianMixture(K, covariance_type="factor", n_factors=Q,
+                               means_init=means, random_state=0, max_iter=20, tol=1e-8)
     repeated.fit(np.repeat(data, counts, axis=0))
-    np.testing.assert_allclose(weighted.lower_bounds_, repeated.lower_bounds_, rtol=1e-10)
+    np.testing.assert_allclose(weighted.lower_bounds_, repeated.lower_bounds_,
+                               rtol=1e-10)
     np.testing.assert_allclose(weighted.means_, repeated.means_, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(weighted.noise_variance_, repeated.noise_variance_,
                                rtol=1e-8)

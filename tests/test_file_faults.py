@@ -63,7 +63,7 @@ _CHILD = textwrap.dedent("""
     gm.set_params(block_size=200, n_jobs=n_jobs)
     getattr(gm, where)(data)
     print("no error")
-""" % {"rows": ROWS, "cols": COLS})
+""" % {"rows": ROWS, "cols": COLS})  # noqa: UP031
 
 
 def _write(tmp_path, kind):
@@ -112,7 +112,8 @@ def test_cli_predict_on_a_file_truncated_during_the_pass(tmp_path, kind):
     X = np.random.default_rng(0).standard_normal((50, COLS))
     np.save(tmp_path / "small.npy", X)
     fit = subprocess.run([sys.executable, "-m", "emgmm", "fit",
-                          str(tmp_path / "small.npy"), "-k", "2", "-q", "-o", str(model)],
+                          str(tmp_path / "small.npy"), "-k", "2", "-q",
+                          "-o", str(model)],
                          capture_output=True, text=True)
     assert fit.returncode == 0, fit.stderr
     out = _run(["-m", "emgmm", "predict", str(model), spec, "--block-size", "200",
@@ -131,12 +132,14 @@ def test_copy_on_write_memmap_truncated_during_fit(tmp_path, n_jobs):
                path)
     assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("OSError") and str(path) in last and "truncated" in last, last
+    assert (last.startswith("OSError") and str(path) in last
+            and "truncated" in last), last
 
 
 _DYING_WORKER = textwrap.dedent("""
     import os
-    if os.environ.get("EMGMM_TEST_DIE") and os.getpid() != int(os.environ["EMGMM_TEST_DIE"]):
+    if (os.environ.get("EMGMM_TEST_DIE")
+            and os.getpid() != int(os.environ["EMGMM_TEST_DIE"])):
         import emgmm.io.sources as sources
         read = sources.Source.read
 
@@ -163,5 +166,6 @@ def test_worker_death_on_a_cut_file_names_the_file_not_memory(tmp_path):
                          timeout=300, env=env)
     assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("OSError") and str(path) in last and "truncated" in last, last
+    assert (last.startswith("OSError") and str(path) in last
+            and "truncated" in last), last
     assert "MemoryError" not in last

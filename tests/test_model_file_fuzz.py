@@ -52,7 +52,8 @@ def test_overwritten_bytes(tmp_path, model_bytes):
         raw = bytearray(model_bytes)
         start = int(rng.integers(0, len(raw)))
         length = int(rng.integers(1, 64))
-        raw[start:start + length] = rng.integers(0, 256, length, dtype=np.uint8).tobytes()
+        raw[start:start + length] = rng.integers(0, 256, length,
+                                                 dtype=np.uint8).tobytes()
         path = tmp_path / f"over{trial}.h5"
         path.write_bytes(bytes(raw[:len(model_bytes)]))
         _loads_or_model_file_error(path)

@@ -90,7 +90,8 @@ def test_two_workers_on_a_file_give_the_separate_fits(planted, tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, planted)
     selector = GaussianMixtureIC(3, 5, covariance_type=["tied", "spherical"],
-                                 random_state=0, n_jobs=2, block_size=100).fit(str(path))
+                                 random_state=0, n_jobs=2,
+                                 block_size=100).fit(str(path))
     for i, k in enumerate(selector.n_components_grid_):
         for j, kind in enumerate(selector.covariance_types_):
             model = _separate(k, kind).fit(planted)
@@ -181,7 +182,8 @@ def test_cancelled_shared_passes_end_every_member():
     from emgmm.engine.model import Model
     from emgmm.engine.shared_pass import FitCancelled, SharedPasses
 
-    model = Model(np.ones(1), np.zeros((1, 2)), np.ones((1, 2)), np.ones((1, 2)), "diag")
+    model = Model(np.ones(1), np.zeros((1, 2)), np.ones((1, 2)), np.ones((1, 2)),
+                  "diag")
     passes = SharedPasses(None, [], 1, n_members=2)  # (no round can run: 2 members)
     raised = []
 
@@ -246,4 +248,5 @@ def test_predict_on_a_dataframe_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         labels = selector.predict(frame)
-    assert_array_equal(labels, GaussianMixtureIC(1, 2, random_state=0).fit(X).predict(X))
+    assert_array_equal(labels,
+                       GaussianMixtureIC(1, 2, random_state=0).fit(X).predict(X))

@@ -1,4 +1,7 @@
-"""notebooks/patch_prior.ipynb runs top to bottom at CI size (nbclient, kernel python3)."""
+"""notebooks/patch_prior.ipynb runs top to bottom at CI size.
+
+Executed with nbclient on the python3 kernel.
+"""
 
 import os
 from pathlib import Path
@@ -28,7 +31,8 @@ def test_patch_prior_notebook_runs(tmp_path, monkeypatch):
     outputs = [out for cell in nb.cells if cell.cell_type == "code"
                for out in cell.outputs]
     assert not [out for out in outputs if out.output_type == "error"]
-    text = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
+    text = "".join(out.get("text", "") for out in outputs
+                   if out.output_type == "stream")
     assert "3000 training patches" in text
     assert "held-out log-likelihood" in text
     assert "8 components" in text

@@ -44,7 +44,8 @@ def _oracle_m_step(N, s, S, centers, reg, ct):
     means = centers + delta
     d = centers.shape[1]
     if ct == "full":
-        cov = S / N[:, None, None] - np.einsum("kd,ke->kde", delta, delta) + reg * np.eye(d)
+        cov = (S / N[:, None, None] - np.einsum("kd,ke->kde", delta, delta)
+               + reg * np.eye(d))
     elif ct == "tied":
         cov = (S - (delta.T * N) @ delta) / N.sum() + reg * np.eye(d)
     else:
@@ -60,7 +61,7 @@ def _stats(X, resp, w, centers, ct):
 
 
 def _assert_stats(stats, expected, rtol=1e-12, atol=1e-12):
-    for got, want in zip((stats.nk, stats.sum_x, stats.sum_xx), expected):
+    for got, want in zip((stats.nk, stats.sum_x, stats.sum_xx), expected, strict=False):
         assert got.dtype == np.float64
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
 
@@ -100,7 +101,8 @@ def test_shift_centres_does_not_modify_its_input():
     stats = _stats(X, resp, w, c, "full")
     before = [a.copy() for a in (stats.nk, stats.sum_x, stats.sum_xx, stats.centers)]
     online.shift_centres(stats, c + 2.0)
-    for a, b in zip((stats.nk, stats.sum_x, stats.sum_xx, stats.centers), before):
+    for a, b in zip((stats.nk, stats.sum_x, stats.sum_xx, stats.centers), before,
+                    strict=False):
         np.testing.assert_array_equal(a, b)
 
 
@@ -113,15 +115,17 @@ def test_stepwise_update_is_the_convex_combination_around_the_running_centres(ct
                                  eta)
     A, B = _oracle(XA, rA, wA, cA, ct), _oracle(XB, rB, wB, cA, ct)
     np.testing.assert_array_equal(got.centers, cA)
-    _assert_stats(got, [(1 - eta) * a + eta * b for a, b in zip(A, B)],
+    _assert_stats(got, [(1 - eta) * a + eta * b for a, b in zip(A, B, strict=False)],
                   rtol=1e-10, atol=1e-10)
 
 
 def test_step_size_formula_and_defaults():
     assert online.step_size(1) == (1 + 10.0) ** -0.7
     assert online.step_size(7, 0.6, 2.5) == (7 + 2.5) ** -0.6
-    assert [online.step_size(t, 1.0, 0.0) for t in (1, 2, 3, 10)] == [1.0, 0.5, 1 / 3, 0.1]
-    assert online.DEFAULT_LEARNING_DECAY == 0.7 and online.DEFAULT_LEARNING_OFFSET == 10.0
+    assert ([online.step_size(t, 1.0, 0.0) for t in (1, 2, 3, 10)]
+            == [1.0, 0.5, 1 / 3, 0.1])
+    assert (online.DEFAULT_LEARNING_DECAY == 0.7
+            and online.DEFAULT_LEARNING_OFFSET == 10.0)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -149,7 +153,7 @@ def test_alpha_one_t0_zero_gives_the_plain_average_of_the_batches(ct):
         running = online.stepwise_update(running, _stats(X, r, w, c, ct),
                                          online.step_size(t, 1.0, 0.0))
     parts = [_oracle(X, r, w, c0, ct) for X, r, w, _ in batches]
-    _assert_stats(running, [np.mean(p, axis=0) for p in zip(*parts)],
+    _assert_stats(running, [np.mean(p, axis=0) for p in zip(*parts, strict=False)],
                   rtol=1e-10, atol=1e-10)
 
 
@@ -163,7 +167,7 @@ def test_implied_statistics_invert_the_m_step(ct):
     np.testing.assert_array_equal(implied.sum_x, 0.0)
     back = _oracle_m_step(implied.nk, implied.sum_x, implied.sum_xx, implied.centers,
                           reg, ct)
-    for got, want in zip(back, (weights, means, cov)):
+    for got, want in zip(back, (weights, means, cov), strict=False):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
     if ct != "spherical":  # (spherical keeps only the features' mean)
         recentred = _oracle(X, resp, w, means, ct)
@@ -176,11 +180,13 @@ def test_float64_deterministic_and_arrays_round_trip():
     N, s, S = (a.astype(np.float32) for a in _oracle(X, resp, w, c, "full", False))
     one = online.normalised(N, s, S, c.astype(np.float32), w.sum(), "full")
     two = online.normalised(N, s, S, c.astype(np.float32), w.sum(), "full")
-    for a, b in zip(online.to_arrays(one).values(), online.to_arrays(two).values()):
+    for a, b in zip(online.to_arrays(one).values(), online.to_arrays(two).values(),
+                    strict=False):
         assert a.dtype == np.float64
         np.testing.assert_array_equal(a, b)
     back = online.from_arrays(online.to_arrays(one), "full")
-    for a, b in zip(online.to_arrays(back).values(), online.to_arrays(one).values()):
+    for a, b in zip(online.to_arrays(back).values(), online.to_arrays(one).values(),
+                    strict=False):
         np.testing.assert_array_equal(a, b)
 
 

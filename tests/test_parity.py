@@ -1,16 +1,18 @@
 """Numerical parity with scikit-learn's GaussianMixture.
 
 1. From identical ``weights_init``/``means_init``/``precisions_init`` with ``tol=0`` and
-   ``max_iter=5`` (five full EM iterations, no early stop), emgmm and scikit-learn agree on
-   ``lower_bounds_`` to 1e-9 relative and on every fitted parameter to 1e-7 relative, for
-   all four covariance types, in float64, on synthetic blobs and on the digits data set.
+   ``max_iter=5`` (five full EM iterations, no early stop), emgmm and scikit-learn agree
+   on ``lower_bounds_`` to 1e-9 relative and on every fitted parameter to 1e-7 relative,
+   for all four covariance types, in float64, on synthetic blobs and on the digits data
+   set.
 2. Drop-in: on data no larger than ``init_max_samples``, default parameters and the same
    ``random_state`` give the same fitted model for every ``init_params``, with
    ``n_init=1`` and ``n_init=3``.
 
-Semantics that differ on purpose (see the emgmm docstring): sklearn's ``lower_bound_`` is
-the bound computed *before* the last M step; emgmm's is the mean log-likelihood of the
-returned parameters, i.e. ``score(X)``. ``lower_bounds_`` has the same meaning in both.
+Semantics that differ on purpose (see the emgmm docstring): sklearn's ``lower_bound_``
+is the bound computed *before* the last M step; emgmm's is the mean log-likelihood of
+the returned parameters, i.e. ``score(X)``. ``lower_bounds_`` has the same meaning in
+both.
 
 Exact zeros and the float64 noise floor. The comparison is relative (``atol=0``) for
 every entry except those that are zero in expectation, where a relative tolerance is
@@ -28,22 +30,22 @@ meaningless:
   Mahalanobis terms (~1e5 here). Two correct implementations differ there by 10-500%
   relative (measured: sklearn vs emgmm 12% on a mean of 5e-125).
 
-Entries with ``|expected| <= gamma_n * max|expected|`` (n = number of samples) must agree
-to that same absolute ``gamma_n * max|expected|``; all others to ``rtol`` with no atol.
-On the blobs no entry but the structural zeros is below that floor.
+Entries with ``|expected| <= gamma_n * max|expected|`` (n = number of samples) must
+agree to that same absolute ``gamma_n * max|expected|``; all others to ``rtol`` with no
+atol. On the blobs no entry but the structural zeros is below that floor.
 """
 
 import warnings
 
 import numpy as np
 import pytest
+from helpers import COVARIANCE_TYPES, make_blobs_data
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
-from helpers import COVARIANCE_TYPES, make_blobs_data
 from emgmm import GaussianMixture
 
 U64 = float(np.finfo(np.float64).eps) / 2
@@ -70,7 +72,8 @@ def init_from_kmeans(X, K, covariance_type, reg_covar, seed=0):
     weights = nk / nk.sum()
     means = np.stack([X[labels == k].mean(axis=0) for k in range(K)])
     covs = np.stack(
-        [np.cov(X[labels == k], rowvar=False, bias=True).reshape(d, d) for k in range(K)]
+        [np.cov(X[labels == k], rowvar=False, bias=True).reshape(d, d)
+         for k in range(K)]
     ) + reg_covar * np.eye(d)
     if covariance_type == "full":
         prec = np.linalg.inv(covs)
@@ -140,7 +143,10 @@ def test_parity_blobs(blobs_parity, covariance_type):
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_parity_blobs_small_blocks(blobs_parity, covariance_type):
-    """Same parity when the data is streamed in blocks of 37 rows (37 does not divide 800)."""
+    """Same parity when the data is streamed in blocks of 37 rows.
+
+    37 does not divide 800.
+    """
     X = blobs_parity
     sk, em = fit_both(X, 4, covariance_type, reg_covar=1e-6, block_size=37)
     assert_parity(sk, em, X)
@@ -193,7 +199,8 @@ def fit_quiet(cls, X, **kw):
     return est, any(issubclass(w.category, ConvergenceWarning) for w in ws)
 
 
-@pytest.mark.parametrize("init_params", ["kmeans", "k-means++", "random", "random_from_data"])
+@pytest.mark.parametrize("init_params",
+                         ["kmeans", "k-means++", "random", "random_from_data"])
 @pytest.mark.parametrize("random_state", [0, 7])
 def test_dropin_same_model_as_sklearn(dropin_data, init_params, random_state):
     """n_init=1: the same model as scikit-learn, same warnings."""
@@ -206,7 +213,8 @@ def test_dropin_same_model_as_sklearn(dropin_data, init_params, random_state):
     assert_same_model(em, sk, X)
 
 
-@pytest.mark.parametrize("init_params", ["kmeans", "k-means++", "random", "random_from_data"])
+@pytest.mark.parametrize("init_params",
+                         ["kmeans", "k-means++", "random", "random_from_data"])
 @pytest.mark.parametrize("random_state", [0, 7])
 def test_dropin_n_init_3(dropin_data, init_params, random_state):
     """n_init=3.
@@ -214,18 +222,21 @@ def test_dropin_n_init_3(dropin_data, init_params, random_state):
     Every one of the three runs is scikit-learn's run (replayed by three n_init=1 fits
     sharing one RandomState, which is how both libraries draw the runs of n_init=3).
     The kept run differs on purpose only in the selection rule: emgmm keeps the highest
-    ``lower_bound_`` = score of the final parameters, scikit-learn the highest bound from
-    the last E step. When both rules pick the same run the models are identical; when
-    they do not (on this data all runs reach the same optimum with permuted labels, and
-    the pick is decided by 1e-10 noise) emgmm's kept model scores at least as well, and
-    is the same mixture up to a relabelling of the components.
+    ``lower_bound_`` = score of the final parameters, scikit-learn the highest bound
+    from the last E step. When both rules pick the same run the models are identical;
+    when they do not (on this data all runs reach the same optimum with permuted labels,
+    and the pick is decided by 1e-10 noise) emgmm's kept model scores at least as well,
+    and is the same mixture up to a relabelling of the components.
     """
     X = dropin_data
     kw = dict(n_components=3, init_params=init_params)
-    rs_sk, rs_em = np.random.RandomState(random_state), np.random.RandomState(random_state)
-    runs_sk = [fit_quiet(SkGaussianMixture, X, random_state=rs_sk, **kw)[0] for _ in range(3)]
-    runs_em = [fit_quiet(GaussianMixture, X, random_state=rs_em, **kw)[0] for _ in range(3)]
-    for e, s in zip(runs_em, runs_sk):
+    rs_sk, rs_em = (np.random.RandomState(random_state),
+                    np.random.RandomState(random_state))
+    runs_sk = [fit_quiet(SkGaussianMixture, X, random_state=rs_sk, **kw)[0]
+               for _ in range(3)]
+    runs_em = [fit_quiet(GaussianMixture, X, random_state=rs_em, **kw)[0]
+               for _ in range(3)]
+    for e, s in zip(runs_em, runs_sk, strict=False):
         assert_same_model(e, s, X)
 
     sk, _ = fit_quiet(SkGaussianMixture, X, n_init=3, random_state=random_state, **kw)
@@ -235,7 +246,8 @@ def test_dropin_n_init_3(dropin_data, init_params, random_state):
     assert_same_model(sk, runs_sk[sk_pick], X)  # (the replay is faithful)
     # emgmm keeps its best run: identical to that run
     for name in PARAMS + ("lower_bound_", "lower_bounds_", "n_iter_", "converged_"):
-        assert_array_equal(getattr(em, name), getattr(runs_em[em_pick], name), err_msg=name)
+        assert_array_equal(getattr(em, name), getattr(runs_em[em_pick], name),
+                           err_msg=name)
     assert em.lower_bound_ == max(r.lower_bound_ for r in runs_em)
     if em_pick == sk_pick:
         assert_same_model(em, sk, X)

@@ -93,7 +93,7 @@ class Oracle:
         d = X.shape[1]
         cov = _full(self.covariances, self.ct, d)
         parts = [np.log(w) + multivariate_normal(m, c).logpdf(X)
-                 for w, m, c in zip(self.weights, self.means, cov)]
+                 for w, m, c in zip(self.weights, self.means, cov, strict=False)]
         return np.stack(parts, axis=1)
 
     def step(self, X, w=None):
@@ -340,7 +340,8 @@ def test_checkpoint_of_other_parameters_is_refused(X, tmp_path):
     checkpoint = tmp_path / "stream.npz"
     GaussianMixture(K, random_state=0, checkpoint=checkpoint).partial_fit(X[:100])
     with pytest.raises(ValueError, match="checkpoint"):
-        GaussianMixture(K + 1, random_state=0, checkpoint=checkpoint).partial_fit(X[:100])
+        GaussianMixture(K + 1, random_state=0,
+                        checkpoint=checkpoint).partial_fit(X[:100])
 
 
 def test_a_checkpoint_of_fit_is_not_a_stream(X, tmp_path):
@@ -367,7 +368,8 @@ def test_clone_drops_the_online_state(X):
     with pytest.raises(NotFittedError):
         check_is_fitted(fresh)
     fresh.partial_fit(_batches(X)[1])
-    ref = GaussianMixture(K, random_state=0, learning_decay=0.9).partial_fit(_batches(X)[1])
+    ref = GaussianMixture(K, random_state=0,
+                          learning_decay=0.9).partial_fit(_batches(X)[1])
     assert_same_model(fresh, ref, rtol=0)
     assert fresh.n_steps_ == 1
 
@@ -380,7 +382,7 @@ def test_every_source_kind_per_call(X, make_sources, tmp_path):
     w = np.random.default_rng(1).uniform(0.5, 2, size=len(batches[5]))
     wpath = tmp_path / "w.npy"
     np.save(wpath, w)
-    for i, (batch, kind) in enumerate(zip(batches, kinds)):
+    for i, (batch, kind) in enumerate(zip(batches, kinds, strict=False)):
         weights = w if i == 5 else None
         ref.partial_fit(batch, sample_weight=weights)
         est.partial_fit(make_sources.one(batch, kind).obj,
@@ -403,7 +405,7 @@ def test_process_workers_give_the_serial_stream(X, temp_folder, schedule):
     a = _online(X, "full", block_size=16, n_jobs=1)
     b = _online(X, "full", block_size=16, n_jobs=2, schedule=schedule)
     w = np.random.default_rng(5).uniform(0.5, 2.0, size=len(X))
-    for batch, wb in zip(_batches(X)[:3], _batches(w)[:3]):
+    for batch, wb in zip(_batches(X)[:3], _batches(w)[:3], strict=False):
         a.partial_fit(batch, sample_weight=wb)
         b.partial_fit(batch, sample_weight=wb)
         assert_same_model(a, b, rtol=1e-12)

@@ -104,11 +104,10 @@ def test_predict_with_n_jobs_1_runs_one_blas_thread():
 def test_out_is_no_routed_metadata():
     """``out=`` is not metadata for scikit-learn's routing: no ``set_*_request``
     methods appear, and a Pipeline with routing enabled predicts as without it."""
+    from numpy.testing import assert_array_equal
     from sklearn import config_context
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
-
-    from numpy.testing import assert_array_equal
 
     for estimator in (emgmm.GaussianMixture, emgmm.BayesianGaussianMixture):
         assert not {"set_predict_request", "set_predict_proba_request",

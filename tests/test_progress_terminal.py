@@ -49,8 +49,9 @@ def _render(raw):
 def _run_on_a_terminal(argv):
     primary, secondary = pty.openpty()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, *argv], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=secondary, env=env)
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, *argv],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=secondary, env=env)
     os.close(secondary)
     chunks = []
     while True:

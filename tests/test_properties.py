@@ -12,11 +12,11 @@ when no component is left healthy to recover from.
 import warnings
 
 import numpy as np
+from helpers import assert_valid_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emgmm import GaussianMixture
-from helpers import assert_valid_model
 
 
 @st.composite

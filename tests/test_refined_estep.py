@@ -25,10 +25,8 @@ from scipy.stats import multivariate_normal
 
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import packed_estimate as _packed_estimate
-from emgmm.engine import estep as _estep
 from emgmm.covariance.screen import ProjectionScreen
-
-
+from emgmm.engine import estep as _estep
 
 # the oracle needs a wider float than float64 (x86-64 long double: 64-bit mantissa)
 needs_extended = pytest.mark.skipif(

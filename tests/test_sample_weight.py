@@ -88,7 +88,8 @@ def test_integer_weights_equal_repeated_rows(X, covariance_type, schedule):
 def test_tol_keeps_its_meaning_on_the_weighted_mean(X, covariance_type):
     w = np.random.default_rng(1).integers(1, 4, size=len(X))
     repeated = np.repeat(X, w, axis=0)
-    weighted = _fixed(X, covariance_type, tol=1e-6, max_iter=500).fit(X, sample_weight=w)
+    weighted = _fixed(X, covariance_type, tol=1e-6,
+                      max_iter=500).fit(X, sample_weight=w)
     plain = _fixed(X, covariance_type, tol=1e-6, max_iter=500).fit(repeated)
     assert weighted.converged_ and plain.converged_
     assert weighted.n_iter_ == plain.n_iter_
@@ -103,7 +104,8 @@ def test_zero_weight_equals_dropping_the_row(X, covariance_type, schedule):
     weighted = _fit(_fixed(X, covariance_type, block_size=16, schedule=schedule), X,
                     sample_weight=w)
     dropped = _fit(_fixed(X, covariance_type), X[w > 0])
-    np.testing.assert_allclose(weighted.lower_bounds_, dropped.lower_bounds_, rtol=1e-10)
+    np.testing.assert_allclose(weighted.lower_bounds_, dropped.lower_bounds_,
+                               rtol=1e-10)
     assert_same_model(weighted, dropped)
 
 
@@ -169,7 +171,7 @@ def test_kmeans_init_is_scikit_learns_weighted_kmeans(X, weights):
     resp = np.eye(K)[labels]
     want = _weighted_parameters(X, resp, weights)
     got = _init_only("kmeans").fit(X, sample_weight=weights)
-    for name, value in zip(("weights_", "means_", "covariances_"), want):
+    for name, value in zip(("weights_", "means_", "covariances_"), want, strict=False):
         np.testing.assert_allclose(getattr(got, name), value, rtol=1e-10, err_msg=name)
     # the weights changed the init (else this test could not fail)
     plain = _init_only("kmeans").fit(X)
@@ -189,7 +191,7 @@ def test_init_subsample_of_a_file_takes_its_rows_weights(X, weights, tmp_path):
     want = _weighted_parameters(X[idx], np.eye(K)[labels], weights[idx])
     got = _init_only("kmeans").set_params(init_max_samples=60, block_size=16).fit(
         str(tmp_path / "X.npy"), sample_weight=str(tmp_path / "w.npy"))
-    for name, value in zip(("weights_", "means_", "covariances_"), want):
+    for name, value in zip(("weights_", "means_", "covariances_"), want, strict=False):
         np.testing.assert_allclose(getattr(got, name), value, rtol=1e-10, err_msg=name)
 
 
@@ -218,7 +220,7 @@ def test_random_init_weights_the_random_responsibilities(X, weights):
     resp /= resp.sum(axis=1)[:, None]
     want = _weighted_parameters(X, resp, weights)
     got = _init_only("random", seed=6).fit(X, sample_weight=weights)
-    for name, value in zip(("weights_", "means_", "covariances_"), want):
+    for name, value in zip(("weights_", "means_", "covariances_"), want, strict=False):
         np.testing.assert_allclose(getattr(got, name), value, rtol=1e-10, err_msg=name)
 
 
@@ -228,7 +230,7 @@ def test_random_init_weights_the_random_responsibilities(X, weights):
 def _log_likelihood(X, weights, means, covariances):
     """Per-row log-likelihood of a 'full' mixture, by scipy.stats."""
     parts = [np.log(w) + multivariate_normal(m, c).logpdf(X)
-             for w, m, c in zip(weights, means, covariances)]
+             for w, m, c in zip(weights, means, covariances, strict=False)]
     return logsumexp(np.stack(parts, axis=1), axis=1)
 
 
@@ -306,7 +308,7 @@ def _weight_sources(w, tmp_path):
 
 def test_every_weight_source_gives_the_same_fit(X, weights, tmp_path):
     ref = _fit(_fixed(X, "full", block_size=20), X, sample_weight=weights)
-    for kind, w in _weight_sources(weights, tmp_path):
+    for _kind, w in _weight_sources(weights, tmp_path):
         est = _fit(_fixed(X, "full", block_size=20), X, sample_weight=w)
         assert_same_model(est, ref, rtol=1e-13)
         np.testing.assert_allclose(est.score(X, sample_weight=w),
@@ -315,7 +317,8 @@ def test_every_weight_source_gives_the_same_fit(X, weights, tmp_path):
 
 def test_weight_files_are_read_only_and_untouched(X, weights, tmp_path):
     sources = _weight_sources(weights, tmp_path)
-    before = {kind: file_fingerprint(w) for kind, w in sources if kind.startswith("npy")}
+    before = {kind: file_fingerprint(w) for kind, w in sources
+              if kind.startswith("npy")}
     for _, w in sources:
         _fit(_fixed(X, "full"), X, sample_weight=w)
     after = {kind: file_fingerprint(w) for kind, w in sources if kind.startswith("npy")}

@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import random_spd
 from numpy.testing import assert_allclose
 from scipy.linalg import solve_triangular
 from scipy.special import logsumexp
@@ -16,10 +17,8 @@ from scipy.special import logsumexp
 from emgmm import GaussianMixture
 from emgmm.cli.demo import extract_patches, gray_images, remove_dc
 from emgmm.covariance import log_density as _log_density
-from emgmm.engine import estep as _estep
 from emgmm.covariance.screen import ProjectionScreen
-
-from helpers import random_spd
+from emgmm.engine import estep as _estep
 
 MARGIN = _log_density.relevance_margin(1e-20)
 LD_EPS = float(np.finfo(np.longdouble).eps)
@@ -38,7 +37,7 @@ def oracle_weighted(X, weights, means, U):
     ld = np.longdouble
     d = X.shape[1]
     cols = []
-    for w, m, u in zip(weights, means, U):
+    for w, m, u in zip(weights, means, U, strict=False):
         z = np.einsum("ij,jl->il", X.astype(ld) - m.astype(ld), u.astype(ld))
         logdet = np.sum(np.log(np.diag(u).astype(ld)))
         cols.append(np.log(ld(w)) + logdet - ld(0.5) * d * np.log(2 * ld(np.pi))

@@ -8,6 +8,7 @@ import re
 import joblib
 import numpy as np
 import pytest
+from helpers import COVARIANCE_TYPES, make_blobs_data
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.base import clone
 from sklearn.decomposition import PCA
@@ -16,7 +17,6 @@ from sklearn.model_selection import GridSearchCV, KFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from helpers import COVARIANCE_TYPES, make_blobs_data
 from emgmm import GaussianMixture
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
@@ -55,15 +55,18 @@ def test_constructor_matches_sklearn():
 
 def test_pipeline_scaler_pca_gmm(X):
     kw = dict(n_components=3, random_state=0)
-    pipe_em = make_pipeline(StandardScaler(), PCA(n_components=3), GaussianMixture(**kw))
-    pipe_sk = make_pipeline(StandardScaler(), PCA(n_components=3), SkGaussianMixture(**kw))
+    pipe_em = make_pipeline(StandardScaler(), PCA(n_components=3),
+                            GaussianMixture(**kw))
+    pipe_sk = make_pipeline(StandardScaler(), PCA(n_components=3),
+                            SkGaussianMixture(**kw))
     labels_em = pipe_em.fit_predict(X)
     labels_sk = pipe_sk.fit_predict(X)
     assert_array_equal(labels_em, labels_sk)
     pipe_em.fit(X)
     pipe_sk.fit(X)
     assert_array_equal(pipe_em.predict(X), pipe_sk.predict(X))
-    assert_allclose(pipe_em.predict_proba(X), pipe_sk.predict_proba(X), rtol=1e-7, atol=1e-12)
+    assert_allclose(pipe_em.predict_proba(X), pipe_sk.predict_proba(X), rtol=1e-7,
+                    atol=1e-12)
     assert_allclose(pipe_em.score_samples(X), pipe_sk.score_samples(X), rtol=1e-7)
     assert_allclose(pipe_em.score(X), pipe_sk.score(X), rtol=1e-7)
     gm = pipe_em[-1]
@@ -116,7 +119,9 @@ def test_clone_get_params_set_params(X):
 
 
 def _normalise(msg):
-    return re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", msg)
+    return re.sub(r"\{([^{}]*)\}",
+                  lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}",
+                  msg)
 
 
 def test_invalid_parameters_rejected_like_sklearn(X):
@@ -186,17 +191,20 @@ def test_n_jobs_zero_is_refused_naming_the_parameter(X):
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_pickle_and_joblib_round_trips(X, tmp_path, covariance_type):
-    gm = GaussianMixture(n_components=3, covariance_type=covariance_type, random_state=0).fit(X)
+    gm = GaussianMixture(n_components=3, covariance_type=covariance_type,
+                         random_state=0).fit(X)
     expected = (gm.predict(X), gm.predict_proba(X), gm.score_samples(X), gm.score(X))
 
     def check(other):
         assert type(other) is GaussianMixture
         assert other.get_params() == gm.get_params()
-        for name in PARAMS + ("lower_bound_", "n_iter_", "converged_", "n_features_in_"):
+        for name in PARAMS + ("lower_bound_", "n_iter_", "converged_",
+                              "n_features_in_"):
             assert_array_equal(getattr(other, name), getattr(gm, name), err_msg=name)
         assert_array_equal(other.lower_bounds_, gm.lower_bounds_)
-        got = (other.predict(X), other.predict_proba(X), other.score_samples(X), other.score(X))
-        for a, b in zip(got, expected):
+        got = (other.predict(X), other.predict_proba(X), other.score_samples(X),
+               other.score(X))
+        for a, b in zip(got, expected, strict=False):
             assert_array_equal(a, b)
         assert_array_equal(other.sample(5)[0], gm.sample(5)[0])
 

@@ -696,6 +696,7 @@ def test_contiguous_view_of_a_memmap_is_read_from_its_file(tmp_path, view):
     source = as_source(V)
     assert isinstance(source, MemmapSource)
     np.testing.assert_array_equal(source.read(0, V.shape[0]), np.asarray(V))
+    source.close()
     ref = fit(np.array(V), n_jobs=1)
     got = fit(V, n_jobs=1)
     np.testing.assert_array_equal(got.means_, ref.means_)
@@ -738,7 +739,7 @@ def test_threads_sharing_a_fresh_source_read_what_one_thread_reads(tmp_path, kin
         barrier = threading.Barrier(8)
         results, errors = [], []
 
-        def take():
+        def take(barrier=barrier, source=source, results=results, errors=errors):
             barrier.wait()
             try:
                 results.append(source.take(rows, 64))

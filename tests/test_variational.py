@@ -46,7 +46,7 @@ def data():
 
 def _blocks(X):
     ends = BLOCKS[1:] + (len(X),)
-    return [X[a:b] for a, b in zip(BLOCKS, ends)]
+    return [X[a:b] for a, b in zip(BLOCKS, ends, strict=False)]
 
 
 def _moments(X, full):
@@ -70,7 +70,7 @@ def _sklearn(covariance_type, prior_type, max_iter, seed=0, **given):
 
 def _statistics(X, resp_blocks, centers, covariance_type):
     stats = None
-    for block, resp in zip(_blocks(X), resp_blocks):
+    for block, resp in zip(_blocks(X), resp_blocks, strict=False):
         part = block_statistics(block, resp, centers, covariance_type)
         stats = part if stats is None else stats + part
     return stats
@@ -136,7 +136,8 @@ def _bounds(sk):
 
 def _assert_same_posterior(params, sk, prior_type, rtol):
     if prior_type == "dirichlet_process":
-        for mine, theirs in zip(params.weight_concentration, sk.weight_concentration_):
+        for mine, theirs in zip(params.weight_concentration, sk.weight_concentration_,
+                                strict=False):
             assert_allclose(mine, theirs, rtol=rtol)
     else:
         assert_allclose(params.weight_concentration, sk.weight_concentration_,

@@ -1,7 +1,12 @@
 """Issue 29.4: warnings that say which cause occurred and the advice that fits it."""
 
+import warnings
+
+import numpy as np
 import pytest
 
+from emgmm import GaussianMixture
+from emgmm.engine import degenerate
 from emgmm.runtime import memory
 
 
@@ -26,12 +31,8 @@ def test_chunk_warning_names_the_limiting_row_count_and_the_init_read(covariance
 
 # ---------------------------------------------- 29.4 re-seed warning, 28.6 streaks
 
-import warnings
 
-import numpy as np
 
-from emgmm import GaussianMixture
-from emgmm.engine import degenerate
 
 
 def _reseed_warnings(fit):
@@ -55,7 +56,8 @@ def test_reseed_warning_for_a_starved_component_does_not_advise_reg_covar():
 
 def test_reseed_warning_for_a_collapsed_covariance_advises_reg_covar():
     rng = np.random.default_rng(0)
-    clusters = [rng.normal(c, 0.3, size=(50, 2)) for c in ((0, 0), (6, 0), (0, 6), (6, 6))]
+    clusters = [rng.normal(c, 0.3, size=(50, 2))
+                for c in ((0, 0), (6, 0), (0, 6), (6, 6))]
     X = np.vstack(clusters + [np.array([[30.0, 30.0]])])
     messages = _reseed_warnings(lambda: GaussianMixture(
         5, reg_covar=0.0, random_state=0, max_iter=50).fit(X))
@@ -84,7 +86,6 @@ def test_reseed_streaks_count_consecutive_collapses_only():
 
 # ---------------------------------------------- 29.4 data beyond range, up front
 
-import pytest
 
 
 @pytest.mark.parametrize("dtype,scale,match", [

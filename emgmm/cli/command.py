@@ -22,7 +22,6 @@ import sys
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import Optional
 
 import numpy as np
 from numpy.lib.format import open_memmap
@@ -329,7 +328,8 @@ def _bayesian_params(args, params):
         given.append("sample_weight")
     if given:
         raise CommandError(f"{_flag(given[0])} is a GaussianMixture parameter that "
-                           "BayesianGaussianMixture has not: drop it, or drop --bayesian")
+                           "BayesianGaussianMixture has not: drop it, or drop "
+                           "--bayesian")
     if "mean_prior" in priors:
         priors["mean_prior"] = _load_init_array(priors["mean_prior"], "--mean-prior")
     if "covariance_prior" in priors:
@@ -520,7 +520,7 @@ def _cmd_sample(args):
         outputs.append((args.labels, labels))
     # both files or neither; an earlier file at either path stays until both are written
     with atomic_outputs([path for path, _ in outputs]) as tmp_paths:
-        for tmp_path, (path, array) in zip(tmp_paths, outputs):
+        for tmp_path, (path, array) in zip(tmp_paths, outputs, strict=False):
             _write_npy(tmp_path, array, path)
     return 0
 
@@ -677,7 +677,7 @@ def _one_line(exc):
     return text or type(exc).__name__
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``emgmm`` command.
 
     Parameters
@@ -761,7 +761,8 @@ def _run(args):
         print("emgmm: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        if isinstance(exc, BrokenPipeError) and not args.debug and _stdout_reader_gone():
+        if (isinstance(exc, BrokenPipeError) and not args.debug
+                and _stdout_reader_gone()):
             # the reader of stdout went away (| head): no more output, and none at
             # exit either (Python's idiom, the signal module's notes on SIGPIPE)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

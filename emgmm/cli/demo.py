@@ -51,7 +51,7 @@ def gray_images():
     luma = np.array([0.299, 0.587, 0.114])
     return {
         os.path.basename(name): (image.astype(np.float64) @ luma) / 255.0
-        for name, image in zip(data.filenames, data.images)
+        for name, image in zip(data.filenames, data.images, strict=False)
     }
 
 
@@ -220,7 +220,8 @@ def _components_panel(weights, means, covariances, *, n_eigenvectors, groups_per
     n_rows = -(-len(order) // groups_per_row)
     row_height = side + line + gap
     top = 2 * line + gap
-    panel = Image.new("L", (groups_per_row * group_width, top + n_rows * row_height), 255)
+    panel = Image.new("L", (groups_per_row * group_width, top + n_rows * row_height),
+                      255)
     draw = ImageDraw.Draw(panel)
     rest = 1.0 - float(np.sum(weights[order]))
     draw.text((gap, 0), f"{len(order)} of {len(weights)} components by weight"
@@ -266,7 +267,8 @@ def _samples_panel(samples, real, *, per_row, size, scale):
     side, gap = size * scale, 4
     grid_width = per_row * (side + gap)
     n_rows = -(-max(len(samples), len(real)) // per_row)
-    panel = Image.new("L", (2 * grid_width + 4 * gap, line + n_rows * (side + gap) + gap),
+    panel = Image.new("L", (2 * grid_width + 4 * gap,
+                            line + n_rows * (side + gap) + gap),
                       255)
     draw = ImageDraw.Draw(panel)
     for g, (title, patches) in enumerate((("samples from the model", samples),
@@ -520,7 +522,8 @@ def _run(args):
         **fits,
         score_difference=abs(fits["emgmm_comparison"]["heldout_score"]
                              - fits["sklearn"]["heldout_score"]),
-        speedup=fits["sklearn"]["fit_seconds"] / fits["emgmm_comparison"]["fit_seconds"],
+        speedup=(fits["sklearn"]["fit_seconds"]
+                 / fits["emgmm_comparison"]["fit_seconds"]),
         png=png, total_seconds=time.perf_counter() - total_start,
     )
     if args.json:

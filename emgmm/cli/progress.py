@@ -77,7 +77,8 @@ class ProgressReporter:
             bar over the blocks once the iteration has run :attr:`bar_after`
             seconds, cleared when the pass ends (``done == total``).
             ``event='final_pass'`` (key ``init``) announces the pass that scores
-            a run's final parameters. Iteration dicts have keys ``n_iter`` (int, 1-based),
+            a run's final parameters. Iteration dicts have keys ``n_iter`` (int,
+            1-based),
             ``lower_bound`` (float),
             ``change`` (float; not shown when None or not finite, as on
             the first iteration),

@@ -152,7 +152,7 @@ class CovarianceType(ABC):
         estimators (with a trailing ``_``) and model files store them."""
         return {"precisions_cholesky": self.covariance_shape(n_components, n_features)}
 
-    def check_n_features(self, n_features):
+    def check_n_features(self, n_features):  # noqa: B027 (an optional hook)
         """Raise ``ValueError`` when the configured type cannot model
         ``n_features`` features."""
 

@@ -104,7 +104,7 @@ class DiagCovariance(CovarianceType):
     def sample(self, rng, means, covariances, counts):
         d = means.shape[1]
         return [m + rng.standard_normal(size=(s, d)) * np.sqrt(c)
-                for m, c, s in zip(means, covariances, counts)]
+                for m, c, s in zip(means, covariances, counts, strict=False)]
 
     has_online_statistics = True
 

@@ -352,4 +352,4 @@ class FactorCovariance(CovarianceType):
     def sample(self, rng, means, covariances, counts):
         W, psi = unpack_parameters(covariances)
         return [sample(rng, m[None], w[None], p[None], [int(c)])
-                for m, w, p, c in zip(means, W, psi, counts)]
+                for m, w, p, c in zip(means, W, psi, counts, strict=False)]

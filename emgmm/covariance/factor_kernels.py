@@ -698,7 +698,7 @@ def sample(rng, means, loadings, noise_variance, counts):
     """``counts[k]`` draws of ``mu_k + W_k z + sqrt(psi_k) e`` per component, stacked in
     component order: ``(sum(counts), d)`` float64."""
     parts = []
-    for mu, W, psi, c in zip(means, loadings, noise_variance, counts):
+    for mu, W, psi, c in zip(means, loadings, noise_variance, counts, strict=False):
         z = rng.standard_normal(size=(c, W.shape[1]))
         e = rng.standard_normal(size=(c, len(mu)))
         parts.append(mu + z @ W.T + e * np.sqrt(psi))

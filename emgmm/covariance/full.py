@@ -117,7 +117,7 @@ class FullCovariance(CovarianceType):
 
     def sample(self, rng, means, covariances, counts):
         return [rng.multivariate_normal(m, c, int(s))
-                for m, c, s in zip(means, covariances, counts)]
+                for m, c, s in zip(means, covariances, counts, strict=False)]
 
     has_online_statistics = True
 

@@ -6,7 +6,6 @@ import numpy as np
 
 from .base import get_covariance_type
 
-
 # A covariance left by subtracting the squared shift of the mean from second moments
 # around the previous centre loses about log10(shift^2 / variance) digits; beyond
 # this ratio (1e-10 relative left) the statistics are accumulated again around the

@@ -11,7 +11,8 @@ N(x_i | mu_k, Lambda_k)`` from above by ``ub_ik``. Per row the pair of largest b
 is computed exactly (``v_i <= max_k a_ik``); a pair with ``ub_ik < v_i - margin`` has
 ``r_ik < exp(-margin)``: it is set to ``-inf`` (responsibility exactly 0; with the
 margin of :func:`~emgmm.covariance.log_density.relevance_margin` it lies below
-``resp_threshold``, which leaves it out of the statistics anyway); the others are computed exactly, gathered per
+``resp_threshold``, which leaves it out of the statistics anyway); the others are
+computed exactly, gathered per
 component (one product each). The screen keeps no state between blocks or
 iterations.
 
@@ -34,7 +35,7 @@ from ..runtime.blas import single_blas_thread
 from ..runtime.gather import GatherBuffers
 from ..runtime.workspace import borrow
 from .cholesky import log_det_cholesky
-from .log_density import _LOG_2PI, chunk_rows, _gamma, _shift
+from .log_density import _LOG_2PI, _gamma, _shift, chunk_rows
 
 #: Directions ``p`` per component. On sample-image patches fitted by emgmm
 #: (K=200; 30x30: K=100), pairs per row surviving for p = 4/8/16: 8x8 13.2/9.9/7.6
@@ -109,7 +110,8 @@ class ProjectionScreen:
     """The screen's work on the model, shared by every block of a pass.
 
     ``B`` (d, p K) holds ``fl(U_k Q_k)`` (column ``q K + k`` is column ``q`` of
-    component ``k``), ``c`` (p K,) ``fl((mu_k - g) B_k)`` in the same order, around the mixture mean ``g``. The bound of a pair
+    component ``k``), ``c`` (p K,) ``fl((mu_k - g) B_k)`` in the same order, around
+    the mixture mean ``g``. The bound of a pair
     (:meth:`upper_bounds`) uses, per component, ``q_norm >= ||Q_k||_2`` and
     ``err_coef``: with ``y = fl(x - g)`` and ``m_k = fl(mu_k - g)``, the computed
     ``t = fl(y B_k) - c_k`` is within ``err_coef[k] (||y|| + ||m_k||)`` of

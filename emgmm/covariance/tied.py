@@ -187,7 +187,7 @@ class TiedCovariance(CovarianceType):
 
     def sample(self, rng, means, covariances, counts):
         return [rng.multivariate_normal(m, covariances, int(s))
-                for m, s in zip(means, counts)]
+                for m, s in zip(means, counts, strict=False)]
 
     has_online_statistics = True
 

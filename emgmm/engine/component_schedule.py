@@ -2,8 +2,8 @@
 
 A task is a slice of components and a range of rows; a worker holds only its slice's
 means, factors and statistics, never the whole model. The rows are processed in
-ranges of whole blocks (:func:`emgmm.runtime.memory.buffer_rows`) so that the shared buffer
-holds ``range rows x K`` float64 values whatever ``n``. For every range:
+ranges of whole blocks (:func:`emgmm.runtime.memory.buffer_rows`) so that the
+shared buffer holds ``range rows x K`` float64 values whatever ``n``. For every range:
 
 1. *log-probabilities*: each (slice, rows) task writes ``log N(x_i | mu_k,
    Lambda_k) + log w_k`` of its components into the buffer, a memory-mapped file in
@@ -30,15 +30,15 @@ import shutil
 
 import numpy as np
 
-from ..io.atomic import reserve
-from .model import Model
-from .passes import Worst, check_explained, smallest, weighted_sum, worst_candidates
-from .estep import logsumexp_rows, exp_flushed, weighted_log_prob
 from ..covariance.log_density import relevance_margin
 from ..covariance.statistics import block_statistics
-from ..runtime.memory import buffer_rows, component_slices, range_pieces
+from ..io.atomic import reserve
 from ..runtime.blas import limit_blas
 from ..runtime.executor import joblib_temp_folder, make_temp_folder
+from ..runtime.memory import buffer_rows, component_slices, range_pieces
+from .estep import exp_flushed, logsumexp_rows, weighted_log_prob
+from .model import Model
+from .passes import Worst, check_explained, smallest, weighted_sum, worst_candidates
 
 
 class SharedBuffer:
@@ -178,7 +178,8 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                               resp_threshold, n_worst, centers=None, weights=None):
     """Component-sharded schedule of one statistics pass (see the module notes).
 
-    Same signature, semantics and result as :func:`emgmm.engine.passes.rows_statistics_pass`:
+    Same signature, semantics and result as
+    :func:`emgmm.engine.passes.rows_statistics_pass`:
     the statistics are centred on ``centers`` (default ``model.means``), the
     log-likelihood is the sum over
     all rows, and ``worst`` holds the ``n_worst`` rows of lowest log-likelihood.
@@ -222,7 +223,8 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                       range_pieces(r1 - r0, block_size, K, d, kind, len(slices))]
             for _ in executor.map(log_prob_task, [
                     (r0, a, b, block_size, m, k0, buffer, compute_dtype, margin)
-                    for (k0, _k1), m in zip(slices, models) for a, b in pieces]):
+                    for (k0, _k1), m in zip(slices, models, strict=False)
+                    for a, b in pieces]):
                 pass
             for sums, v, r in executor.map(normalize_task, [
                     (r0, a, b, block_size, buffer, n_worst, compute_dtype, model.means,
@@ -237,7 +239,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
             results = executor.map(component_statistics_task, [
                 (r0, a, b, block_size, m, k0, buffer, compute_dtype, resp_threshold,
                  centers[k0:k1], weights)
-                for (k0, k1), m in zip(slices, bare) for a, b in pieces])
+                for (k0, k1), m in zip(slices, bare, strict=False) for a, b in pieces])
             for j in range(len(slices)):
                 for _ in pieces:
                     stats = next(results)

@@ -80,7 +80,7 @@ def initial_factors(covariances, covariance_type, on_degenerate, dtype=np.float6
         f"Initialisation: components {bad} had a covariance that is not positive "
         "definite; they start from the mean covariance of the other components. "
         "Increase reg_covar to avoid this.",
-        UserWarning,
+        UserWarning, stacklevel=2,
     )
     u, _ = factorize(covariances, kind, dtype)
     return u
@@ -121,7 +121,7 @@ def reseed(weights, means, covariances, components, worst, covariance_type, used
     done = []
     pooled = get_covariance_type(covariance_type).pooled_covariance(
         weights, covariances, healthy)
-    for k, i in zip(components, order):
+    for k, i in zip(components, order, strict=False):
         means[k] = worst.data[i]
         if pooled is not None:
             covariances[k] = pooled
@@ -145,16 +145,17 @@ def _warn_reseeded(n_iter, reseeded, bad, reg_covar):
             f"samples. If this repeats, increase reg_covar (now {reg_covar}): a "
             "component on a flat cluster or on fewer distinct points than features "
             "has no positive definite covariance without it.",
-            UserWarning,
+            UserWarning, stacklevel=2,
         )
     if starved:
         warnings.warn(
             f"EM iteration {n_iter}: components {starved} fell to a weight below a "
-            "thousandth of one sample's and were re-seeded on the worst-explained samples (the data "
+            "thousandth of one sample's and were re-seeded on the worst-explained "
+            "samples (the data "
             "may hold fewer clusters than components, e.g. a warm start on data "
             "without one of them). If this repeats, use fewer components or another "
             "initialisation (n_init, init_params).",
-            UserWarning,
+            UserWarning, stacklevel=2,
         )
 
 
@@ -235,7 +236,8 @@ class RaisePolicy:
             When a component stays degenerate.
         """
         if bad:
-            raise ValueError(self._message(parameters, parameters.kind.first_failure(bad)))
+            raise ValueError(self._message(parameters,
+                                           parameters.kind.first_failure(bad)))
         return parameters.precisions_cholesky, []
 
     def _message(self, parameters, component):

@@ -141,7 +141,8 @@ def em_step(data_pass, take_model, settings, policy, seeds, used_rows, n_iter,
     streaks = seeds if streaks is None else streaks
     new.precisions_cholesky, reseeded = policy.repair(new, bad, starved, worst, streaks,
                                                       used_rows, n_iter)
-    return new, update.lower_bound(log_likelihood, data_pass.total_weight, new), reseeded
+    return (new, update.lower_bound(log_likelihood, data_pass.total_weight, new),
+            reseeded)
 
 
 def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=None,

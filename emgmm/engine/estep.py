@@ -119,7 +119,8 @@ def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margi
     ``r_ik = exp(a_ik - t_i) / sum_j exp(a_ij - t_i)`` with ``a`` the weighted
     log-densities and ``t_i`` their row maximum: the same as ``exp(log_resp)`` of
     :func:`estimate_log_prob_resp` to rounding, without the second exponential, except
-    that responsibilities below ``exp(EXP_FLOOR)`` (~1e-304) are 0 (:func:`exp_flushed`).
+    that responsibilities below ``exp(EXP_FLOOR)`` (~1e-304) are 0
+    (:func:`exp_flushed`).
 
     Parameters
     ----------
@@ -159,7 +160,7 @@ EXP_FLOOR = -700.0
 
 
 def exp_flushed(a):
-    """``exp(a)`` in place, with every result below ``exp(EXP_FLOOR)`` (~1e-304) set to 0.
+    """``exp(a)`` in place, every result below ``exp(EXP_FLOOR)`` (~1e-304) set to 0.
 
     For log-responsibilities and other log-weights shifted to at most 0: the
     responsibilities flushed lie 280 orders of magnitude below any useful

@@ -14,8 +14,9 @@ class Model:
     """Mixture parameters in scikit-learn's shapes (covariances may be ``None``).
 
     ``prepared`` holds the work on the parameters that every block of a pass shares
-    (:func:`emgmm.covariance.packed_estimate.prepare_log_prob`), built once by :meth:`prepare`; the
-    parent builds it before a pass so that the workers receive it (as memory maps,
+    (:func:`emgmm.covariance.packed_estimate.prepare_log_prob`), built once by
+    :meth:`prepare`; the parent builds it before a pass so that the workers
+    receive it (as memory maps,
     like the parameters) instead of each rebuilding it.
     """
 
@@ -28,8 +29,8 @@ class Model:
     prepared_for: str = field(default=None, repr=False, compare=False)
 
     def prepare(self, compute_dtype):
-        """:func:`~emgmm.covariance.packed_estimate.prepare_log_prob` for ``compute_dtype``,
-        kept (also when it is ``None``)."""
+        """:func:`~emgmm.covariance.packed_estimate.prepare_log_prob` for
+        ``compute_dtype``, kept (also when it is ``None``)."""
         key = np.dtype(compute_dtype).str
         if self.prepared_for != key:
             self.prepared = prepare_log_prob(self.weights, self.means,

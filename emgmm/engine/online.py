@@ -38,7 +38,8 @@ import numpy as np
 
 from ..covariance import REGISTRY, get_covariance_type
 
-#: Default ``alpha`` of ``eta_t = (t + t0) ** -alpha`` (scikit-learn's ``learning_decay``).
+#: Default ``alpha`` of ``eta_t = (t + t0) ** -alpha``
+#: (scikit-learn's ``learning_decay``).
 DEFAULT_LEARNING_DECAY = 0.7
 #: Default ``t0`` (scikit-learn's ``learning_offset``): damps the first steps.
 DEFAULT_LEARNING_OFFSET = 10.0
@@ -103,7 +104,8 @@ def make_statistics(nk, sum_x, sum_xx, centers, covariance_type):
     nk, sum_x, sum_xx, centers = arrays
     K, d = centers.shape if centers.ndim == 2 else (-1, -1)
     expected = [(K,), (K, d), kind.second_moments_shape(K, d), (K, d)]
-    for name, a, shape in zip(("nk", "sum_x", "sum_xx", "centers"), arrays, expected):
+    for name, a, shape in zip(("nk", "sum_x", "sum_xx", "centers"), arrays, expected,
+                              strict=False):
         if a.shape != shape or K < 1:
             raise ValueError(f"{name} has shape {a.shape}; expected {shape} for "
                              f"covariance_type={covariance_type!r} and centers of "

@@ -142,8 +142,9 @@ def statistics_task(source, start, stop, block_size, model, compute_dtype,
 def release_after_pass(model, compute_dtype, block_rows):
     """After a pass whose blocks took at least ``RELEASE_MIN_BYTES`` each, hand the
     free pages they left in the allocator's arenas back to the system
-    (:func:`~emgmm.runtime.memory.release_free_memory`), between the passes, when no task
-    allocates: every row thread's arena would otherwise keep its own high-water mark
+    (:func:`~emgmm.runtime.memory.release_free_memory`), between the passes, when no
+    task allocates: every row thread's arena would otherwise keep its own
+    high-water mark
     resident (on [100k, 64], K=200 'full': 241-250 MiB above the data against
     155-180 MiB with the release, at the same speed; releasing after every task
     instead cost ~5%: each block faulted its pages in again). Worker processes
@@ -197,7 +198,8 @@ def rows_statistics_pass(executor, tasks, block_size, model, compute_dtype,
         ``model.means``).
     worst : Worst
     """
-    model = task_model(model, compute_dtype, relevance_margin(resp_threshold) is not None)
+    model = task_model(model, compute_dtype,
+                       relevance_margin(resp_threshold) is not None)
     args = [(s, e, block_size, model, compute_dtype, resp_threshold, n_worst, centers,
              weights) for s, e in tasks]
     stats, worst = None, None

@@ -2,8 +2,9 @@
 
 A grid of candidates (model selection) runs one EM loop per candidate, each in its
 own thread, with :meth:`SharedPasses.statistics_pass` and
-:meth:`SharedPasses.score_pass` in place of the passes of :mod:`emgmm.engine.passes`. A pass
-waits until every candidate still running has asked for one, then reads each block
+:meth:`SharedPasses.score_pass` in place of the passes of :mod:`emgmm.engine.passes`.
+A pass waits until every candidate still running has asked for one, then reads each
+block
 once and computes every request from it, with the same task functions and in the same
 order as a separate fit (so each candidate's statistics equal its separate fit's).
 Candidates that converged drop out (:meth:`SharedPasses.leave`).
@@ -80,7 +81,8 @@ def shared_task(source, start, stop, block_size, requests, *, blas_threads):
 
 
 class FitCancelled(RuntimeError):
-    """The fits of a :class:`SharedPasses` were cancelled (:meth:`SharedPasses.cancel`)."""
+    """The fits of a :class:`SharedPasses` were cancelled
+    (:meth:`SharedPasses.cancel`)."""
 
 
 @dataclass
@@ -174,7 +176,7 @@ class SharedPasses:
             for request in batch:
                 request.error, request.done = exc, True
         else:
-            for request, result in zip(batch, results):
+            for request, result in zip(batch, results, strict=False):
                 request.result, request.done = result, True
         self._cond.notify_all()
 
@@ -184,7 +186,8 @@ class SharedPasses:
         totals = None
         for parts in self.executor.map(shared_task, args):
             totals = parts if totals is None else [
-                _combine(r.kind, t, p) for r, t, p in zip(batch, totals, parts)]
+                _combine(r.kind, t, p)
+                for r, t, p in zip(batch, totals, parts, strict=False)]
         self.rounds += 1
         n_rows = self.tasks[-1][1] if self.tasks else 0
         self.rows_read += n_rows * len({np.dtype(r.args[1]) for r in batch})

@@ -131,9 +131,11 @@ def check_degrees_of_freedom_prior(degrees_of_freedom_prior, n_features):
             f"{n_features - 1}, but got {degrees_of_freedom_prior:.3f}.")
 
 
-def resolve_priors(moments, n_components, covariance_type, weight_concentration_prior_type,
+def resolve_priors(moments, n_components, covariance_type,
+                   weight_concentration_prior_type,
                    weight_concentration_prior=None, mean_precision_prior=None,
-                   mean_prior=None, degrees_of_freedom_prior=None, covariance_prior=None):
+                   mean_prior=None, degrees_of_freedom_prior=None,
+                   covariance_prior=None):
     """The priors, with scikit-learn's defaults for those given as ``None``.
 
     Defaults (``BayesianGaussianMixture._check_parameters``): ``1 / n_components``,
@@ -167,7 +169,8 @@ def resolve_priors(moments, n_components, covariance_type, weight_concentration_
     if degrees_of_freedom_prior is None:
         degrees_of_freedom_prior = d
     if covariance_prior is None:
-        covariance_prior = get_covariance_type(covariance_type).default_covariance_prior(
+        kind = get_covariance_type(covariance_type)
+        covariance_prior = kind.default_covariance_prior(
             moments.scatter / (moments.n_samples - 1))
     return Priors(
         weight_concentration_prior_type,
@@ -405,7 +408,8 @@ def lower_bound(params, sum_resp_log_resp, prior_type, covariance_type, n_featur
     kind = get_covariance_type(covariance_type)
     d = n_features
     nu = params.degrees_of_freedom
-    log_det = kind.log_det_cholesky(params.precisions_cholesky, d) - 0.5 * d * np.log(nu)
+    log_det = (kind.log_det_cholesky(params.precisions_cholesky, d)
+               - 0.5 * d * np.log(nu))
     log_wishart = np.sum(_log_wishart_norm(nu, log_det, d))
     if kind.shared:  # one Wishart, counted for every component (scikit-learn's)
         log_wishart *= len(params.mean_precision)

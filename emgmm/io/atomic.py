@@ -125,7 +125,7 @@ def atomic_outputs(paths):
         os.umask(umask)
         for tmp_path in tmp_paths:
             os.chmod(tmp_path, 0o666 & ~umask)
-        for tmp_path, path in zip(list(tmp_paths), paths):
+        for tmp_path, path in zip(list(tmp_paths), paths, strict=False):
             try:
                 os.replace(tmp_path, path)
             except OSError as exc:  # name the user's path, not the temporary one

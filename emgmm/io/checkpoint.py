@@ -1,4 +1,4 @@
-"""Checkpoint and resume of a fit: the EM state in one ``.npz`` file, written atomically.
+"""Checkpoint and resume of a fit: the EM state in one ``.npz`` file, saved atomically.
 
 The file holds the state after an EM iteration: the index of the current
 initialisation, its parameters, iteration count, lower bounds, history and re-seeded
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.model import Model, RunResult
+from ..engine.variational import VariationalModel
 from ..runtime.executor import pid_alive, process_space
 from .atomic import atomic_output, check_writable, reserved_file
-from ..engine.variational import VariationalModel
 from .weights import weights_fingerprint
 
 FORMAT = "emgmm-checkpoint"
@@ -303,7 +303,8 @@ def read_state(path, fingerprint):
         )
     pos, has_gauss, cached = meta["rng"]
     rng_state = ("MT19937", arrays["rng_keys"], pos, has_gauss, cached)
-    best_run = None if meta["best"] is None else _run_from("best_", arrays, meta["best"])
+    best_run = (None if meta["best"] is None
+                else _run_from("best_", arrays, meta["best"]))
     return ResumeState(meta["init_index"], _run_from("run_", arrays, meta["run"]),
                        rng_state, meta["best_score"], best_run)
 
@@ -550,6 +551,8 @@ def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model
     data["sample_weight"] = weights_fingerprint(sample_weights)
     fingerprint = {
         "data": data,
-        "params": params_fingerprint(estimator, compute_dtype, random_state, warm_model),
+        "params": params_fingerprint(estimator, compute_dtype, random_state,
+                                     warm_model),
     }
-    return Checkpointer(estimator.checkpoint, estimator.checkpoint_interval, fingerprint)
+    return Checkpointer(estimator.checkpoint, estimator.checkpoint_interval,
+                        fingerprint)

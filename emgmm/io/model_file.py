@@ -45,19 +45,19 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
 
 from ..covariance import REGISTRY
 from ..covariance.base import not_upper_triangular_message
-from ..engine import online
 from ..covariance.cholesky import (
     covariances_from_cholesky,
     factor_limit,
     precisions_from_cholesky,
 )
+from ..engine import online
 from .atomic import atomic_output, reserve
 from .sources import hdf5_error, opens_without_locking
 
@@ -108,7 +108,7 @@ def _split_params(params):
     return plain, arrays, dropped
 
 
-def save_model(estimator: Any, path: Union[str, os.PathLike[str]]) -> None:
+def save_model(estimator: Any, path: str | os.PathLike[str]) -> None:
     """Write a fitted Gaussian mixture to an HDF5 model file.
 
     The file is written under a temporary name in the same directory and
@@ -363,7 +363,7 @@ def _read(path, arrays):
     return header, values
 
 
-def read_header(path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read the metadata of a model file without building an estimator.
 
     Parameters
@@ -561,7 +561,8 @@ def _invalid_parameters(weights, means, precisions_cholesky, covariance_type):
         return "weights must be finite, nonnegative and sum to 1"
     if not np.isfinite(means).all():
         return "means must be finite"
-    if precisions_cholesky is None:  # stored otherwise: see CovarianceType.stored_problem
+    # stored otherwise: see CovarianceType.stored_problem
+    if precisions_cholesky is None:
         return None
     stack = _per_component(precisions_cholesky, covariance_type)
     diagonal = REGISTRY[covariance_type].factor_diagonals(stack)
@@ -603,7 +604,7 @@ def _singular_factor(covariances, precisions_cholesky, covariance_type):
             f"diagonal entry {np.min(diagonal):.3g})")
 
 
-def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
+def load_model(path: str | os.PathLike[str]) -> GaussianMixture:
     """Load a fitted :class:`emgmm.GaussianMixture` from an HDF5 model file.
 
     Parameters
@@ -619,8 +620,8 @@ def load_model(path: Union[str, os.PathLike[str]]) -> GaussianMixture:
         (in float64), all five in the dtype of the fitted model; the fit metadata
         (``n_iter_``, ``converged_``, ``lower_bound_``, ``lower_bounds_``),
         ``n_features_in_``, the state of a ``partial_fit`` stream (``n_steps_``, 0
-        for a fit, and its running statistics) and ``feature_names_in_`` if stored. Parameters listed in
-        ``params_dropped`` keep their defaults.
+        for a fit, and its running statistics) and ``feature_names_in_`` if stored.
+        Parameters listed in ``params_dropped`` keep their defaults.
 
     Raises
     ------

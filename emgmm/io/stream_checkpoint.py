@@ -104,8 +104,9 @@ def read_stream(path, fingerprint):
                          f"({type(exc).__name__}: {exc}). Remove it or pass another "
                          "checkpoint path.") from None
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise ValueError(f"Checkpoint {path} is not one of a partial_fit stream (format "
-                         f"{meta.get('format')!r}, version {meta.get('version')!r}; "
+        raise ValueError(f"Checkpoint {path} is not one of a partial_fit stream "
+                         f"(format {meta.get('format')!r}, "
+                         f"version {meta.get('version')!r}; "
                          "a checkpoint of fit resumes only fit). Remove it or pass "
                          "another checkpoint path.")
     saved = meta.pop("fingerprint")

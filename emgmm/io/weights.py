@@ -21,8 +21,8 @@ from .sources import (
     _REOPENABLE_DRIVERS,
     _check_file_unchanged,
     _file_state,
-    hdf5_error,
     _open_file_path,
+    hdf5_error,
     is_hdf5_dataset,
     is_npy,
     split_hdf5_spec,
@@ -173,7 +173,8 @@ class MemmapWeights(WeightSource):
         try:
             mm = np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
-            raise ValueError(f"Cannot read {description} as a .npy array: {exc}") from None
+            raise ValueError(
+                f"Cannot read {description} as a .npy array: {exc}") from None
         if not isinstance(mm, np.memmap) or not mm.flags.c_contiguous:
             raise ValueError(f"{description} is not a plain 1-D .npy array file.")
         _check_dtype(mm.dtype, description)

@@ -22,7 +22,7 @@ import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, TypeVar, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 #: path, an ``h5py.Dataset`` or ``"file.h5:/path/to/dataset"``.
 DataLike = Union[ArrayLike, str, "os.PathLike[str]", "h5py.Dataset"]
 #: What ``sample_weight`` accepts: the same kinds of source, 1-D, or one number.
-WeightLike = Union[DataLike, float]
+WeightLike = DataLike | float
 _Mixture = TypeVar("_Mixture", bound="BaseMixture")
 
 def _as_stored(model, dtype):
@@ -303,7 +303,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         a random subsample of ``init_max_samples`` (sorted), checked and in float64
         (:func:`~emgmm.mixture.initialization.init_sample`)."""
         weights = None
-        if isinstance(source, ArraySource) and source.n_samples <= self.init_max_samples:
+        if (isinstance(source, ArraySource)
+                and source.n_samples <= self.init_max_samples):
             sample = source.array
             if sample_weights is not None:
                 weights = sample_weights.read(0, source.n_samples)
@@ -392,7 +393,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
     # -------------------------------------------------------------------- fit
 
     def fit(self: _Mixture, X: DataLike, y: None = None,
-            sample_weight: Optional[WeightLike] = None) -> _Mixture:
+            sample_weight: WeightLike | None = None) -> _Mixture:
         """Estimate the parameters with EM, keeping the best of ``n_init`` runs.
 
         Parameters
@@ -405,7 +406,8 @@ h5py.Dataset or Source
             used as they are; integer data is cast per block.
         y : None
             Ignored.
-        sample_weight : array-like of shape (n_samples,), np.memmap, str, PathLike, h5py.Dataset or None, default=None
+        sample_weight : array-like of shape (n_samples,), np.memmap, str, PathLike, \
+h5py.Dataset or None, default=None
             Weights of the rows: in memory, memory-mapped, a ``.npy`` path or
             ``"file.h5:/path/to/weights"``, read in the row blocks of ``X``. Every
             sufficient statistic sums ``w_i r_ik``; the lower bound is the weighted
@@ -438,7 +440,7 @@ h5py.Dataset or Source
         return self
 
     def fit_predict(self, X: DataLike, y: None = None,
-                    sample_weight: Optional[WeightLike] = None) -> np.ndarray:
+                    sample_weight: WeightLike | None = None) -> np.ndarray:
         """Fit, then return the labels of ``X`` from a final E step.
 
         ``fit_predict(X)`` equals ``fit(X).predict(X)``.
@@ -750,7 +752,7 @@ h5py.Dataset or Source
                                "float", out, "score_samples")
 
     def score(self, X: DataLike, y: None = None,
-              sample_weight: Optional[WeightLike] = None) -> float:
+              sample_weight: WeightLike | None = None) -> float:
         """Mean per-sample log-likelihood of ``X`` (nats per sample).
 
         Parameters

@@ -67,10 +67,12 @@ class BayesianGaussianMixture(BaseMixture):
         EM iterations per initialisation.
     n_init : int, default=1
         Initialisations; the run with the highest final lower bound is kept.
-    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, default='kmeans'
+    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, \
+default='kmeans'
         As scikit-learn's, on at most ``init_max_samples`` rows, whose ``N_k`` are
         scaled to ``n_samples``.
-    weight_concentration_prior_type : {'dirichlet_process', 'dirichlet_distribution'}, default='dirichlet_process'
+    weight_concentration_prior_type : {'dirichlet_process', 'dirichlet_distribution'}, \
+default='dirichlet_process'
         Stick-breaking (Dirichlet process) or Dirichlet-distribution prior on the
         weights.
     weight_concentration_prior : float or None, default=None
@@ -270,7 +272,8 @@ class BayesianGaussianMixture(BaseMixture):
         check_degrees_of_freedom_prior(self.degrees_of_freedom_prior, n_features)
         mean = _checked_array(self.mean_prior, (n_features,), "mean_prior")
         kind = self._kind()
-        cov = _checked_array(self.covariance_prior, kind.covariance_prior_shape(n_features),
+        cov = _checked_array(self.covariance_prior,
+                             kind.covariance_prior_shape(n_features),
                              f"covariance_prior (covariance_type={kind.name!r})")
         if cov is not None:
             kind.check_covariance_prior(cov)

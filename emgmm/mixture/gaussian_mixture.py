@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Callable
 from numbers import Integral, Real
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -17,8 +17,8 @@ from ..covariance.cholesky import (
     covariances_from_cholesky,
     precisions_cholesky_from_precisions,
 )
-from ..engine.degenerate import initial_factors
 from ..engine import online
+from ..engine.degenerate import initial_factors
 from ..engine.model import Model
 from ..runtime.blas import single_blas_thread
 from .base import BaseMixture, DataLike, WeightLike
@@ -427,7 +427,8 @@ default='kmeans'
 
     def _stored_precisions(self, precisions_cholesky):
         with single_blas_thread():
-            return self._kind().precisions_from_cholesky(np.asarray(precisions_cholesky))
+            return self._kind().precisions_from_cholesky(
+                np.asarray(precisions_cholesky))
 
     def __getattr__(self, name):
         # (only called when normal lookup fails) the attributes a covariance type
@@ -452,7 +453,7 @@ default='kmeans'
         K = self.n_components
         return int(self._kind().n_parameters(K, d) + d * K + K - 1)
 
-    def bic(self, X: DataLike, sample_weight: Optional[WeightLike] = None) -> float:
+    def bic(self, X: DataLike, sample_weight: WeightLike | None = None) -> float:
         """Bayesian information criterion, ``-2 log L + p log n`` (Schwarz, 1978).
 
         Parameters
@@ -470,7 +471,7 @@ default='kmeans'
         n, score = self._n_and_score(X, sample_weight)
         return -2 * score * n + self._n_parameters() * math.log(n)
 
-    def aic(self, X: DataLike, sample_weight: Optional[WeightLike] = None) -> float:
+    def aic(self, X: DataLike, sample_weight: WeightLike | None = None) -> float:
         """Akaike information criterion, ``-2 log L + 2 p`` (Akaike, 1974).
 
         Parameters

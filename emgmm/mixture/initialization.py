@@ -126,7 +126,8 @@ def parameters_from_responsibilities(X, resp, reg_covar, covariance_type,
     weighted = resp if sample_weight is None else resp * sample_weight[:, None]
     nk = weighted.sum(axis=0) + 10 * np.finfo(np.float64).eps
     means = (weighted.T @ X64) / nk[:, np.newaxis]
-    covariances = get_covariance_type(covariance_type).covariances_from_responsibilities(
+    kind = get_covariance_type(covariance_type)
+    covariances = kind.covariances_from_responsibilities(
         X64, resp, means, nk, reg_covar, sample_weight)
     return nk / m, means, covariances
 

@@ -195,7 +195,8 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
                 "min_components and max_components must be integers with 1 <= "
                 f"min_components <= max_components; got {low!r} and {high!r}.")
         if self.criterion not in CRITERIA:
-            raise ValueError(f"criterion must be 'bic' or 'aic'; got {self.criterion!r}.")
+            raise ValueError("criterion must be 'bic' or 'aic'; "
+                             f"got {self.criterion!r}.")
         return np.arange(low, high + 1), _covariance_types(self.covariance_type)
 
     def _candidate(self, n_components, covariance_type):
@@ -222,7 +223,8 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features), np.memmap, str, PathLike or h5py.Dataset
+        X : array-like of shape (n_samples, n_features), np.memmap, str, PathLike \
+or h5py.Dataset
             As :meth:`emgmm.GaussianMixture.fit`'s.
         y : None
             Ignored.

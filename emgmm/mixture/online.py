@@ -230,7 +230,8 @@ class OnlineMixin:
                   for name in _MODEL_FIELDS}
         if getattr(self, "_online_statistics", None) is not None:
             arrays.update(online.to_arrays(self._online_statistics))
-        meta = {"n_steps": int(self.n_steps_), "n_features_in": int(self.n_features_in_),
+        meta = {"n_steps": int(self.n_steps_),
+                "n_features_in": int(self.n_features_in_),
                 "attributes_dtype": np.dtype(self.means_.dtype).name,
                 "lower_bound": float(self.lower_bound_)}
         if hasattr(self, "feature_names_in_"):

@@ -105,7 +105,8 @@ def _constraints(spec):
             out.append(_Test(_is_array_like, "an array-like"))
         elif c == "random_state":
             out += [Interval(Integral, 0, 2**32 - 1, closed="both"),
-                    _InstanceOf(np.random.RandomState), _Test(lambda v: v is None, "None")]
+                    _InstanceOf(np.random.RandomState),
+                    _Test(lambda v: v is None, "None")]
         elif c == "boolean":
             out += [_InstanceOf(bool), _InstanceOf(np.bool_, "numpy.bool")]
         elif c == "verbose":
@@ -161,7 +162,8 @@ def check_weights(weights, n_components):
     weights = check_array(weights, dtype=[np.float64, np.float32], ensure_2d=False)
     check_shape(weights, (n_components,), "weights")
     if any(np.less(weights, 0.0)) or any(np.greater(weights, 1.0)):
-        raise ValueError("The parameter 'weights' should be in the range [0, 1], but got "
+        raise ValueError("The parameter 'weights' should be in the range [0, 1], "
+                         "but got "
                          f"max value {np.min(weights):.5f}, min value "
                          f"{np.max(weights):.5f}")
     atol = 1e-6 if weights.dtype == np.float32 else 1e-8

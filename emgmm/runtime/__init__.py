@@ -1,1 +1,1 @@
-"""The runtime: the executor over joblib, BLAS limits, work buffers, the memory model."""
+"""The runtime: executor over joblib, BLAS limits, work buffers, the memory model."""

@@ -24,8 +24,8 @@ from joblib import Parallel, cpu_count, delayed, effective_n_jobs
 from joblib.parallel import get_active_backend
 from threadpoolctl import threadpool_info
 
-from .blas import hold_process_limit, release_process_limit
 from ..io.sources import ArraySource, MemmapSource
+from .blas import hold_process_limit, release_process_limit
 from .workspace import per_thread
 
 TEMP_PREFIX = "emgmm-"
@@ -220,8 +220,9 @@ def core_budget(backend):
 
 
 def means_one_core(n_jobs):
-    """Whether ``n_jobs`` (given, or ``None`` under ``joblib.parallel_config(n_jobs=1)``)
-    asks for one core at the top level: then one BLAS thread too, as in
+    """Whether ``n_jobs`` (given, or ``None`` under
+    ``joblib.parallel_config(n_jobs=1)``) asks for one core at the top level: then
+    one BLAS thread too, as in
     scikit-learn's joblib-based estimators (not inside a joblib worker, whose BLAS
     threads joblib sets)."""
     backend, config_n_jobs = get_active_backend()
@@ -454,7 +455,8 @@ class Executor:
                 pass
         self._shared = []
         cache = {}
-        return [tuple(self._share(value, cache) for value in args) for args in task_args]
+        return [tuple(self._share(value, cache) for value in args)
+                for args in task_args]
 
     def _share(self, value, cache):
         key = id(value)
@@ -481,7 +483,7 @@ class Executor:
                 shared = dataclasses.replace(value, **changed)
         elif type(value) is tuple:
             items = tuple(self._share(v, cache) for v in value)
-            if any(a is not b for a, b in zip(items, value)):
+            if any(a is not b for a, b in zip(items, value, strict=False)):
                 shared = items
         cache[key] = (value, shared)  # keeps value alive: ids stay unique
         return shared
