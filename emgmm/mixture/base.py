@@ -452,6 +452,7 @@ h5py.Dataset or None, default=None
         y : None
             Ignored.
         sample_weight : see :meth:`fit`
+            Weights of the rows, as :meth:`fit` takes them.
 
         Returns
         -------

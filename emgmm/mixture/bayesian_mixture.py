@@ -214,9 +214,9 @@ default='dirichlet_process'
     # the variational fit takes no sample_weight yet (as scikit-learn's): these
     # signatures say so to scikit-learn's checks and to users
     def fit(self, X: DataLike, y: None = None) -> BayesianGaussianMixture:
-        """Estimate the variational posterior, keeping the run with the highest
-        lower bound of ``n_init`` (as :meth:`emgmm.GaussianMixture.fit`, without
-        ``sample_weight``).
+        """Estimate the variational posterior: the best of ``n_init`` runs.
+
+        As :meth:`emgmm.GaussianMixture.fit`, without ``sample_weight``.
 
         Parameters
         ----------

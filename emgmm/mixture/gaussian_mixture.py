@@ -156,7 +156,7 @@ default='kmeans'
         "Checkpoints").
     checkpoint_interval : float, default=0.0
         Minimum seconds between two checkpoint writes; 0 writes after every
-        iteration. (:meth:`partial_fit` writes after every call.)
+        iteration; :meth:`partial_fit` writes after every call.
     learning_decay : float, default=0.7
         ``alpha`` of the step size ``eta_t = (t + learning_offset) ** -alpha`` of
         :meth:`partial_fit`, in ``(0.5, 1]`` (scikit-learn's name and default, from
