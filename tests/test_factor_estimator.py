@@ -6,6 +6,7 @@ import warnings
 import h5py
 import numpy as np
 import pytest
+from helpers import IGNORE_NOT_CONVERGED
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
@@ -310,6 +311,7 @@ def test_float32_data_lower_bound_is_the_score(data):
     assert gm.lower_bound_ == gm.score(single)
 
 
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)
 def test_integer_sample_weights_equal_repeated_rows(data):
     """'factor' with sample_weight: integer weights fit as the rows repeated (the
     initialisation's k-means and PPCA, the statistics and the lower bound)."""
