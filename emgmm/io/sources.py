@@ -19,7 +19,7 @@ import numpy as np
 
 #: Serialises the lazy opening of file handles: two threads opening at once would
 #: each store a handle, and the one dropped closes while its thread reads from it.
-_OPEN_LOCK = threading.Lock()
+OPEN_LOCK = threading.Lock()
 
 HDF5_SEPARATOR = ":"
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
@@ -437,7 +437,7 @@ class MemmapSource(Source):
         return cls(os.path.abspath(path), mm.dtype, mm.shape, mm.offset, order, path)
 
     def _open(self):
-        with _OPEN_LOCK:  # threads of one process share the source
+        with OPEN_LOCK:  # threads of one process share the source
             if self._file is None:  # (a file object: closed when collected)
                 self._file = open(self.filename, "rb", buffering=0)
             return self._file.fileno()
@@ -562,7 +562,7 @@ class HDF5Source(Source):
     def _dataset(self):
         import h5py
 
-        with _OPEN_LOCK:  # threads of one process share the source
+        with OPEN_LOCK:  # threads of one process share the source
             if self._file is None:
                 self._open_file(h5py)
         try:

@@ -19,6 +19,7 @@ import numpy as np
 
 from .sources import (
     _REOPENABLE_DRIVERS,
+    OPEN_LOCK,
     _check_file_unchanged,
     _file_state,
     _open_file_path,
@@ -225,12 +226,13 @@ class HDF5Weights(WeightSource):
     def _dataset(self):
         import h5py
 
-        if self._file is None:
-            try:
-                self._file = h5py.File(self.filename, "r")
-            except OSError as exc:
-                raise hdf5_error(self.filename, exc) from None
-            _check_file_unchanged(self.filename, self._state, self.description)
+        with OPEN_LOCK:  # threads of one process share the source
+            if self._file is None:
+                try:
+                    self._file = h5py.File(self.filename, "r")
+                except OSError as exc:
+                    raise hdf5_error(self.filename, exc) from None
+                _check_file_unchanged(self.filename, self._state, self.description)
         try:
             return self._file[self.dataset]
         except KeyError:
