@@ -113,11 +113,11 @@ def test_sigkill_after_third_iteration_then_resume_is_exact(tmp_path, X):
 
     ref = GaussianMixture(3, max_iter=8, tol=0.0, random_state=0, n_init=2)
     fit_quietly(ref, X)
-    got = np.load(out)
-    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
-        np.testing.assert_allclose(got[name], getattr(ref, name), rtol=1e-12, atol=0,
-                                   err_msg=name)
-    np.testing.assert_allclose(got["lower_bounds"], ref.lower_bounds_, rtol=1e-12)
+    with np.load(out) as got:
+        for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+            np.testing.assert_allclose(got[name], getattr(ref, name), rtol=1e-12,
+                                       atol=0, err_msg=name)
+        np.testing.assert_allclose(got["lower_bounds"], ref.lower_bounds_, rtol=1e-12)
 
 
 @pytest.mark.parametrize("init,n_iter", [(0, 2), (1, 5), (2, 1)])
