@@ -234,7 +234,17 @@ def count_pairs():
     within a rounding bound; not the ones the screen proved negligible, which are
     -inf): a wrapper of emgmm's weighted_log_prob, in this process (the default
     n_jobs runs row threads in it), read per iteration through fit's callback."""
-    from emgmm.engine import estep
+    try:
+        from emgmm.engine import estep
+    except ImportError:  # emgmm before the layout of issue 23: no count
+        class Uncounted:
+            per_row = []
+
+            @classmethod
+            def iteration(cls, record):
+                if record.get("event") == "iteration":
+                    cls.per_row.append(None)
+        return Uncounted
 
     original = estep.weighted_log_prob
     seen = []
@@ -307,7 +317,7 @@ def run_config(name, cfg, tmp, rtol, log, blas_threads=None):
         log(f"[{name}] n={n} d={d} K={K} {cov}: scikit-learn ...")
         sk = run_worker(dict(base, lib="sklearn", mode="float64"))
     rows = []
-    for mode in ["float64"] + cfg["modes"]:
+    for mode in cfg.get("run_modes") or ["float64"] + cfg["modes"]:
         log(f"[{name}] emgmm {mode} ...")
         em = run_worker(dict(base, lib="emgmm", mode=mode))
         rows.append(result_row(name, cfg, mode, sk, em, rtol))
@@ -408,6 +418,14 @@ def main(argv=None):
                         help="override emgmm's iterations of every chosen config")
     parser.add_argument("--sk-iters", type=int, default=None,
                         help="override scikit-learn's iterations")
+    parser.add_argument("--tol", type=float, default=None,
+                        help="override tol of every chosen config (with a large "
+                             "--iters: fits to convergence)")
+    parser.add_argument("--modes", default=None,
+                        help=f"comma-separated emgmm modes to run in every config "
+                             f"(default: float64 and the config's; of {sorted(MODES)})")
+    parser.add_argument("--no-sklearn", action="store_true",
+                        help="emgmm only (e.g. before/after runs of one tree each)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
@@ -417,6 +435,9 @@ def main(argv=None):
     unknown = [c for c in names if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown configs {unknown}; choose from {sorted(CONFIGS)}")
+    modes = [m.strip() for m in (args.modes or "").split(",") if m.strip()]
+    if [m for m in modes if m not in MODES]:
+        parser.error(f"unknown modes in {args.modes!r}; choose from {sorted(MODES)}")
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -466,9 +487,13 @@ def main(argv=None):
             if args.quick:
                 cfg.update(QUICK[name])
             for key, value in (("n", args.n_samples), ("iters", args.iters),
-                               ("sk_iters", args.sk_iters)):
+                               ("sk_iters", args.sk_iters), ("tol", args.tol)):
                 if value is not None:
                     cfg[key] = value
+            if args.no_sklearn:
+                cfg["sklearn"] = False
+            if modes:
+                cfg["run_modes"] = modes
             rows.extend(run_config(name, cfg, Path(tmp), args.rtol, log, blas_threads))
             # written after every configuration, so an interrupted run keeps its rows
             result["wall_seconds"] = time.time() - started
