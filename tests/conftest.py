@@ -2,9 +2,21 @@
 ``helpers.py``).
 """
 
+import gc
+
 import joblib
 import pytest
 from helpers import COVARIANCE_TYPES, SourceFactory, make_blobs_data
+
+
+@pytest.fixture(autouse=True)
+def collect_garbage():
+    """Run the garbage collector after every test, so that an object a test leaves
+    unclosed (a file, a memory map) warns in that test's teardown, where
+    ``filterwarnings = error`` fails the test that leaked it, and not in whichever
+    later test the collector happens to run in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture
