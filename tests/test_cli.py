@@ -210,6 +210,7 @@ def test_info(model_path, capsys):
     assert "components       3" in text
     assert f"after {model.n_iter_} iterations" in text
     assert f"emgmm {emgmm.__version__}" in text
+    assert "n_factors" not in text  # a parameter of 'factor' only
     assert cli.main(["info", model_path, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["n_components"] == 3 and info["n_features_in"] == 3
@@ -700,3 +701,6 @@ def test_fit_refuses_a_parameter_of_another_covariance_type(tmp_path, data, caps
         capsys.readouterr().err
     assert cli.main(["fit", data[1], "-k", "2", "--covariance-type", "factor",
                      "--n-factors", "2", "-o", out, "-q"]) == 0
+    capsys.readouterr()
+    assert cli.main(["info", out]) == 0
+    assert "covariance type  factor, n_factors=2" in capsys.readouterr().out

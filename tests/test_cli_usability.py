@@ -64,6 +64,8 @@ def test_every_command_has_a_description_and_every_argument_help(command):
     (["--working-memory", "0"], "--working-memory"),
     (["--resp-threshold", "1"], "--resp-threshold"),
     (["--block-size", "0"], "--block-size"),
+    (["--random-state", "-1"], "--random-state"),
+    (["--random-state", str(2**32)], "--random-state"),
 ])
 def test_fit_bad_values_are_answered_with_the_flag(npy, tmp_path, capsys,
                                                    argv_tail, flag):
@@ -85,6 +87,16 @@ def test_block_size_0_is_answered_the_same_in_fit_and_predict(npy, model, tmp_pa
         answers.append(capsys.readouterr().err.strip().splitlines()[-1])
     assert answers[0].split(": ", 1)[1] == answers[1].split(": ", 1)[1]
     assert "argument --block-size: must be at least 1, got 0" in answers[0]
+
+
+def test_sample_bad_seed_names_the_flag(model, tmp_path, capsys):
+    """``--random-state -1``: a usage error (status 2) naming the flag, as for every
+    other bad value, not numpy's seed message with status 1."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["sample", model, "-n", "3", "-o", str(tmp_path / "s.npy"),
+                  "--random-state", "-1"])
+    assert info.value.code == 2
+    assert "argument --random-state: must be at least 0" in capsys.readouterr().err
 
 
 def test_sample_n_0_names_the_flag(model, tmp_path, capsys):

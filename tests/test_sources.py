@@ -390,15 +390,18 @@ def test_missing_files_and_datasets(tmp_path, make_sources, data):
 
 
 def test_paths_that_name_no_data_are_refused_naming_what_is_missing(tmp_path, data):
-    """A text file, a directory, an empty path and an HDF5 file without its dataset
-    (with or without the separator) get a message saying what to pass."""
+    """A text file, a directory, a named pipe, an empty path and an HDF5 file
+    without its dataset (with or without the separator) get a message saying what
+    to pass (the pipe without being opened: nothing ever writes to it here)."""
     np.savetxt(tmp_path / "x.csv", data, delimiter=",")
+    os.mkfifo(tmp_path / "fifo")
     with h5py.File(tmp_path / "d.h5", "w") as f:
         f.create_dataset("X", data=data)
     gm = GaussianMixture(n_components=2)
     cases = {
         str(tmp_path / "x.csv"): "is not a .npy file",
         str(tmp_path): "is a directory",
+        str(tmp_path / "fifo"): "not a regular file",
         "": "empty path",
         str(tmp_path / "d.h5"): "name the dataset too",
         f"{tmp_path / 'd.h5'}:": "name the dataset too",

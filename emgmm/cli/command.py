@@ -80,6 +80,10 @@ def at_least(kind, minimum, *, above=False, below=None):
     return parse
 
 
+#: ``--random-state``: a seed of numpy's RandomState, as scikit-learn accepts
+SEED = at_least(int, 0, below=2**32)
+
+
 def n_jobs_value(text):
     """An argparse ``type`` for ``--n-jobs``: a nonzero integer (joblib's meaning)."""
     value = int(text)
@@ -114,7 +118,7 @@ _ESTIMATOR_FLAGS = [
     (("--weights-init",), "weights_init", dict(metavar="NPY")),
     (("--means-init",), "means_init", dict(metavar="NPY")),
     (("--precisions-init",), "precisions_init", dict(metavar="NPY")),
-    (("--random-state",), "random_state", dict(type=int)),
+    (("--random-state",), "random_state", dict(type=SEED)),
     (("--verbose",), "verbose", dict(type=at_least(int, 0))),
     (("--verbose-interval",), "verbose_interval", dict(type=at_least(int, 1))),
     (("--n-jobs",), "n_jobs", dict(type=n_jobs_value)),
@@ -532,8 +536,12 @@ def _cmd_info(args):
         print(json.dumps(dict(header, weights=model.weights_.tolist())))
         return 0
     state = "converged" if header["converged"] else "not converged"
+    own = REGISTRY[header["covariance_type"]].parameters
+    # parameters of the other covariance types mean nothing for this model
+    others = {name for kind in REGISTRY.values() for name in kind.parameters}
     params = ", ".join(
-        f"{k}={v!r}" for k, v in sorted(header["params"].items()) if v is not None
+        f"{k}={v!r}" for k, v in sorted(header["params"].items())
+        if v is not None and (k in own or k not in others)
     )
     lines = [
         ("model file", args.model),
@@ -648,7 +656,7 @@ def build_parser():
                         help="output .npy file (n_samples, n_features)")
     sample.add_argument("--labels", metavar="NPY", default=None,
                         help="also write the component of each sample")
-    sample.add_argument("--random-state", type=int, default=None,
+    sample.add_argument("--random-state", type=SEED, default=None,
                         help="seed of the draw (default: a different draw each run)")
     sample.set_defaults(func=_cmd_sample)
 

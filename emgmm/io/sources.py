@@ -722,6 +722,10 @@ def as_source(X: Any) -> Source:
         if path.is_dir():
             raise ValueError(f"{path} is a directory: name a .npy file in it, or "
                              "'file.h5:/dataset'.")
+        if not path.is_file():
+            raise ValueError(f"{path} is not a regular file (a pipe, socket or "
+                             "device): EM reads the data once per iteration; save it "
+                             "to a .npy file first (numpy.save).")
         raise ValueError(
             f"{path} is not a .npy file: emgmm reads .npy files, HDF5 datasets "
             "('file.h5:/dataset') and arrays; load other formats first (e.g. "
