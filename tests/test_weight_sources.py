@@ -1,6 +1,8 @@
 """Weight sources (emgmm.io.weights): every kind reads the same checked blocks."""
 
 import pickle
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -167,6 +169,37 @@ def test_a_file_replaced_during_reading_is_an_error(tmp_path):
     np.save(npy, np.ones(N + 5))
     with pytest.raises(OSError, match="replaced or modified"):
         source.read(10, 20)
+
+
+_CUT_AFTER_CHECK = """
+import sys
+import numpy as np
+from emgmm.io import weights as ws
+path, n = sys.argv[1], int(sys.argv[2])
+source = ws.as_weight_source(path, n)
+check = ws._check_file_unchanged
+
+def check_then_cut(*args):  # the file cut between the check and the read
+    check(*args)
+    with open(path, "r+b") as fh:
+        fh.truncate(256)
+
+ws._check_file_unchanged = check_then_cut
+source.read(n - 10, n)
+"""
+
+
+def test_weights_cut_during_a_read_are_an_error_naming_the_file(tmp_path):
+    """A weights ``.npy`` truncated after the check of its size and before the read
+    of a range beyond the cut: an ``OSError`` naming the file (the range is read from
+    the file, not from a memory map, whose pages would fault with SIGBUS)."""
+    npy = tmp_path / "w.npy"
+    np.save(npy, np.ones(N * 100))
+    out = subprocess.run([sys.executable, "-c", _CUT_AFTER_CHECK, str(npy),
+                          str(N * 100)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("OSError") and str(npy) in last and "truncated" in last, last
 
 
 def test_dump_weights_writes_one_checked_file(w, tmp_path):

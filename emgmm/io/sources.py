@@ -101,6 +101,30 @@ def _of(path, description):
     return "" if description == path else f" (of {description})"
 
 
+def read_exactly(fd, out, offset, path, description):
+    """Fill ``out`` (contiguous) with the bytes of the file open at ``fd`` from
+    ``offset`` (``os.preadv``: no file position, so threads can share ``fd``).
+
+    Raises
+    ------
+    OSError
+        If the file ends first (truncated while it was read; names ``path``).
+    """
+    view = memoryview(out).cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            size = os.fstat(fd).st_size
+            raise OSError(
+                f"The data file {path}{_of(path, description)} was truncated while "
+                f"emgmm was reading it: it holds {size} bytes, fewer than the "
+                f"{offset + len(view)} this read needs. Keep the file unchanged "
+                "while emgmm reads it (fit, predict, score)."
+            )
+        done += got
+
+
 def _check_descriptor_unchanged(fd, state, path, description):
     """Raise ``OSError`` if the file open at ``fd`` no longer has the size and
     modification time of ``state`` (cheap: ``os.fstat``)."""
@@ -451,33 +475,18 @@ class MemmapSource(Source):
         itemsize = self.dtype.itemsize
         if self.order == "C":
             block = np.empty((n_rows, n_cols), dtype=self.dtype)
-            self._pread(fd, block, self.offset + start * n_cols * itemsize)
+            read_exactly(fd, block, self.offset + start * n_cols * itemsize,
+                         self.filename, self.description)
         else:  # one read per column (contiguous in the file)
             columns = np.empty((n_cols, n_rows), dtype=self.dtype)
             for j in range(n_cols):
                 where = self.offset + (j * self.shape[0] + start) * itemsize
-                self._pread(fd, columns[j], where)
+                read_exactly(fd, columns[j], where, self.filename,
+                             self.description)
             block = np.ascontiguousarray(columns.T)
         # and after it: the bytes read may mix the old and the new contents
         _check_descriptor_unchanged(fd, self._state, self.filename, self.description)
         return block
-
-    def _pread(self, fd, out, offset):
-        """Fill ``out`` (contiguous) with the file's bytes from ``offset``."""
-        view = memoryview(out).cast("B")
-        done = 0
-        while done < len(view):
-            got = os.preadv(fd, [view[done:]], offset + done)
-            if got == 0:
-                size = os.fstat(fd).st_size
-                raise OSError(
-                    f"The data file {self.filename}"
-                    f"{_of(self.filename, self.description)}"
-                    f" was truncated while emgmm was reading it: it holds {size} "
-                    f"bytes, fewer than the {offset + len(view)} this read needs. Keep "
-                    "the file unchanged while emgmm reads it (fit, predict, score)."
-                )
-            done += got
 
     def close(self):
         if self._file is not None:

@@ -20,12 +20,14 @@ import numpy as np
 from .sources import (
     _REOPENABLE_DRIVERS,
     OPEN_LOCK,
+    _check_descriptor_unchanged,
     _check_file_unchanged,
     _file_state,
     _open_file_path,
     hdf5_error,
     is_hdf5_dataset,
     is_npy,
+    read_exactly,
     split_hdf5_spec,
 )
 
@@ -158,7 +160,12 @@ class ArrayWeights(WeightSource):
 
 
 class MemmapWeights(WeightSource):
-    """A 1-D raw memory map or ``.npy`` file of weights, reopened read-only."""
+    """A 1-D raw memory map or ``.npy`` file of weights, reopened read-only.
+
+    Each range is read (``os.preadv``, the file opened for the read), not taken from
+    a memory map: a map's pages fault with SIGBUS when the file is truncated under
+    them, a read reports it as an ``OSError`` that names the file.
+    """
 
     def __init__(self, filename, dtype, n_samples, offset, description):
         self.filename = os.path.abspath(filename)
@@ -167,7 +174,6 @@ class MemmapWeights(WeightSource):
         self.n_samples = int(n_samples)
         self.offset = int(offset)
         self.description = description
-        self._map = None
 
     @classmethod
     def from_npy(cls, path, description):
@@ -187,18 +193,14 @@ class MemmapWeights(WeightSource):
 
     def _read(self, start, stop):
         _check_file_unchanged(self.filename, self._state, self.description)
-        if self._map is None:
-            self._map = np.memmap(self.filename, dtype=self.dtype, mode="r",
-                                  offset=self.offset, shape=(self.n_samples,))
-        return self._map[start:stop]
-
-    def close(self):
-        self._map = None
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_map"] = None
-        return state
+        block = np.empty(stop - start, dtype=self.dtype)
+        with open(self.filename, "rb", buffering=0) as fh:
+            read_exactly(fh.fileno(), block, self.offset + start * self.dtype.itemsize,
+                         self.filename, self.description)
+            # the bytes read may mix the old and the new contents
+            _check_descriptor_unchanged(fh.fileno(), self._state, self.filename,
+                                        self.description)
+        return block
 
 
 class HDF5Weights(WeightSource):
