@@ -390,18 +390,15 @@ def test_missing_files_and_datasets(tmp_path, make_sources, data):
 
 
 def test_paths_that_name_no_data_are_refused_naming_what_is_missing(tmp_path, data):
-    """A text file, a directory, a named pipe, an empty path and an HDF5 file
-    without its dataset (with or without the separator) get a message saying what
-    to pass (the pipe without being opened: nothing ever writes to it here)."""
+    """A text file, a directory, an empty path and an HDF5 file without its dataset
+    (with or without the separator) get a message saying what to pass."""
     np.savetxt(tmp_path / "x.csv", data, delimiter=",")
-    os.mkfifo(tmp_path / "fifo")
     with h5py.File(tmp_path / "d.h5", "w") as f:
         f.create_dataset("X", data=data)
     gm = GaussianMixture(n_components=2)
     cases = {
         str(tmp_path / "x.csv"): "is not a .npy file",
         str(tmp_path): "is a directory",
-        str(tmp_path / "fifo"): "not a regular file",
         "": "empty path",
         str(tmp_path / "d.h5"): "name the dataset too",
         f"{tmp_path / 'd.h5'}:": "name the dataset too",
@@ -409,6 +406,20 @@ def test_paths_that_name_no_data_are_refused_naming_what_is_missing(tmp_path, da
     for spec, message in cases.items():
         with pytest.raises(ValueError, match=message):
             gm.fit(spec)
+    assert not hasattr(gm, "means_")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes")
+def test_a_named_pipe_as_data_or_weights_is_refused_unopened(tmp_path, data):
+    """A named pipe (EM would read it once per iteration) as ``X`` or as
+    ``sample_weight`` is refused as not a regular file, without opening it: nothing
+    writes to it here, so an open would hang."""
+    os.mkfifo(tmp_path / "fifo")
+    gm = GaussianMixture(n_components=2)
+    with pytest.raises(ValueError, match="fifo is not a regular file"):
+        gm.fit(str(tmp_path / "fifo"))
+    with pytest.raises(ValueError, match="sample_weight .*fifo: not a regular file"):
+        gm.fit(data, sample_weight=str(tmp_path / "fifo"))
     assert not hasattr(gm, "means_")
 
 

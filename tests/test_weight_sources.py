@@ -1,8 +1,10 @@
 """Weight sources (emgmm.io.weights): every kind reads the same checked blocks."""
 
+import os
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 
 from emgmm.io import weights as ws
 
+REPO_ROOT = Path(ws.__file__).resolve().parents[2]
 N = 100
 
 
@@ -177,6 +180,7 @@ import numpy as np
 from emgmm.io import weights as ws
 path, n = sys.argv[1], int(sys.argv[2])
 source = ws.as_weight_source(path, n)
+source.read(0, 10)  # (a source over a memory map would hold its map from here)
 check = ws._check_file_unchanged
 
 def check_then_cut(*args):  # the file cut between the check and the read
@@ -195,8 +199,11 @@ def test_weights_cut_during_a_read_are_an_error_naming_the_file(tmp_path):
     the file, not from a memory map, whose pages would fault with SIGBUS)."""
     npy = tmp_path / "w.npy"
     np.save(npy, np.ones(N * 100))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     out = subprocess.run([sys.executable, "-c", _CUT_AFTER_CHECK, str(npy),
-                          str(N * 100)], capture_output=True, text=True, timeout=120)
+                          str(N * 100)], capture_output=True, text=True, timeout=120,
+                         env=env)
     assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("OSError") and str(npy) in last and "truncated" in last, last

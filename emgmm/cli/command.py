@@ -536,12 +536,12 @@ def _cmd_info(args):
         print(json.dumps(dict(header, weights=model.weights_.tolist())))
         return 0
     state = "converged" if header["converged"] else "not converged"
-    own = REGISTRY[header["covariance_type"]].parameters
-    # parameters of the other covariance types mean nothing for this model
-    others = {name for kind in REGISTRY.values() for name in kind.parameters}
+    # the covariance types' own parameters: this model's on its covariance line,
+    # the other types' mean nothing for it
+    typed = {name for kind in REGISTRY.values() for name in kind.parameters}
     params = ", ".join(
         f"{k}={v!r}" for k, v in sorted(header["params"].items())
-        if v is not None and (k in own or k not in others)
+        if v is not None and k not in typed
     )
     lines = [
         ("model file", args.model),

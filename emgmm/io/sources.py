@@ -102,8 +102,20 @@ def _of(path, description):
 
 
 def read_exactly(fd, out, offset, path, description):
-    """Fill ``out`` (contiguous) with the bytes of the file open at ``fd`` from
-    ``offset`` (``os.preadv``: no file position, so threads can share ``fd``).
+    """Fill ``out`` with the bytes of the file open at ``fd`` from ``offset``.
+
+    ``os.preadv`` keeps no file position, so threads can share ``fd``.
+
+    Parameters
+    ----------
+    fd : int
+        A descriptor open for reading.
+    out : ndarray
+        C-contiguous; overwritten.
+    offset : int
+        Bytes from the start of the file.
+    path, description : str
+        The file and the user's name for it, for the message.
 
     Raises
     ------
@@ -117,7 +129,7 @@ def read_exactly(fd, out, offset, path, description):
         if got == 0:
             size = os.fstat(fd).st_size
             raise OSError(
-                f"The data file {path}{_of(path, description)} was truncated while "
+                f"The file {path}{_of(path, description)} was truncated while "
                 f"emgmm was reading it: it holds {size} bytes, fewer than the "
                 f"{offset + len(view)} this read needs. Keep the file unchanged "
                 "while emgmm reads it (fit, predict, score)."

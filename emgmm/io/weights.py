@@ -291,6 +291,10 @@ def _from_path(path):
         return source.shape, source
     if not Path(text).exists():
         raise FileNotFoundError(f"No such file: {text} (sample_weight)")
+    if not Path(text).is_dir() and not Path(text).is_file():
+        raise ValueError(f"{description}: not a regular file (a pipe, socket or "
+                         "device): the weights are read once per iteration; save "
+                         "them to a .npy file first (numpy.save).")
     raise ValueError(f"{description}: not a .npy file or 'file.h5:/dataset'; emgmm "
                      "reads weights from arrays, .npy files and HDF5 datasets.")
 
