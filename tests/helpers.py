@@ -76,6 +76,22 @@ def random_spd(rng, n_features, *, cond=10.0):
     return (M + M.T) / 2
 
 
+def sample_mixture(rng, weights, means, U, n):
+    """``n`` rows of the mixture of weights ``weights``, means ``means`` (K, d) and
+    upper-triangular precision factors ``U`` (K, d, d), ``U_k U_k^T = Lambda_k``."""
+    from scipy.linalg import solve_triangular
+
+    K, d = means.shape
+    labels = rng.choice(K, size=n, p=weights)
+    X = np.empty((n, d))
+    for k in range(K):
+        rows = labels == k
+        # e U_k^-1 has covariance U_k^-T U_k^-1 = Lambda_k^-1
+        e = rng.normal(size=(rows.sum(), d))
+        X[rows] = means[k] + solve_triangular(U[k], e.T, trans="T").T
+    return X
+
+
 @dataclasses.dataclass
 class Source:
     """One way of handing the same array to emgmm."""

@@ -18,7 +18,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from helpers import IGNORE_NOT_CONVERGED, not_converging, random_spd
+from helpers import IGNORE_NOT_CONVERGED, not_converging, random_spd, sample_mixture
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
@@ -64,7 +64,7 @@ def oracle_weighted(X, weights, means, U):
 def test_oracle_agrees_with_scipy_when_well_conditioned():
     rng = np.random.default_rng(1)
     weights, means, U = separated_model(rng, 5, 6, 3.0, 10.0)
-    X = sample(rng, weights, means, U, 200)
+    X = sample_mixture(rng, weights, means, U, 200)
     scipy_weighted = np.stack(
         [multivariate_normal(m, np.linalg.inv(u @ u.T)).logpdf(X)
          for m, u in zip(means, U, strict=True)],
@@ -77,17 +77,6 @@ def separated_model(rng, K, d, spread, cond, offset=0.0):
     U = np.stack([upper_factor(random_spd(rng, d, cond=cond)) for _ in range(K)])
     weights = rng.dirichlet(np.full(K, 5.0))
     return weights, means, U
-
-
-def sample(rng, weights, means, U, n):
-    K, d = means.shape
-    labels = rng.choice(K, size=n, p=weights)
-    X = np.empty((n, d))
-    for k in range(K):
-        rows = labels == k
-        L = np.linalg.cholesky(np.linalg.inv(U[k] @ U[k].T))
-        X[rows] = means[k] + rng.normal(size=(rows.sum(), d)) @ L.T
-    return X
 
 
 CASES = {
@@ -109,7 +98,7 @@ def test_refined_estep_matches_oracle_where_it_matters(case, margin):
     c = CASES[case]
     weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
                                         c["offset"])
-    X = sample(rng, weights, means, U, 3000)
+    X = sample_mixture(rng, weights, means, U, 3000)
     log_norm, log_resp = _estep.estimate_log_prob_resp(X, weights, means, U, "full",
                                                         margin)
     weighted = oracle_weighted(X, weights, means, U)
@@ -131,7 +120,7 @@ def test_refined_estep_matches_oracle_where_it_matters(case, margin):
 def test_refined_path_is_taken_for_separated_and_left_for_broad_components():
     rng = np.random.default_rng(3)
     weights, means, U = separated_model(rng, 30, 12, 6.0, 10.0)
-    X = sample(rng, weights, means, U, 2000)
+    X = sample_mixture(rng, weights, means, U, 2000)
     margin = _log_density.relevance_margin(1e-20)
     estimate = packed_estimate(weights, means, U)
     assert estimate.weighted_refined(X, margin) is not None
@@ -162,7 +151,7 @@ def test_packed_estimate_error_within_its_bound(case, dtype):
     c = CASES[case]
     weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
                                         c["offset"])
-    X = sample(rng, weights, means, U, 1500).astype(dtype)
+    X = sample_mixture(rng, weights, means, U, 1500).astype(dtype)
     est = packed_estimate(weights, means, U, dtype)
     assert est.W.dtype == dtype
     y_norm = np.empty(len(X))
@@ -322,7 +311,7 @@ def test_float32_refined_estep_matches_oracle_where_it_matters(case):
     c = CASES[case]
     weights, means, U = separated_model(rng, c["K"], c["d"], c["spread"], c["cond"],
                                         c["offset"])
-    X32 = sample(rng, weights, means, U, 3000).astype(np.float32)
+    X32 = sample_mixture(rng, weights, means, U, 3000).astype(np.float32)
     margin = _log_density.relevance_margin(1e-20)
     est = packed_estimate(weights, means, U, np.float32)
     refined = est.weighted_refined(X32, margin)
@@ -346,7 +335,7 @@ def test_refined_statistics_equal_exact_ones():
 
     rng = np.random.default_rng(5)
     weights, means, U = separated_model(rng, 20, 8, 5.0, 30.0)
-    X = sample(rng, weights, means, U, 4000)
+    X = sample_mixture(rng, weights, means, U, 4000)
     kw = dict(n_components=20, covariance_type="full", max_iter=5, tol=0.0,
               random_state=0, init_params="k-means++")
     fast = GaussianMixture(**kw).fit(X)
@@ -367,8 +356,8 @@ def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data(K, d, schedu
 
     rng = np.random.default_rng(5)
     weights, means, U = separated_model(rng, K, d, 5.0, 30.0)
-    X = sample(rng, weights, means, U, 4000)
-    X_test = sample(rng, weights, means, U, 2000)
+    X = sample_mixture(rng, weights, means, U, 4000)
+    X_test = sample_mixture(rng, weights, means, U, 2000)
     kw = dict(n_components=K, covariance_type="full", max_iter=5, tol=0.0,
               weights_init=weights, means_init=means,
               precisions_init=np.matmul(U, np.swapaxes(U, 1, 2)))
@@ -390,7 +379,7 @@ def test_float32_two_components_take_the_refined_path():
     block to the plain float32 products."""
     rng = np.random.default_rng(2)
     weights, means, U = separated_model(rng, 2, 3, 20.0, 10.0)
-    X32 = sample(rng, weights, means, U, 2000).astype(np.float32)
+    X32 = sample_mixture(rng, weights, means, U, 2000).astype(np.float32)
     margin = _log_density.relevance_margin(1e-20)
     refined = packed_estimate(weights, means, U, np.float32) \
         .weighted_refined(X32, margin)
@@ -410,7 +399,7 @@ def test_float32_data_take_the_float64_estimate_where_float32_bounds_are_too_coa
     where it matters."""
     rng = np.random.default_rng(7)
     weights, means, U = separated_model(rng, 30, 12, 0.5, 10.0)
-    X32 = sample(rng, weights, means, U, 3000).astype(np.float32)
+    X32 = sample_mixture(rng, weights, means, U, 3000).astype(np.float32)
     margin = _log_density.relevance_margin(1e-20)
     prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
     assert [np.dtype(e.dtype) for e in prepared] == [np.float32, np.float64]
@@ -490,7 +479,7 @@ def test_triangular_estimate_error_within_its_bound(case):
     float32 data with d = 100 (the oracle: the definition on the float32 data)."""
     rng = np.random.default_rng(12)
     weights, means, U = wide_model(case, rng)
-    X32 = sample(rng, weights, means, U, 400).astype(np.float32)
+    X32 = sample_mixture(rng, weights, means, U, 400).astype(np.float32)
     prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
     assert len(prepared) == 2  # after the screen (tests/test_screen.py)
     est = prepared[1]
@@ -517,7 +506,7 @@ def test_float32_wide_refined_estep_matches_oracle_where_it_matters(case):
     products were off by up to 0.04 nats per row on "broad_and_tight")."""
     rng = np.random.default_rng(13)
     weights, means, U = wide_model(case, rng)
-    X32 = sample(rng, weights, means, U, 1500).astype(np.float32)
+    X32 = sample_mixture(rng, weights, means, U, 1500).astype(np.float32)
     margin = _log_density.relevance_margin(1e-20)
     log_norm, log_resp = _estep.estimate_log_prob_resp(X32, weights, means, U, "full",
                                                         margin)
@@ -571,7 +560,7 @@ def test_float32_estimate_is_refused_or_kept_by_the_range_of_float32(scale):
 
     rng = np.random.default_rng(3)
     weights, means, U = separated_model(rng, 3, 2, 20.0, 10.0)
-    X = sample(rng, weights, means, U, 1500) * scale
+    X = sample_mixture(rng, weights, means, U, 1500) * scale
     means, U = means * scale, U / scale
     kw = dict(n_components=3, max_iter=3, tol=0.0, weights_init=weights,
               means_init=means, precisions_init=np.matmul(U, np.swapaxes(U, 1, 2)),
@@ -603,7 +592,7 @@ def test_float32_estimate_leaves_only_the_rows_too_far_for_its_products(
     whole block once took the plain float32 path, 9e-4 nats off)."""
     rng = np.random.default_rng(4)
     weights, means, U = separated_model(rng, 3, 2, 20.0, 10.0)
-    X32 = sample(rng, weights, means, U, 600).astype(np.float32)
+    X32 = sample_mixture(rng, weights, means, U, 600).astype(np.float32)
     margin = _log_density.relevance_margin(1e-20)
     prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", dtype)
     assert [np.dtype(e.dtype) for e in prepared] == [np.float32, np.float64]
@@ -635,7 +624,7 @@ def test_the_far_rows_split_allocates_what_the_memory_model_counts_for_it():
     rng = np.random.default_rng(5)
     n, d, K = 20_000, 8, 6
     weights, means, U = separated_model(rng, K, d, 20.0, 10.0)
-    X32 = sample(rng, weights, means, U, n).astype(np.float32)
+    X32 = sample_mixture(rng, weights, means, U, n).astype(np.float32)
     margin = _log_density.relevance_margin(1e-20)
     prepared = _packed_estimate.prepare_log_prob(weights, means, U, "full", np.float32)
     split_bytes = n * (d * X32.itemsize + 2 * K * 8 + 16)
@@ -706,7 +695,8 @@ def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,
     rng = np.random.default_rng(2)
     weights, means, U = separated_model(rng, 6, 4, 3.0, 10.0)
     weights[2] = 0.0
-    X = sample(rng, np.r_[weights[:2], 0.0, weights[3:]] / weights.sum(), means, U, 500)
+    X = sample_mixture(rng, np.r_[weights[:2], 0.0, weights[3:]] / weights.sum(),
+                       means, U, 500)
     if covariance_type == "tied":
         U = U[0]
     elif covariance_type == "diag":

@@ -9,9 +9,8 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import random_spd
+from helpers import random_spd, sample_mixture
 from numpy.testing import assert_allclose
-from scipy.linalg import solve_triangular
 from scipy.special import logsumexp
 
 from emgmm import GaussianMixture
@@ -51,18 +50,6 @@ def random_model(rng, K, d, spread, cond, offset=0.0):
     return rng.dirichlet(np.full(K, 5.0)), means, U
 
 
-def sample(rng, weights, means, U, n):
-    K, d = means.shape
-    labels = rng.choice(K, size=n, p=weights)
-    X = np.empty((n, d))
-    for k in range(K):
-        rows = labels == k
-        # e U_k^-1 has covariance U_k^-T U_k^-1 = Lambda_k^-1
-        e = rng.normal(size=(rows.sum(), d))
-        X[rows] = means[k] + solve_triangular(U[k], e.T, trans="T").T
-    return X
-
-
 CASES = {
     "separated": dict(K=8, d=40, spread=3.0, cond=10.0),
     "overlapping": dict(K=8, d=40, spread=1.0, cond=10.0),
@@ -74,7 +61,7 @@ CASES = {
 def case_model(case, seed=0, n=400):
     rng = np.random.default_rng(seed)
     weights, means, U = random_model(rng, **CASES[case])
-    return sample(rng, weights, means, U, n), weights, means, U
+    return sample_mixture(rng, weights, means, U, n), weights, means, U
 
 
 @needs_extended
@@ -90,7 +77,7 @@ def test_bounds_are_upper_bounds_of_every_pair(seed):
     offset = [0.0, 1e3, 1e6][seed % 3]
     weights, means, U = random_model(rng, K, d, 10.0 ** rng.uniform(-2, 1), cond,
                                      offset)
-    X = sample(rng, weights, means, U, 300)
+    X = sample_mixture(rng, weights, means, U, 300)
     if seed % 4 == 3:
         X = X.astype(np.float32)
     exact = oracle_weighted(X.astype(np.float64), weights, means, U)
@@ -197,7 +184,7 @@ def patches(side, n, seed=0):
 def blobs(d, K, spread, n=1200, seed=0, offset=0.0):
     rng = np.random.default_rng(seed)
     weights, means, U = random_model(rng, K, d, spread, 30.0, offset)
-    return sample(rng, weights, means, U, n)
+    return sample_mixture(rng, weights, means, U, n)
 
 
 DATA = {
