@@ -22,6 +22,9 @@ class FullCovariance(CovarianceType):
 
     name = "full"
     triangular = True
+    #: Its components own their statistics, M step and factor under the pairs
+    #: schedule (:mod:`emgmm.covariance.full_component`).
+    owns_statistics = True
 
     def covariance_shape(self, n_components, n_features):
         return (n_components, n_features, n_features)

@@ -33,8 +33,8 @@ import numpy as np
 
 from ..runtime.blas import single_blas_thread
 from ..runtime.gather import GatherBuffers
+from ..runtime.lapack import trmm_left_lower
 from ..runtime.workspace import borrow
-from .cholesky import log_det_cholesky
 from .log_density import _LOG_2PI, _gamma, _shift, chunk_rows
 
 #: Directions ``p`` per component. On sample-image patches fitted by emgmm
@@ -57,52 +57,116 @@ _PROJECTION_BYTES = 8 * 2**20
 _U64 = np.finfo(np.float64).eps / 2
 
 
-def leading_directions(means, u, p, seed=0):
-    """``Q`` (K, d, p'), orthonormal columns (``p' = min(p, d)``): for each component
-    ``k`` the leading right singular vectors of ``A_k = (M - mu_k) U_k``, ``M`` the
-    means of the other components, by ``_SUBSPACE_STEPS`` steps of subspace
-    iteration on ``A_k^T A_k`` from a seeded Gaussian start, then Rayleigh-Ritz.
+def _seeded_start(d, width, seed):
+    """The seeded Gaussian ``(d, width)`` start of the subspace iterations."""
+    return np.random.default_rng(seed).standard_normal((d, width))
 
-    ``A_k`` is never formed: each step costs ``4 d^2 (p + _OVERSAMPLE)`` flops (two
-    products with ``U_k``) plus ``4 K d (p + _OVERSAMPLE)``.
 
-    Parameters
-    ----------
-    means : ndarray of shape (K, d), float64
-    u : ndarray of shape (K, d, d), float64
-        Upper-triangular precision factors.
-    p : int
-    seed : int, default=0
+@dataclass
+class ComponentTerms:
+    """What the screen keeps of one component (:func:`component_screen`): ``Q``
+    (d, p) its directions; ``B`` (d, p) ``~= U_k Q``; ``c`` (p,) ``fl((mu_k - g)
+    B)``; ``err_coef``, ``q_norm`` and ``m_norm`` of the bound of
+    :meth:`ProjectionScreen.upper_bounds`; ``u_norm >= ||U_k||_F`` for the bound
+    of :func:`exact_pairs`; ``log_det`` ``sum_j log U_k[j, j]`` and
+    ``log_det_err`` a bound of its rounding."""
 
-    Returns
-    -------
-    Q : ndarray of shape (K, d, min(p, d)), float64
+    Q: np.ndarray
+    B: np.ndarray
+    c: np.ndarray
+    err_coef: float
+    q_norm: float
+    m_norm: float
+    u_norm: float
+    log_det: float
+    log_det_err: float
+
+
+def factor_norms(uk):
+    """``(u_norm, log_det, log_det_err)`` of the factor ``uk`` (d, d): an upper
+    bound of ``||U_k||_F``, ``sum_j log U_k[j, j]`` and a bound of its rounding."""
+    d = uk.shape[0]
+    u_norm = np.sqrt(np.einsum("ij,ij->", uk, uk)) * (1.0 + _gamma(d * d + 2,
+                                                                   np.float64))
+    diag = np.log(np.diagonal(uk))
+    return u_norm, diag.sum(), _gamma(d, np.float64) * np.abs(diag).sum()
+
+
+def component_screen(uk, centres, mean_k, g, p=SCREEN_DIRECTIONS, start=None,
+                     steps=_SUBSPACE_STEPS, seed=0, norms=None):
+    """:class:`ComponentTerms` of the component with factor ``uk`` (d, d) and mean
+    ``mean_k`` (d,), around the shift ``g`` (d,).
+
+    The directions ``Q`` span the leading right singular vectors of ``A = (C -
+    mu_k) U_k``, ``C`` the rows of ``centres`` (where the other clusters lie; a
+    row equal to ``mu_k`` adds nothing): ``steps`` steps of subspace iteration on
+    ``A^T A`` (Halko, Martinsson and Tropp 2011, Alg. 4.4) from ``start`` (the
+    previous model's, completed by a seeded Gaussian start to ``p +
+    _OVERSAMPLE`` columns), then Rayleigh-Ritz, ``Q = V W``. ``A`` is never formed:
+    each product with ``A^T A`` is two triangular products with ``U_k`` that release
+    the GIL, and ``B = fl(fl(U_k V) W)`` reuses the first of the Rayleigh-Ritz
+    step's (``2 (steps + 1)`` passes over ``U_k`` in all).
+
+    Rounding (Higham 2002, eq. 3.5): ``B`` is within ``e_B = gamma_{d+w+2} (2
+    ||U_k||_F ||V||_F ||W||_F + ||fl(U_k V)||_F ||W||_F)`` of ``U_k Q`` (``w``
+    columns); ``t = fl(y B) - c`` is then within ``err_coef (||y|| + ||m_k||)``
+    of ``(x - mu_k) U_k Q`` with ``err_coef = 2 (2 gamma_{d+2} ||B||_F + e_B)``
+    (``y = fl(x - g)``, ``m_k = fl(mu_k - g)``, the factor 2 for second-order
+    terms and the norms' own rounding). And ``||Q||_2^2 <= 1 + ||fl(Q^T Q) -
+    I||_F + gamma_d p``.
+
+    ``norms``: :func:`factor_norms` of ``uk`` when the caller has them.
     """
-    K, d = means.shape
+    d = uk.shape[0]
     p = min(p, d)
     width = min(p + _OVERSAMPLE, d)
-    rng = np.random.default_rng(seed)
-    start = rng.standard_normal((d, width))
-    Q = np.empty((K, d, p))
-    with single_blas_thread():
-        for k in range(K):
-            Q[k] = _leading(means, u, k, start, p)
-    return Q
+    V = _seeded_start(d, width, seed)
+    if start is not None:
+        V[:, :start.shape[1]] = start
+    G = centres - mean_k
+    a = np.asfortranarray(uk.T)  # U_k^T, lower triangular
 
+    def times_u(V):
+        return trmm_left_lower(a, np.array(V, order="F"), transpose=True)
 
-def _leading(means, u, k, start, p):
-    """``Q_k`` of :func:`leading_directions`."""
-    G = np.delete(means, k, axis=0) - means[k]
+    def gram(UV):
+        """``U_k^T G^T G (U_k V)``."""
+        return trmm_left_lower(a, np.asfortranarray(G.T @ (G @ UV)))
 
-    def gram(V, uk=u[k]):
-        return uk.T @ (G.T @ (G @ (uk @ V)))
-
-    V = np.linalg.qr(start)[0]
-    for _ in range(_SUBSPACE_STEPS):
-        V = np.linalg.qr(gram(V))[0]
-    T = V.T @ gram(V)
+    V = np.linalg.qr(V)[0]
+    for _ in range(steps):
+        V = np.linalg.qr(gram(times_u(V)))[0]
+    UV = times_u(V)
+    T = V.T @ gram(UV)
     _, vectors = np.linalg.eigh(0.5 * (T + T.T))
-    return np.linalg.qr(V @ vectors[:, ::-1][:, :p])[0]
+    W = vectors[:, ::-1][:, :p]
+    Q = V @ W
+    B = UV @ W
+    u_norm, log_det, log_det_err = factor_norms(uk) if norms is None else norms
+    w_norm = np.linalg.norm(W)
+    e_b = _gamma(d + width + 2, np.float64) * w_norm * (
+        2.0 * u_norm * np.linalg.norm(V) + np.linalg.norm(UV))
+    gram_dev = np.linalg.norm(Q.T @ Q - np.eye(p))
+    m = mean_k - g
+    return ComponentTerms(
+        Q=Q, B=B, c=m @ B,
+        err_coef=2.0 * (2.0 * _gamma(d + 2, np.float64) * np.linalg.norm(B) + e_b)
+        * (1.0 + 1e-6),
+        q_norm=np.sqrt(1.0 + gram_dev + _gamma(d, np.float64) * p) * (1.0 + 4 * _U64),
+        m_norm=np.linalg.norm(m), u_norm=u_norm, log_det=log_det,
+        log_det_err=log_det_err)
+
+
+def screen_offsets(weights, log_det, log_det_err, d):
+    """``offset_k = log w_k + log det U_k - d/2 log(2 pi)`` and a bound of its
+    rounding (the log-determinant's, and ``gamma_3`` of the sum)."""
+    with np.errstate(divide="ignore"):
+        log_w = np.log(np.asarray(weights, dtype=np.float64))
+    const = 0.5 * d * _LOG_2PI
+    offset = log_w + log_det - const
+    err = log_det_err + _gamma(4, np.float64) * (
+        np.where(np.isfinite(log_w), np.abs(log_w), 0.0) + np.abs(log_det) + const)
+    return offset, err
 
 
 @dataclass
@@ -115,7 +179,11 @@ class ProjectionScreen:
     (:meth:`upper_bounds`) uses, per component, ``q_norm >= ||Q_k||_2`` and
     ``err_coef``: with ``y = fl(x - g)`` and ``m_k = fl(mu_k - g)``, the computed
     ``t = fl(y B_k) - c_k`` is within ``err_coef[k] (||y|| + ||m_k||)`` of
-    ``(x - mu_k) U_k Q_k`` (see :meth:`build`).
+    ``(x - mu_k) U_k Q_k`` (:func:`component_terms`). ``offset_err[k]`` bounds the
+    rounding of ``offset[k]``, ``u_norm[k] >= ||U_k||_F`` that of the exact pairs
+    (:func:`exact_pairs`); ``directions`` (K, d, p) are the ``Q_k`` (the start of
+    the next model's). Its arrays can be views of memory shared with other
+    processes (:meth:`from_arrays`).
     """
 
     means: np.ndarray
@@ -128,49 +196,66 @@ class ProjectionScreen:
     q_norm: np.ndarray
     m_norm: np.ndarray
     p: int
+    u_norm: np.ndarray = None
+    offset_err: np.ndarray = None
+    log_det: np.ndarray = None
+    log_det_err: np.ndarray = None
+    directions: np.ndarray = None
+
+    @staticmethod
+    def shapes(n_components, n_features, p=SCREEN_DIRECTIONS):
+        """The arrays of a screen by name, as ``{name: shape}`` (float64)."""
+        K, d, p = n_components, n_features, min(p, n_features)
+        per_component = ("offset", "offset_err", "err_coef", "q_norm", "m_norm",
+                         "u_norm", "log_det", "log_det_err")
+        return {"B": (d, p, K), "c": (p, K), "directions": (K, d, p), "g": (d,),
+                **{name: (K,) for name in per_component}}
+
+    @classmethod
+    def from_arrays(cls, means, u, arrays):
+        """A screen over ``arrays`` (of :meth:`shapes`; kept as views, so that what
+        :meth:`set_component` and :meth:`set_offsets` write lands in them)."""
+        d, p, K = arrays["B"].shape
+        fields = {name: arrays[name] for name in cls.shapes(K, d, p)
+                  if name not in ("B", "c")}
+        return cls(means=means, u=u, B=arrays["B"].reshape(d, p * K),
+                   c=arrays["c"].reshape(p * K), p=p, **fields)
+
+    def set_component(self, k, terms):
+        """Store the :class:`ComponentTerms` of component ``k``."""
+        d, K = self.B.shape[0], self.offset.size
+        self.directions[k] = terms.Q
+        self.B.reshape(d, self.p, K)[:, :, k] = terms.B
+        self.c.reshape(self.p, K)[:, k] = terms.c
+        for name in ("err_coef", "q_norm", "m_norm", "u_norm", "log_det",
+                     "log_det_err"):
+            getattr(self, name)[k] = getattr(terms, name)
+
+    def set_offsets(self, weights):
+        """``offset`` and ``offset_err`` from the weights and the stored
+        log-determinants (:func:`screen_offsets`)."""
+        d = self.B.shape[0]
+        self.offset[:], self.offset_err[:] = screen_offsets(
+            weights, self.log_det, self.log_det_err, d)
 
     @classmethod
     def build(cls, weights, means, precisions_cholesky, p=SCREEN_DIRECTIONS):
-        """The screen of a 'full' model (``K d^2 p`` flops, plus
-        :func:`leading_directions`).
-
-        Rounding (Higham 2002, eq. 3.5; ``gamma = gamma_{d+2}``): ``fl(U_k Q_k) =
-        U_k Q_k + E`` with ``||E||_2 <= gamma || |U_k| |Q_k| ||_F``; the products
-        ``y B_k`` and ``m_k B_k`` are off by at most ``gamma ||y|| ||B_k||_F`` and
-        ``gamma ||m_k|| ||B_k||_F``, their difference by ``u`` of it, and ``y - m_k``
-        differs from ``x - mu_k`` by at most ``u (||y|| + ||m_k||)``, times
-        ``||U_k Q_k||_2 <= ||B_k||_F + ||E||_2``. Together, with a factor 2 for the
-        second-order terms and the rounding of the norms themselves:
-        ``err_coef = 2 gamma (2 ||B_k||_F + || |U_k| |Q_k| ||_F)``. And
-        ``||Q_k||_2^2 <= 1 + ||fl(Q_k^T Q_k) - I||_F + gamma_d p``.
-        """
+        """The screen of a 'full' model: :func:`component_screen` of every
+        component, its directions from a seeded start (``K d^2 (p + _OVERSAMPLE)
+        (_SUBSPACE_STEPS + 1)`` flops)."""
         means = np.asarray(means, dtype=np.float64)
         u = np.asarray(precisions_cholesky, dtype=np.float64)
         K, d = means.shape
-        Q = leading_directions(means, u, p)
-        p = Q.shape[2]
-        g = _shift(means, weights)
-        m = means - g
-        B = np.empty((d, p, K))
-        b_norm = np.empty(K)
-        abs_norm = np.empty(K)
-        gram_dev = np.empty(K)
+        arrays = {name: np.empty(shape)
+                  for name, shape in cls.shapes(K, d, p).items()}
+        screen = cls.from_arrays(means, u, arrays)
+        screen.g[:] = _shift(means, weights)
         with single_blas_thread():
             for k in range(K):
-                B[:, :, k] = u[k] @ Q[k]
-                b_norm[k] = np.linalg.norm(B[:, :, k])
-                abs_norm[k] = np.linalg.norm(np.abs(u[k]) @ np.abs(Q[k]))
-                gram_dev[k] = np.linalg.norm(Q[k].T @ Q[k] - np.eye(p))
-        c = np.einsum("kj,jqk->qk", m, B).reshape(p * K)
-        B = B.reshape(d, p * K)
-        gamma = _gamma(d + 2, np.float64)
-        with np.errstate(divide="ignore"):
-            offset = (np.log(np.asarray(weights, dtype=np.float64))
-                      + log_det_cholesky(u, "full", d) - 0.5 * d * _LOG_2PI)
-        q_norm = np.sqrt(1.0 + gram_dev + _gamma(d, np.float64) * p) * (1.0 + 4 * _U64)
-        return cls(means=means, u=u, g=g, B=B, c=c, offset=offset,
-                   err_coef=2.0 * gamma * (2.0 * b_norm + abs_norm), q_norm=q_norm,
-                   m_norm=np.linalg.norm(m, axis=1), p=p)
+                screen.set_component(k, component_screen(u[k], means, means[k],
+                                                         screen.g, p))
+        screen.set_offsets(weights)
+        return screen
 
     def upper_bounds(self, X, out):
         """Into ``out`` (n, K): per pair an upper bound of ``log w_k + log N(x_i |
@@ -241,6 +326,14 @@ class ProjectionScreen:
         self._screen(X[p:], margin, weighted[p:], np.inf)
         return weighted
 
+    def rejection_limit(self, best, err, top, margin):
+        """Per row, the bound below which a pair's :meth:`upper_bounds` proves it
+        more than ``margin`` nats below the row's best pair: ``best`` (the computed
+        value of pair ``top``) less its rounding bound ``err``, the offsets'
+        roundings and ``margin``, with room for this sum's own rounding."""
+        slack = err + self.offset_err[top] + self.offset_err.max(initial=0.0)
+        return best - slack - margin - 1e-9 * (np.abs(best) + margin)
+
     def _screen(self, X, margin, weighted, max_density):
         """:meth:`weighted_refined` of ``X`` into ``weighted``, or ``None`` when
         more than ``max_density`` of its pairs survive beyond one per row."""
@@ -252,10 +345,11 @@ class ProjectionScreen:
         rows = np.arange(n)
         top = np.argmax(ub, axis=0)
         order = np.argsort(top, kind="stable")
-        best = np.empty(n)
-        best[order] = exact_pairs(X, self.means, self.u, self.offset, top[order], order)
+        best, err = np.empty(n), np.empty(n)
+        best[order], err[order] = exact_pairs(X, self.means, self.u, self.offset,
+                                              top[order], order, self.u_norm)
         with np.errstate(invalid="ignore"):
-            limit = best - margin - 1e-9 * (np.abs(best) + margin)
+            limit = self.rejection_limit(best, err, top, margin)
         with borrow("screen_keep", (K, n), bool) as keep:
             np.less(ub, limit, out=keep)
             np.logical_not(keep, out=keep)  # NaN bounds or limits survive
@@ -270,11 +364,11 @@ class ProjectionScreen:
         return weighted
 
 
-def exact_pairs(X, means, u, offset, comps, rows):
+def exact_pairs(X, means, u, offset, comps, rows, u_norm=None):
     """``offset_k - 1/2 ||(x_i - mu_k) U_k||^2`` of the pairs ``(rows[j], comps[j])``,
     sorted by component: each component's rows gathered, centred in float64 and
-    multiplied by ``U_k`` (one numpy product per component, on one BLAS thread: it
-    releases the GIL, scipy's ``trmm`` does not).
+    multiplied by ``U_k`` (:func:`pair_values`: one triangular product per component
+    that releases the GIL, on one BLAS thread).
 
     Parameters
     ----------
@@ -284,23 +378,62 @@ def exact_pairs(X, means, u, offset, comps, rows):
     offset : ndarray of shape (K,)
         ``log w_k + log det U_k - d/2 log(2 pi)``.
     comps, rows : ndarray of int, shape (m,)
+    u_norm : ndarray of shape (K,) or None, default=None
+        Upper bounds of ``||U_k||_F``: then the rounding bounds of the values are
+        returned too.
 
     Returns
     -------
     values : ndarray of shape (m,), float64
+    errors : ndarray of shape (m,), float64
+        Only with ``u_norm``: ``|values - exact| <= errors`` (:func:`pair_values`).
     """
     K = means.shape[0]
     bounds = np.searchsorted(comps, np.arange(K + 1))
     counts = np.diff(bounds)
     size = counts.max(initial=0)
     values = np.empty(comps.size)
-    with single_blas_thread(), GatherBuffers.borrowed(X, size) as gather, \
-            borrow("gather_products", (size, X.shape[1])) as zbuf:
+    errors = None if u_norm is None else np.empty(comps.size)
+    with single_blas_thread(), GatherBuffers.borrowed(X, size) as gather:
         for k in np.flatnonzero(counts):
             b0, b1 = bounds[k], bounds[k + 1]
-            z = np.matmul(gather.centred(rows[b0:b1], means[k]), u[k],
-                          out=zbuf[:b1 - b0])
-            q = np.einsum("ij,ij->i", z, z, out=values[b0:b1])
-            q *= -0.5
-            q += offset[k]
-    return values
+            y = gather.centred(rows[b0:b1], means[k])
+            pair_values(y, u[k], offset[k], values[b0:b1],
+                        None if u_norm is None else u_norm[k],
+                        None if errors is None else errors[b0:b1])
+    return values if errors is None else (values, errors)
+
+
+def pair_values(y, uk, offset_k, out, u_norm_k=None, errors=None):
+    """``offset_k - 1/2 ||y U_k||^2`` per row of the centred rows ``y`` (m, d)
+    (``y = fl(x - mu_k)``, float64, C-ordered; overwritten by ``y U_k``) into
+    ``out`` (m,); with ``u_norm_k >= ||U_k||_F``, a bound of each value's rounding
+    into ``errors`` (m,).
+
+    The bound (Higham 2002, eq. 3.5, for any order of summation): ``z = fl(y U_k)``
+    is within ``e = gamma_{d+1} ||y|| ||U_k||_F`` of ``(x - mu_k) U_k`` (the
+    rounding of ``y`` included), and ``fl(||z||^2) = ||z||^2 (1 + theta)``,
+    ``|theta| <= gamma_d``; so the distance is within ``2 e sqrt(M) + e^2 +
+    gamma_d M`` of the computed ``m`` (``M = m / (1 - gamma_d)``), half of it in
+    ``log N``, plus ``2u |value|`` for the final subtraction.
+    """
+    m, d = y.shape
+    if m == 0:
+        return out
+    norms = None
+    if errors is not None:
+        norms = np.sqrt(np.einsum("ij,ij->i", y, y))
+    trmm_left_lower(np.asfortranarray(uk.T), y.T)  # y := y U_k (column-major views)
+    np.einsum("ij,ij->i", y, y, out=out)
+    if errors is not None:
+        gamma_d = _gamma(d, np.float64)
+        e = _gamma(d + 1, np.float64) * u_norm_k * norms * (1.0 + _gamma(d + 4,
+                                                                        np.float64))
+        upper = out / (1.0 - gamma_d)
+        errors[:] = 0.5 * (2.0 * e * np.sqrt(upper) + e * e + gamma_d * upper)
+    out *= -0.5
+    out += offset_k
+    if errors is not None:
+        errors += 2.0 * _U64 * np.abs(out)
+        errors *= 1.0 + 1e-6  # (the rounding of the bound's own arithmetic)
+    return out

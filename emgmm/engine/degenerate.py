@@ -272,10 +272,22 @@ class ReinitPolicy(RaisePolicy):
                           p.kind, used_rows)
         if reseeded:
             _warn_reseeded(n_iter, reseeded, set(bad), self.reg_covar)
-            u, bad = factorize(p.covariances, p.kind, self.dtype)
+            u, bad = self._refactor(p, reseeded, bad)
         if bad:
             raise ValueError(self._message(parameters, bad[0]))
         return u, reseeded
+
+    def _refactor(self, parameters, reseeded, bad):
+        """The factors with those of the ``reseeded`` components formed again (in
+        place; a shared covariance: all of it), and the components still bad."""
+        p = parameters
+        if p.kind.shared:
+            return factorize(p.covariances, p.kind, self.dtype)
+        fixed, failed = factorize(p.covariances[reseeded], p.kind, self.dtype)
+        u = p.precisions_cholesky
+        u[reseeded] = fixed
+        return u, ([reseeded[i] for i in failed]
+                   + [k for k in bad if k not in reseeded])
 
 
 #: ``on_degenerate`` -> its policy class.

@@ -147,7 +147,8 @@ def em_step(data_pass, take_model, settings, policy, seeds, used_rows, n_iter,
 
 def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=None,
            init_index=0, start=None, on_iteration=None,
-           statistics_pass=rows_statistics_pass, weights=None, total_weight=None):
+           statistics_pass=rows_statistics_pass, weights=None, total_weight=None,
+           step=None):
     """Iterate :func:`em_step` from ``model`` until ``|change of mean log-likelihood|
     < tol`` or ``max_iter`` iterations.
 
@@ -177,6 +178,11 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
         Sample weights the tasks read with the rows.
     total_weight : float or None, default=None
         Their sum, the ``n`` of the lower bound (``n_samples`` without weights).
+    step : callable or None, default=None
+        An iteration of another shape than :func:`em_step` over ``statistics_pass``
+        (:class:`~emgmm.engine.pair_step.PairStep`): ``step(take_model, settings,
+        policy, seeds, used_rows, n_iter, streaks) -> (model, lower_bound,
+        reseeded)``.
 
     Returns
     -------
@@ -184,9 +190,14 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
     """
     if callable(model):
         model = model()
-    data_pass = DataPass(statistics_pass, executor, tasks, block_size, n_samples,
-                         settings.compute_dtype, settings.resp_threshold, weights,
-                         total_weight)
+    if step is None:
+        data_pass = DataPass(statistics_pass, executor, tasks, block_size, n_samples,
+                             settings.compute_dtype, settings.resp_threshold, weights,
+                             total_weight)
+
+        def step(take_model, _settings, *args):
+            return em_step(data_pass, take_model, _settings, *args)
+
     policy = settings.policy()
     state = RunResult(model, [], 0, False, []) if start is None else start
     del model
@@ -202,8 +213,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
         # the model goes to em_step alone, which lets it go part by part
         held = [state.model]
         state = dataclasses.replace(state, model=None)
-        new, lower_bound, reseeded = em_step(data_pass, held.pop, settings, policy,
-                                             seeds, used_rows, n_iter, streaks)
+        new, lower_bound, reseeded = step(held.pop, settings, policy, seeds,
+                                          used_rows, n_iter, streaks)
         record = {
             "event": "iteration",
             "init": init_index,
@@ -213,6 +224,9 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
             "seconds": time.perf_counter() - tic,
             "reseeded": reseeded,
         }
+        pairs = getattr(step, "pairs_per_row", None)
+        if pairs is not None:
+            record["pairs_per_row"] = pairs
         state = RunResult(new, state.lower_bounds + [lower_bound], n_iter,
                           abs(record["change"]) < settings.tol and not reseeded,
                           state.history + [record], used_rows)

@@ -136,8 +136,15 @@ def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margi
     """
     resp = weighted_log_prob(X, weights, means, precisions_cholesky, covariance_type,
                              margin, prepared, products, out)
-    log_prob_norm = np.empty(resp.shape[0])
-    for r0, r1, w, axis in _row_chunks(resp):
+    return normalize_rows(resp), resp
+
+
+def normalize_rows(weighted):
+    """Responsibilities from the weighted log-densities ``weighted`` (n, K), in
+    place (one exp per pair, as :func:`estimate_resp`); return ``log p(x_i)`` (n,).
+    """
+    log_prob_norm = np.empty(weighted.shape[0])
+    for r0, r1, w, axis in _row_chunks(weighted):
         top = w.max(axis=axis, keepdims=True)
         top[~np.isfinite(top)] = 0.0
         w -= top
@@ -148,7 +155,7 @@ def estimate_resp(X, weights, means, precisions_cholesky, covariance_type, margi
             np.log(total, out=total)
         total += top
         log_prob_norm[r0:r1] = total.ravel()
-    return log_prob_norm, resp
+    return log_prob_norm
 
 
 #: ``exp`` of anything below this (nats) is taken as exactly 0: ``exp(-700) ~ 1e-304``.

@@ -179,6 +179,8 @@ def _run_arrays(prefix, run):
         fields += _POSTERIOR_FIELDS  # (the process's Beta parameters as (2, K))
     out = {f"{prefix}{f}": np.asarray(getattr(run.model, f), dtype=np.float64)
            for f in fields}
+    for name, value in (run.model.screen or {}).items():  # the pairs schedule's
+        out[f"{prefix}screen_{name}"] = np.asarray(value)
     out[f"{prefix}lower_bounds"] = np.asarray(run.lower_bounds, dtype=np.float64)
     return out
 
@@ -201,7 +203,9 @@ def _run_from(prefix, arrays, meta):
     parameters = [arrays[f"{prefix}{f}"] for f in _MODEL_FIELDS]
     posterior = meta.get("posterior")
     if posterior is None:
-        model = Model(*parameters, meta["covariance_type"])
+        screen = {key[len(prefix) + 7:]: arrays[key] for key in arrays
+                  if key.startswith(f"{prefix}screen_")}
+        model = Model(*parameters, meta["covariance_type"], screen=screen or None)
     else:
         extra = {f: arrays[f"{prefix}{f}"] for f in _POSTERIOR_FIELDS}
         if posterior["stick_breaking"]:

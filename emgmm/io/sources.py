@@ -289,6 +289,46 @@ class Source:
                 break
         return out
 
+    def take_rows(self, rows, dtype=None):
+        """The rows at sorted, distinct ``rows`` (a gather), checked for NaN and
+        infinity as :meth:`read` checks a block (the message names the row).
+
+        One read per run of consecutive rows (:meth:`_read_rows`).
+
+        Parameters
+        ----------
+        rows : ndarray of int, sorted increasing, distinct
+        dtype : numpy dtype or None, default=None
+            As in :meth:`read`.
+
+        Returns
+        -------
+        ndarray of shape (len(rows), n_features)
+        """
+        dtype = self.compute_dtype if dtype is None else dtype
+        rows = np.asarray(rows, dtype=np.int64)
+        block = np.asarray(self._read_rows(rows))
+        cast = block.dtype != dtype
+        if cast:
+            with np.errstate(over="ignore"):
+                block = block.astype(dtype)
+        if (cast or not self.known_finite) and block.size:
+            try:
+                check_block_finite(block, 0, self.description)
+            except ValueError:
+                bad = int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
+                check_block_finite(block[bad:bad + 1], int(rows[bad]),
+                                   self.description)
+        return block
+
+    def _read_rows(self, rows):
+        """The stored rows at sorted ``rows``: :meth:`_read` of each run of
+        consecutive rows."""
+        out = np.empty((rows.size, self.n_features), dtype=self.dtype)
+        for a, b in _runs(rows):
+            out[a:b] = self._read(int(rows[a]), int(rows[b - 1]) + 1)
+        return out
+
     def blocks(self, block_size, dtype=None):
         """Yield ``(start, stop, block)`` over all rows.
 
@@ -329,6 +369,13 @@ class Source:
         self.close()
 
 
+def _runs(rows):
+    """``(a, b)`` index ranges of ``rows`` (sorted) whose values are consecutive."""
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    edges = np.concatenate([[0], breaks, [rows.size]]) if rows.size else [0]
+    return list(zip(edges[:-1], edges[1:], strict=False))
+
+
 class ArraySource(Source):
     """An in-memory array (already validated by scikit-learn), checked for NaN and
     infinity once here rather than block by block on every pass.
@@ -359,6 +406,12 @@ class ArraySource(Source):
         block = block.view()
         block.flags.writeable = False
         return block
+
+    def _read_rows(self, rows):
+        mapped = _backing_memmap(self.array)
+        if mapped is not None:
+            _check_map_intact(mapped, self.description)
+        return np.take(self.array, rows, axis=0)
 
 
 def _backing_memmap(array):
@@ -500,6 +553,19 @@ class MemmapSource(Source):
         _check_descriptor_unchanged(fd, self._state, self.filename, self.description)
         return block
 
+    def _read_rows(self, rows):
+        if self.order != "C":
+            return super()._read_rows(rows)
+        _check_file_unchanged(self.filename, self._state, self.description)
+        fd = self._open()
+        n_cols, itemsize = self.shape[1], self.dtype.itemsize
+        out = np.empty((rows.size, n_cols), dtype=self.dtype)
+        for a, b in _runs(rows):
+            read_exactly(fd, out[a:b], self.offset + int(rows[a]) * n_cols * itemsize,
+                         self.filename, self.description)
+        _check_descriptor_unchanged(fd, self._state, self.filename, self.description)
+        return out
+
     def close(self):
         if self._file is not None:
             self._file.close()
@@ -624,6 +690,17 @@ class HDF5Source(Source):
         _check_file_unchanged(self.filename, self._state, self.description)
         return block
 
+    def _read_rows(self, rows):
+        dataset = self._dataset()
+        try:
+            block = _hdf5_rows(dataset, rows)
+        except OSError as exc:
+            _check_file_unchanged(self.filename, self._state, self.description)
+            raise OSError(f"Cannot read {rows.size} rows of {self.description}: "
+                          f"{exc}") from None
+        _check_file_unchanged(self.filename, self._state, self.description)
+        return block
+
     def close(self):
         if self._file is not None:
             self._file.close()
@@ -661,12 +738,29 @@ class OpenDatasetSource(Source):
     def _read(self, start, stop):
         return self._handle[start:stop]
 
+    def _read_rows(self, rows):
+        return _hdf5_rows(self._handle, rows)
+
     def __getstate__(self):
         raise TypeError(
             f"{self.description} is open for writing or held in memory; worker "
             "processes cannot read it. Use n_jobs=1, or close the file and pass "
             "'file.h5:/dataset'."
         )
+
+
+#: Rows of one selection of :func:`_hdf5_rows`.
+_HDF5_GATHER_ROWS = 4096
+
+
+def _hdf5_rows(dataset, rows):
+    """``dataset[rows]`` for sorted distinct ``rows``: one selection of many rows per
+    call (h5py's fancy indexing), ``_HDF5_GATHER_ROWS`` at a time."""
+    out = np.empty((rows.size,) + tuple(dataset.shape[1:]), dtype=dataset.dtype)
+    for a in range(0, rows.size, _HDF5_GATHER_ROWS):
+        b = min(a + _HDF5_GATHER_ROWS, rows.size)
+        out[a:b] = dataset[rows[a:b]]
+    return out
 
 
 def split_hdf5_spec(spec):

@@ -37,6 +37,7 @@ from ..engine.component_schedule import component_statistics_pass
 from ..engine.em import EMSettings, run_em
 from ..engine.estep import SCORE_MARGIN, estimate_log_prob_resp
 from ..engine.model import Model
+from ..engine.pair_step import PairStep, pairs_apply
 from ..engine.passes import check_explained, rows_statistics_pass, score_pass
 from ..engine.update import MaximumLikelihood
 from ..io.checkpoint import open_checkpointer
@@ -175,6 +176,29 @@ def _normalised_exp(log_resp):
     return resp
 
 
+def _limit_threads(executor, schedule, n_samples, tasks, n_components, n_features,
+                   kind):
+    """Row threads only where their tasks are worth it (the pairs schedule's hold no
+    statistics of their own); one BLAS thread for tiny tasks."""
+    if schedule == "components" or (schedule == "rows" and not row_threads_worthwhile(
+            n_samples, len(tasks), n_components, n_features, kind)):
+        executor.row_threads = 0
+    if tasks_are_tiny(n_samples, len(tasks), n_components, n_features, kind):
+        executor.one_blas_thread()
+
+
+def _pairs_step(plan, resp_threshold):
+    """The :class:`~emgmm.engine.pair_step.PairStep` of a run under the pairs
+    schedule (``None`` under the others)."""
+    if plan.schedule != "pairs":
+        return None
+    executor = plan.executor
+    return PairStep(executor, plan.block_size, plan.n_samples, plan.compute_dtype,
+                    resp_threshold, plan.weights, plan.total_weight,
+                    folder=lambda nbytes: executor.shared_folder(
+                        nbytes, "the model that the workers share"))
+
+
 @dataclass
 class FitPlan:
     """What one ``fit`` decided before its first pass: dtypes, blocks, tasks,
@@ -200,6 +224,8 @@ class FitPlan:
     weights: object = None  # the sample weights as the tasks read them (once entered)
     #: The scoring pass (a shared one when several fits read the data together).
     score_pass: object = score_pass
+    #: 'rows', 'components' or 'pairs' (:func:`~emgmm.runtime.memory.choose_schedule`).
+    schedule: str = "rows"
 
 
 class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
@@ -533,8 +559,6 @@ h5py.Dataset or None, default=None
         compute_dtype = self._compute_dtype(source)
         out_dtype = self._output_dtype(compute_dtype, source.dtype)
         block_size = self._block_size(source)
-        tasks = partition(n, block_size,
-                          max_tasks=max_row_tasks(self.n_components, d, self._kind()))
         do_init = (first if stream
                    else not (self.warm_start and hasattr(self, "converged_")))
         random_state = check_random_state(self.random_state)
@@ -542,14 +566,10 @@ h5py.Dataset or None, default=None
         if getattr(self.callback, "wants_progress", False):
             executor.on_task = self._task_callback
         kind = self._kind()
-        schedule, estimate = choose_schedule(self.schedule, self.n_components, d,
-                                             kind, executor.n_workers,
-                                             self.memory_limit)
-        if schedule == "components" or not row_threads_worthwhile(
-                n, len(tasks), self.n_components, d, kind):
-            executor.row_threads = 0
-        if tasks_are_tiny(n, len(tasks), self.n_components, d, kind):
-            executor.one_blas_thread()
+        schedule, estimate = self._schedule(kind, d, executor, stream)
+        tasks = partition(n, block_size, max_tasks=(
+            64 if schedule == "pairs" else max_row_tasks(self.n_components, d, kind)))
+        _limit_threads(executor, schedule, n, tasks, self.n_components, d, kind)
         checkpointer = None if stream else open_checkpointer(
             self, source, compute_dtype, random_state,
             None if do_init else self._current_model(), sample_weights)
@@ -560,7 +580,19 @@ h5py.Dataset or None, default=None
             self.n_init if do_init else 1, random_state, executor,
             component_statistics_pass if schedule == "components"
             else rows_statistics_pass,
-            estimate, block_nbytes, checkpointer, sample_weights, total_weight)
+            estimate, block_nbytes, checkpointer, sample_weights, total_weight,
+            schedule=schedule)
+
+    def _schedule(self, kind, n_features, executor, stream=False):
+        """:func:`~emgmm.runtime.memory.choose_schedule` of the fit, with the pairs
+        schedule where it applies (maximum likelihood, not a stream:
+        :func:`~emgmm.engine.pair_step.pairs_apply`)."""
+        pairs = (not stream and type(self._update_rule()) is MaximumLikelihood
+                 and executor.shares_arrays
+                 and pairs_apply(kind, self.n_components, n_features,
+                                 self.resp_threshold))
+        return choose_schedule(self.schedule, self.n_components, n_features, kind,
+                               executor.n_workers, self.memory_limit, pairs=pairs)
 
     def _report_plan(self, plan):
         """Call a callback whose attribute ``wants_plan`` is true with the fit's plan
@@ -568,9 +600,7 @@ h5py.Dataset or None, default=None
         if getattr(self.callback, "wants_plan", False):
             self.callback({
                 "event": "plan",
-                "schedule": ("components"
-                             if plan.statistics_pass is component_statistics_pass
-                             else "rows"),
+                "schedule": plan.schedule,
                 "block_size": plan.block_size,
                 "n_tasks": len(plan.tasks),
                 "n_workers": plan.executor.n_workers,
@@ -650,6 +680,7 @@ h5py.Dataset or None, default=None
             plan.executor, plan.tasks, plan.block_size, starting.pop, plan.n_samples,
             settings=settings, callback=self._iteration_callback, init_index=init,
             statistics_pass=plan.statistics_pass, start=start,
+            step=_pairs_step(plan, self.resp_threshold),
             on_iteration=(None if checkpointer is None
                           else checkpointer.saver(init, plan.random_state, best)),
             weights=plan.weights, total_weight=plan.total_weight,

@@ -111,12 +111,15 @@ default='kmeans'
         Budget in MiB for the copies of the model held by the parent and its
         workers; ``fit`` raises ``MemoryError`` up front when the estimate exceeds
         it. ``None`` uses the physical memory available when ``fit`` starts.
-    schedule : {'auto', 'rows', 'components'}, default='auto'
+    schedule : {'auto', 'rows', 'components', 'pairs'}, default='auto'
         How a pass shares the work: 'rows' gives a task a range of rows and all
         components; 'components' a slice of components and a range of rows, so no
-        worker holds the whole model (``X`` read twice per iteration). 'auto'
-        picks 'components' when workers would hold over 64 MiB of statistics
-        each, or when only it fits the memory.
+        worker holds the whole model (``X`` read twice per iteration); 'pairs'
+        ('full', ``resp_threshold > 0``, large ``d``) screens the pairs by rows
+        and gives each component its rows, statistics, M step and factor, the
+        model shared by every worker. 'auto' picks 'pairs' where it applies, else
+        'components' when workers would hold over 64 MiB of statistics each, or
+        when only it fits the memory. See the user guide, "Parallelism".
     init_max_samples : int, default=100_000
         Rows in the initialisation subsample.
     compute_dtype : {'float32', 'float64'} or None, default=None
@@ -144,9 +147,11 @@ default='kmeans'
     callback : callable or None, default=None
         Called after every EM iteration with a dict (``event='iteration'``,
         ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,
-        ``reseeded``). True attributes ``wants_progress`` and ``wants_plan`` ask
-        for the ``'progress'`` and ``'final_pass'`` events during passes and the
-        ``'plan'`` event before the first (user guide, "Progress and callbacks").
+        ``reseeded``; under ``schedule='pairs'`` also ``pairs_per_row``, the
+        pairs computed, the others proven negligible). True attributes
+        ``wants_progress`` and ``wants_plan`` ask for the ``'progress'`` and
+        ``'final_pass'`` events during passes and the ``'plan'`` event before the
+        first (user guide, "Progress and callbacks").
     checkpoint : str, os.PathLike or None, default=None
         Path of a checkpoint file (``.npz``, no pickle), written atomically after EM
         iterations. A fit of the same data and parameters resumes from it to the
@@ -275,7 +280,7 @@ default='kmeans'
         "working_memory": [Interval(Real, 0, None, closed="neither"), None],
         "block_size": [Interval(Integral, 1, None, closed="left"), None],
         "memory_limit": [Interval(Real, 0, None, closed="neither"), None],
-        "schedule": [StrOptions({"auto", "rows", "components"})],
+        "schedule": [StrOptions({"auto", "rows", "components", "pairs"})],
         "init_max_samples": [Interval(Integral, 1, None, closed="left")],
         "compute_dtype": [StrOptions({"float32", "float64"}), None],
         "resp_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
@@ -309,7 +314,7 @@ default='kmeans'
         working_memory: float | None = None,
         block_size: int | None = None,
         memory_limit: float | None = None,
-        schedule: Literal["auto", "rows", "components"] = "auto",
+        schedule: Literal["auto", "rows", "components", "pairs"] = "auto",
         init_max_samples: int = 100_000,
         compute_dtype: Literal["float32", "float64"] | None = None,
         resp_threshold: float = 1e-20,

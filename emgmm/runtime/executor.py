@@ -53,6 +53,32 @@ def joblib_temp_folder():
 
 #: joblib's backends of worker processes on this host (they see this host's files),
 #: by class name: joblib's backend classes are not public API.
+#: Where :func:`shared_memory_folder` puts files that workers map and write, when
+#: no temporary folder is set for joblib: a memory-backed file system (Linux).
+SHARED_MEMORY = "/dev/shm"
+
+
+def shared_memory_folder(nbytes):
+    """The parent folder of files that worker processes map and write on every pass
+    (the model of a fit): joblib's temporary folder when one is set
+    (``parallel_config(temp_folder=...)`` or ``JOBLIB_TEMP_FOLDER``), else
+    ``SHARED_MEMORY`` where it exists with room for ``nbytes`` and a quarter more
+    (its pages are memory, written back to no disk; as joblib's own default for
+    its memory maps), else the system temporary folder."""
+    from joblib import parallel as _jp
+
+    config = getattr(_jp._backend, "config", {})
+    if config.get("temp_folder") is not None or os.environ.get("JOBLIB_TEMP_FOLDER"):
+        return joblib_temp_folder()
+    try:
+        if (os.access(SHARED_MEMORY, os.W_OK)
+                and shutil.disk_usage(SHARED_MEMORY).free > 1.25 * nbytes + 2**20):
+            return SHARED_MEMORY
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
 _LOCAL_PROCESS_BACKENDS = frozenset({"LokyBackend", "MultiprocessingBackend"})
 
 
@@ -315,6 +341,11 @@ class Executor:
         if self.one_core:
             self.blas_threads = 1
         self.uses_threads = False
+        #: Whether the tasks can share arrays that they write: in this process, or
+        #: as files mapped by local worker processes (not a cluster's).
+        self.shares_arrays = (n_workers == 1 or self.row_threads > 0
+                              or bool(getattr(backend, "uses_threads", False))
+                              or _local_processes(backend))
         self.worker_source = source
         self._folder = None
         self._return_as = None
@@ -322,6 +353,7 @@ class Executor:
         self._one_blas_thread = False
         self._shares_files = False
         self._shared = []
+        self._extra_folders = []
         self.on_task = None
 
     def __enter__(self):
@@ -488,9 +520,36 @@ class Executor:
         cache[key] = (value, shared)  # keeps value alive: ids stay unique
         return shared
 
+    @property
+    def in_process(self):
+        """Whether the tasks run in this process (threads, or one after the other):
+        then they share its arrays (once entered)."""
+        return self.uses_threads or self._return_as is None
+
+    def shared_folder(self, nbytes, what):
+        """A new folder for ``nbytes`` of files that worker processes map and write
+        (removed when the executor exits), or ``None`` when the tasks run in this
+        process (:attr:`in_process`).
+
+        The folder is in :func:`shared_memory_folder`.
+
+        Raises
+        ------
+        OSError
+            If that folder lacks the space (names it and how to change it).
+        """
+        if self.in_process:
+            return None
+        folder = make_temp_folder(shared_memory_folder(nbytes), nbytes, what)
+        self._extra_folders.append(folder)
+        return folder
+
     def __exit__(self, *exc):
         self._return_as = None
         self._shared = []
+        for folder in self._extra_folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._extra_folders = []
         if self._holds_limit:
             release_process_limit()
             self._holds_limit = False

@@ -303,12 +303,18 @@ def schedule_nbytes(schedule, n_components, n_features, covariance_type, n_worke
 
     "rows": ``1 + n_workers`` copies of :func:`model_nbytes` (one when in process).
     "components": one copy in the parent, and each worker the largest slice.
+    "pairs": one copy of the covariances and the factors, shared by every worker
+    (the statistics are summed in the covariances' memory).
 
     Returns
     -------
     int
     """
     whole = model_nbytes(n_components, n_features, covariance_type)
+    if schedule == "pairs":
+        per_cov = get_covariance_type(covariance_type).covariance_values(
+            n_components, n_features)
+        return 8 * (3 * n_components * n_features + 2 * per_cov)
     if n_workers <= 1:
         return whole
     if schedule == "rows":
@@ -319,21 +325,25 @@ def schedule_nbytes(schedule, n_components, n_features, covariance_type, n_worke
 
 
 def choose_schedule(schedule, n_components, n_features, covariance_type, n_workers,
-                    memory_limit_mib=None):
+                    memory_limit_mib=None, pairs=False):
     """Pick the schedule of the passes and check that the model fits the budget.
 
-    ``"auto"`` picks "components" when there are several workers and one task's
-    statistics (:func:`statistics_nbytes`) exceed ``COMPONENT_SCHEDULE_MIN_BYTES``,
-    or when only the component schedule fits the budget; else "rows".
+    ``"auto"`` picks "pairs" where it applies (``pairs``); else "components" when
+    there are several workers and one task's statistics
+    (:func:`statistics_nbytes`) exceed ``COMPONENT_SCHEDULE_MIN_BYTES``, or when only
+    the component schedule fits the budget; else "rows".
 
     Parameters
     ----------
-    schedule : {'auto', 'rows', 'components'}
+    schedule : {'auto', 'rows', 'components', 'pairs'}
     n_components, n_features : int
     covariance_type : str
     n_workers : int
     memory_limit_mib : float or None
         The budget in MiB; ``None`` means the memory available now.
+    pairs : bool, default=False
+        Whether the pairs schedule serves this fit
+        (:func:`~emgmm.engine.pair_step.pairs_apply`).
 
     Returns
     -------
@@ -353,6 +363,14 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
         return schedule_nbytes(name, n_components, n_features, covariance_type,
                                n_workers)
 
+    if schedule == "pairs" and not pairs:
+        raise ValueError(
+            "schedule='pairs' needs covariance_type='full' beyond the packed "
+            "estimate's features, resp_threshold > 0, maximum likelihood "
+            "(GaussianMixture's fit) and workers that share the model (threads or "
+            "local processes).")
+    if schedule == "auto" and pairs:
+        schedule = "pairs"
     if schedule == "auto":
         big = statistics_nbytes(n_components, n_features, covariance_type) \
             > COMPONENT_SCHEDULE_MIN_BYTES

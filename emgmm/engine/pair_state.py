@@ -1,0 +1,95 @@
+"""The arrays of one EM run under the pairs schedule (:mod:`.pair_step`), allocated
+once per run and reused by every iteration.
+
+The model (weights, means, covariances, precision factors), the statistics being
+summed (``N_k`` and ``s_k``; the second moments ``S_k`` in the memory of the
+covariances, which they become in place), and the screen's terms
+(:class:`~emgmm.covariance.screen.ProjectionScreen`). Component tasks write the rows
+of their own components; row tasks only read.
+"""
+
+import numpy as np
+
+from ..covariance.screen import SCREEN_DIRECTIONS, ProjectionScreen
+from ..runtime.shared_arrays import SharedArrays
+from .model import Model
+
+
+class PairState:
+    """The run's arrays (:class:`~emgmm.runtime.shared_arrays.SharedArrays`).
+
+    Attributes
+    ----------
+    weights : ndarray of shape (K,)
+    means : ndarray of shape (K, d)
+    covariances : ndarray of shape (K, d, d)
+        The model's covariances; during a pass, the second moments being summed.
+    factors : ndarray of shape (K, d, d)
+        The upper precision Cholesky factors ``U_k`` (``precisions_cholesky``).
+    nk, sum_x : ndarray of shape (K,) and (K, d)
+        The statistics being summed.
+    """
+
+    def __init__(self, arrays, covariance_type, p):
+        self.arrays = arrays
+        self.covariance_type = covariance_type
+        self.p = p
+
+    @classmethod
+    def allocate(cls, model, folder=None, p=SCREEN_DIRECTIONS):
+        """The state of a run from ``model`` (its covariances and factors adopted,
+        not copied, when they live in this process and can be written), in memory or
+        in files of ``folder`` (worker processes)."""
+        K, d = model.means.shape
+        shapes = {"weights": ((K,), np.float64), "means": ((K, d), np.float64),
+                  "covariances": ((K, d, d), np.float64),
+                  "factors": ((K, d, d), np.float64),
+                  "nk": ((K,), np.float64), "sum_x": ((K, d), np.float64)}
+        shapes.update({name: (shape, np.float64) for name, shape
+                       in ProjectionScreen.shapes(K, d, p).items()})
+        adopt = {"covariances": model.covariances,
+                 "factors": model.precisions_cholesky}
+        arrays = SharedArrays.allocate(shapes, folder, adopt)
+        state = cls(arrays, model.covariance_type, min(p, d))
+        for name, value in (("weights", model.weights), ("means", model.means),
+                            ("covariances", model.covariances),
+                            ("factors", model.precisions_cholesky)):
+            target = arrays[name]
+            if target is not value:
+                target[...] = value
+        screen = model.screen or {}
+        names = ProjectionScreen.shapes(K, d, p)
+        if all(np.shape(screen.get(name)) == names[name] for name in names):
+            for name in names:
+                arrays[name][...] = screen[name]
+            state.has_screen = True
+        return state
+
+    #: Whether the state holds its model's screen (a resumed run's).
+    has_screen = False
+
+    weights = property(lambda self: self.arrays["weights"])
+    means = property(lambda self: self.arrays["means"])
+    covariances = property(lambda self: self.arrays["covariances"])
+    factors = property(lambda self: self.arrays["factors"])
+    nk = property(lambda self: self.arrays["nk"])
+    sum_x = property(lambda self: self.arrays["sum_x"])
+
+    def screen(self):
+        """The :class:`~emgmm.covariance.screen.ProjectionScreen` over the state's
+        arrays (views: what is written through it lands in the state)."""
+        names = ProjectionScreen.shapes(*self.means.shape, self.p)
+        return ProjectionScreen.from_arrays(
+            self.means, self.factors, {name: self.arrays[name] for name in names})
+
+    def model(self):
+        """The model the state holds, as a :class:`~emgmm.engine.model.Model` of
+        views (valid until the next pass writes the state), with its screen (a
+        run resumed from it screens as this one would have)."""
+        names = ProjectionScreen.shapes(*self.means.shape, self.p)
+        return Model(self.weights, self.means, self.covariances, self.factors,
+                     self.covariance_type,
+                     screen={name: self.arrays[name] for name in names})
+
+    def close(self):
+        self.arrays.close()

@@ -1,0 +1,235 @@
+"""The pairs schedule of an EM iteration ('full'): the E step follows the pairs that
+can matter, and each component owns its statistics, M step and factor.
+
+One iteration, each phase a pass of tasks over the executor:
+
+1. rows (:func:`~emgmm.engine.pair_rows.screen_task`, one read of ``X`` in
+   blocks): every pair's screen bound; per row the component of largest bound and
+   the second largest bound;
+2. components (:func:`~emgmm.engine.pair_components.top_pairs_task`, a gather of
+   every row once): each row's exact log-density under its top component; the
+   rows no other component can explain (``r_ik = 1``: most of them, once the
+   components have formed) go straight into that component's statistics;
+3. rows (:func:`~emgmm.engine.pair_rows.rescreen_task`, a gather of the other
+   rows): their screened E step, as the row schedule computes it, giving their
+   kept ``(row, component, w_i r_ik)`` triples;
+4. components (:func:`~emgmm.engine.pair_components.statistics_task`, a gather
+   of the kept pairs): their statistics, the M step and the factor of each
+   component; then, in this process, the weights and the degenerate policy;
+5. components (:func:`~emgmm.engine.pair_components.screen_terms_task`): the
+   screen of the new model from the previous one's directions.
+
+``X`` is read once in blocks and gathered about twice by row (every row in phase
+2, the rows of several components once more in phases 3 and 4). No task holds
+more than its own components' arrays: the model, the sums and the screen live in
+a :class:`~emgmm.engine.pair_state.PairState` allocated once per run (in files that
+the worker processes map, when there are any). The row blocks and each
+component's gathers are fixed by the data and the model, so the result does not
+depend on the number of workers or on how they group the work.
+"""
+
+import numpy as np
+
+from ..covariance.log_density import _shift, _use_packed, relevance_margin
+from ..covariance.screen import _SUBSPACE_STEPS
+from .pair_components import (
+    ComponentRows,
+    screen_terms_task,
+    set_screen,
+    statistics_task,
+    top_pairs_task,
+)
+from .pair_rows import RowScreen, Triples, rescreen_task, screen_task
+from .pair_state import PairState
+from .passes import Worst
+
+#: Steps of subspace iteration for the screen's directions started from those of
+#: the previous model, before their Rayleigh-Ritz step (a cold start takes
+#: ``_SUBSPACE_STEPS``).
+WARM_STEPS = 0
+#: Component ranges per worker (or row thread): shares for a balanced load.
+RANGES_PER_WORKER = 4
+
+
+def pairs_apply(kind, n_components, n_features, resp_threshold):
+    """Whether the pairs schedule serves this model: a covariance type whose
+    components own their statistics (``kind.owns_statistics``: 'full'), a
+    ``resp_threshold`` that leaves the negligible pairs out, and features beyond the
+    packed estimate's range (which computes every pair at the GEMM rate)."""
+    return bool(getattr(kind, "owns_statistics", False) and resp_threshold > 0.0
+                and not _use_packed(n_features, n_components))
+
+
+def contiguous_ranges(n, parts):
+    """``parts`` (at most ``n``) consecutive ``(a, b)`` ranges covering ``0..n``."""
+    parts = max(1, min(parts, n))
+    edges = np.linspace(0, n, parts + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+class PairStep:
+    """:func:`~emgmm.engine.em.em_step` of the pairs schedule, for ``run_em``.
+
+    Parameters
+    ----------
+    executor : Executor
+    block_size, n_samples : int
+    compute_dtype : type
+    resp_threshold : float
+        Must be positive (the screen needs a margin).
+    weights : WeightSource or None
+    total_weight : float
+    folder : callable or None
+        ``folder(nbytes)`` gives a new folder for the state's files (worker
+        processes); ``None``: the state lives in this process.
+    """
+
+    def __init__(self, executor, block_size, n_samples, compute_dtype, resp_threshold,
+                 weights=None, total_weight=None, folder=None):
+        self.executor = executor
+        self.block_size, self.n_samples = block_size, n_samples
+        self.compute_dtype = compute_dtype
+        self.resp_threshold = resp_threshold
+        self.margin = relevance_margin(resp_threshold)
+        self.weights = weights
+        self.total_weight = n_samples if total_weight is None else total_weight
+        self.folder = folder
+        self.state = None
+        #: Pairs computed per row in the last iteration (the others were proven
+        #: negligible without touching their rows).
+        self.pairs_per_row = None
+        units = max(executor.n_workers, executor.row_threads, 1)
+        self.units = RANGES_PER_WORKER * units
+        blocks = [(s, min(s + block_size, n_samples))
+                  for s in range(0, n_samples, block_size)]
+        self.blocks = blocks
+        self.row_tasks = [(blocks[a][0], blocks[b - 1][1])
+                          for a, b in contiguous_ranges(len(blocks), self.units)]
+
+    def _start(self, model):
+        K, d = model.means.shape
+        folder = None if self.folder is None else self.folder(
+            8 * (2 * K * d * d + 8 * K * d))
+        self.state = PairState.allocate(model, folder)
+        self.ranges = contiguous_ranges(K, self.units)
+        if not self.state.has_screen:  # (a resumed run has its model's)
+            screen = self.state.screen()
+            screen.g[:] = _shift(self.state.means, self.state.weights)
+            self._map(screen_terms_task, [(k0, k1, self.state, _SUBSPACE_STEPS)
+                                          for k0, k1 in self.ranges])
+            screen.set_offsets(self.state.weights)
+
+    def __call__(self, take_model, settings, policy, seeds, used_rows, n_iter,
+                 streaks=None):
+        if self.state is None:
+            self._start(take_model())
+        state = self.state
+        K = state.means.shape[0]
+        n_worst = min(K + len(used_rows), 2 * K)
+        screened = self._screen_rows()
+        tops = self._tops(screened)
+        log_likelihood, worst, others, singles = self._top_pairs(tops, n_worst)
+        triples, rows_log_likelihood, rows_worst = self._rescreen(others, screened,
+                                                                  n_worst)
+        bad = self._statistics(triples, singles, settings)
+        log_likelihood += rows_log_likelihood
+        worst = worst.merge(rows_worst)
+        reseeded = self._repair(settings, policy, seeds, streaks, bad, worst,
+                                used_rows, n_iter)
+        new = state.model()
+        return (new, settings.update.lower_bound(log_likelihood, self.total_weight,
+                                                 new), reseeded)
+
+    def _map(self, func, args):
+        return list(self.executor.map(func, args))
+
+    def _screen_rows(self):
+        parts = self._map(screen_task, [
+            (s, e, self.block_size, self.state, self.compute_dtype, self.weights)
+            for s, e in self.row_tasks])
+        return RowScreen(np.concatenate([p.top for p in parts]),
+                         np.concatenate([p.second for p in parts]),
+                         None if self.weights is None
+                         else np.concatenate([p.weights for p in parts]))
+
+    def _tops(self, screened):
+        order = np.argsort(screened.top, kind="stable")
+        return ComponentRows.split(
+            screened.top[order], order, screened.second[order],
+            None if screened.weights is None else screened.weights[order],
+            self.ranges)
+
+    def _top_pairs(self, tops, n_worst):
+        parts = self._map(top_pairs_task, [
+            (k0, k1, part, self.state, self.compute_dtype, self.margin, n_worst)
+            for (k0, k1), part in zip(self.ranges, tops, strict=True)])
+        log_likelihood = float(sum(float(s) for p in parts for s in p.log_likelihoods))
+        worst = Worst(n_worst)
+        for p in parts:
+            worst = worst.merge(p.worst)
+        others = np.sort(np.concatenate([p.others for p in parts]))
+        return log_likelihood, worst, others, [p.singles for p in parts]
+
+    def _rescreen(self, others, screened, n_worst):
+        """The rescreened rows' triples (sorted by component), log-likelihood and
+        worst rows, gathered block by block."""
+        edges = np.searchsorted(others, [s for s, _ in self.blocks] + [self.n_samples])
+        groups = []
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            rows = others[a:b]
+            groups.append((rows, None if screened.weights is None
+                           else screened.weights[rows]))
+        tasks = [[g for g in groups[a:b] if g[0].size]
+                 for a, b in contiguous_ranges(len(groups), self.units)]
+        parts = self._map(rescreen_task, [
+            (task, self.state, self.compute_dtype, self.margin, self.resp_threshold,
+             n_worst) for task in tasks if task])
+        triples = Triples.concatenate([t for p in parts for t in p[0]])
+        log_likelihood = float(sum(s for p in parts for s in p[1]))
+        worst = Worst(n_worst)
+        for p in parts:
+            worst = worst.merge(p[2])
+        # the top pair of every row, and the pairs the rescreened rows computed
+        # beyond it
+        self.pairs_per_row = (self.n_samples - others.size
+                              + sum(p[3] for p in parts)) / max(self.n_samples, 1)
+        return triples, log_likelihood, worst
+
+    def _statistics(self, triples, singles, settings):
+        """Phase 4: each component's statistics, M step, factor and screen terms;
+        the new model's screen is around the mixture mean of the previous model,
+        its directions started from the previous ones and the clusters where they
+        were (any shift and directions give a valid screen; these a tight one)."""
+        state = self.state
+        kept = ComponentRows.split(triples.comps, triples.rows, triples.wr, None,
+                                   self.ranges)
+        limit = state.model().kind.factor_limit(state.means.shape[1],
+                                                settings.compute_dtype)
+        self.centres = np.array(state.means)
+        state.screen().g[:] = _shift(self.centres, state.weights)
+        parts = self._map(statistics_task, [
+            (k0, k1, part, single, state, self.compute_dtype, settings.reg_covar,
+             limit, self.centres, WARM_STEPS)
+            for (k0, k1), part, single in zip(self.ranges, kept, singles,
+                                              strict=True)])
+        return [k for p in parts for k in p]
+
+    def _repair(self, settings, policy, seeds, streaks, bad, worst, used_rows,
+                n_iter):
+        """Weights from the counts, then the degenerate policy on the new model
+        (in place in the state)."""
+        state = self.state
+        eps = np.finfo(np.float64).eps
+        counts = state.nk + 10 * eps
+        state.weights[:] = counts / counts.sum()
+        starved = [int(k) for k in np.flatnonzero(state.nk < settings.min_count)
+                   if int(k) not in seeds]
+        streaks = seeds if streaks is None else streaks
+        _, reseeded = policy.repair(state.model(), bad, starved, worst, streaks,
+                                    used_rows, n_iter)
+        screen = state.screen()
+        for k in reseeded:
+            set_screen(screen, state, k, self.centres, screen.directions[k],
+                       _SUBSPACE_STEPS)
+        screen.set_offsets(state.weights)
+        return reseeded
