@@ -16,7 +16,7 @@ from scipy.special import logsumexp
 from emgmm import GaussianMixture
 from emgmm.cli.demo import extract_patches, gray_images, remove_dc
 from emgmm.covariance import log_density as _log_density
-from emgmm.covariance.screen import ProjectionScreen
+from emgmm.covariance.screen import ProjectionScreen, exact_pairs
 from emgmm.engine import estep as _estep
 
 MARGIN = _log_density.relevance_margin(1e-20)
@@ -62,6 +62,34 @@ def case_model(case, seed=0, n=400):
     rng = np.random.default_rng(seed)
     weights, means, U = random_model(rng, **CASES[case])
     return sample_mixture(rng, weights, means, U, n), weights, means, U
+
+
+@needs_extended
+@pytest.mark.parametrize("seed", range(12))
+def test_exact_pairs_are_within_their_rounding_bounds(seed):
+    """pair_values' bound holds against the long-double definition, over random
+    models (condition numbers up to 1e12, data near and far from the origin,
+    float32 data): what the screen's rejection limit subtracts from a row's top
+    pair."""
+    rng = np.random.default_rng(seed)
+    K, d = int(rng.integers(2, 6)), int(rng.integers(3, 60))
+    cond = 10.0 ** rng.uniform(0, 12)
+    offset = [0.0, 1e3, 1e6][seed % 3]
+    weights, means, U = random_model(rng, K, d, 10.0 ** rng.uniform(-2, 1), cond,
+                                     offset)
+    X = sample_mixture(rng, weights, means, U, 200)
+    if seed % 4 == 3:
+        X = X.astype(np.float32)
+    exact = oracle_weighted(X.astype(np.float64), weights, means, U)
+    screen = ProjectionScreen.build(weights, means, U, 2)
+    comps = np.repeat(np.arange(K), len(X))
+    rows = np.tile(np.arange(len(X)), K)
+    values, errors = exact_pairs(X, means, U, screen.offset, comps, rows,
+                                 screen.u_norm)
+    off = np.abs(values - exact[rows, comps].astype(np.float64))
+    # (the offsets' own rounding is bounded apart, in offset_err)
+    assert np.all(off <= errors + screen.offset_err[comps]), (off - errors).max()
+    assert np.all(errors < 1e-6 * (1.0 + np.abs(values)) + 1e-9 * cond)
 
 
 @needs_extended
@@ -197,8 +225,11 @@ DATA = {
 
 
 def fit(X, K, **kw):
+    """A fit of the screened E step of the row (and component) schedules; the pairs
+    schedule's are in test_pairs_schedule.py."""
     params = dict(n_components=K, covariance_type="full", max_iter=8, tol=0.0,
-                  random_state=0, reg_covar=1e-3, init_params="random_from_data")
+                  random_state=0, reg_covar=1e-3, init_params="random_from_data",
+                  schedule="rows")
     params.update(kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ConvergenceWarning with tol=0

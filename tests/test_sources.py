@@ -214,6 +214,54 @@ def _open_fds_to(path):
     return out
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int32])
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+def test_take_rows_gathers_the_rows_of_every_source(make_sources, data, kind, dtype):
+    """Rows by index (runs of consecutive rows and single rows, the first and the
+    last) equal the array's, cast to the compute dtype; no row gives no row."""
+    X = (data * 100).astype(dtype)
+    rows = np.array([0, 1, 2, 5, 9, 10, 63, 64, 65, 130, N - 1])
+    for source_dtype in (None, np.float64):
+        src = as_source(make_sources(X, (kind,))[0].obj) if kind != "ndarray" \
+            else _sources.ArraySource(X)
+        try:
+            got = src.take_rows(rows, source_dtype)
+            expected = X[rows].astype(src.compute_dtype if source_dtype is None
+                                      else source_dtype)
+            assert got.dtype == expected.dtype
+            assert_array_equal(got, expected)
+            assert src.take_rows(np.empty(0, dtype=np.int64)).shape == (0, 3)
+        finally:
+            src.close()
+
+
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+def test_take_rows_names_the_row_of_a_nan(make_sources, data, kind):
+    X = np.array(data)
+    X[77, 2] = np.nan
+    src = as_source(make_sources(X, (kind,))[0].obj) if kind != "ndarray" \
+        else _sources.ArraySource.__new__(_sources.ArraySource)
+    if kind == "ndarray":  # (an ArraySource checks its whole array when made)
+        src.array, src.shape, src.dtype, src.description = X, X.shape, X.dtype, "X"
+        src.known_finite = False
+    try:
+        with pytest.raises(ValueError, match="row 77, column 2"):
+            src.take_rows(np.array([3, 40, 77, 78]))
+    finally:
+        src.close()
+
+
+def test_take_rows_of_a_file_rewritten_since_is_refused(make_sources, data):
+    source = make_sources(data, ("npy",))[0]
+    src = as_source(source.obj)
+    X = np.array(data)
+    X[0] += 1.0
+    np.save(source.path, X)
+    with pytest.raises(OSError, match="modified|replaced|changed"):
+        src.take_rows(np.array([0, 5]))
+    src.close()
+
+
 @pytest.mark.parametrize("kind", FILE_KINDS)
 def test_files_unchanged_and_estimator_holds_no_source(make_sources, data, kind):
     src = make_sources.one(data, kind)

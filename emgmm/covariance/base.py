@@ -314,9 +314,13 @@ class CovarianceType(ABC):
                                   resp_threshold=0.0, products=None, out=None):
         """:meth:`block_statistics` of the weighted responsibilities ``w_i r_ik``:
         ``resp`` (the caller's work buffer) is multiplied by ``sample_weight`` (n,)
-        in place. Types whose kernel needs rows that sum to one override this."""
+        in place. The pairs left out are those with ``r_ik <= resp_threshold``,
+        whatever the weights' scale (set to zero before the weights multiply in).
+        Types whose kernel needs rows that sum to one override this."""
+        if resp_threshold > 0.0:
+            resp[resp <= resp_threshold] = 0.0
         resp *= sample_weight[:, None]
-        return self.block_statistics(X, resp, centers, resp_threshold, products, out)
+        return self.block_statistics(X, resp, centers, 0.0, products, out)
 
     @abstractmethod
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):

@@ -37,6 +37,10 @@ from ..runtime.lapack import trmm_left_lower
 from ..runtime.workspace import borrow
 from .log_density import _LOG_2PI, _gamma, _shift, chunk_rows
 
+#: Whether the screen rejects pairs (read at every call): ``False`` makes it
+#: reject none, so that every pair is computed as the unscreened E step computes it
+#: (the oracle of the tests of the screen).
+ENABLED = True
 #: Directions ``p`` per component. On sample-image patches fitted by emgmm
 #: (K=200; 30x30: K=100), pairs per row surviving for p = 4/8/16: 8x8 13.2/9.9/7.6
 #: (4.8 needed), 14x14 1.76/1.55/1.36 (1.01), 30x30 1.00/1.00/1.00 (1.00): per row,
@@ -318,6 +322,8 @@ class ProjectionScreen:
         weighted : ndarray of shape (n, K), float64, or None
             ``None`` when the screen refuses the block.
         """
+        if not ENABLED:
+            return None
         n, K = X.shape[0], self.offset.size
         weighted = np.empty((n, K), order="F") if out is None else out
         p = min(_PROBE_ROWS, n)
@@ -331,6 +337,8 @@ class ProjectionScreen:
         more than ``margin`` nats below the row's best pair: ``best`` (the computed
         value of pair ``top``) less its rounding bound ``err``, the offsets'
         roundings and ``margin``, with room for this sum's own rounding."""
+        if not ENABLED:
+            return np.full(np.shape(best), -np.inf)
         slack = err + self.offset_err[top] + self.offset_err.max(initial=0.0)
         return best - slack - margin - 1e-9 * (np.abs(best) + margin)
 

@@ -131,7 +131,8 @@ def _sparse_share(n_columns):
 
 
 def _kept_products(resp, Z, resp_threshold):
-    """``G_k = sum_i r_ik Z_i`` over the pairs with ``r_ik > resp_threshold``.
+    """``G_k = sum_i r_ik Z_i`` over the pairs with ``r_ik > resp_threshold`` (with
+    ``0``: the pairs whose responsibility is not exactly zero).
 
     When the kept share is below :func:`_sparse_share`, the kept responsibilities
     form a CSR matrix (``scipy.sparse``) whose product with ``Z`` costs in proportion
@@ -150,9 +151,7 @@ def _kept_products(resp, Z, resp_threshold):
     G : ndarray of shape (K, m), float64
     """
     R = resp.T
-    if resp_threshold <= 0.0:
-        return R @ Z  # the pairs left out are zeros
-    kept = R > resp_threshold
+    kept = R > max(resp_threshold, 0.0)
     nnz = np.count_nonzero(kept)
     if nnz == kept.size:
         return R @ Z
@@ -456,8 +455,8 @@ def block_statistics(X, resp, centers, covariance_type, resp_threshold=0.0,
     sample_weight : ndarray of shape (n,) or None, default=None
         Row weights ``w_i``: the statistics of ``w_i r_ik``
         (:meth:`~emgmm.covariance.CovarianceType.weighted_block_statistics`; for
-        all but 'tied', ``resp`` is multiplied by them in place, and
-        ``resp_threshold`` applies to ``w_i r_ik``).
+        all but 'tied', ``resp`` is multiplied by them in place).
+        ``resp_threshold`` applies to ``r_ik``, whatever the weights' scale.
 
     Returns
     -------

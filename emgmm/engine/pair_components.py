@@ -25,7 +25,7 @@ from ..covariance.full_component import add_moments, factor_in_place, m_step_in_
 from ..covariance.m_step import _RECENTRE_RATIO
 from ..covariance.screen import component_screen, factor_norms, pair_values
 from ..runtime.blas import limit_blas
-from .pair_rows import check_rows_explained, worst_of
+from .pair_rows import Triples, check_rows_explained, worst_of
 from .passes import Worst, worst_candidates
 
 #: Rows of a component gathered at a time (at least ``d`` keeps the products of
@@ -72,12 +72,12 @@ def _chunks(n):
 @dataclass
 class TopPairs:
     """What :func:`top_pairs_task` gives per task: the rows that need the E step of
-    every pair (:func:`~emgmm.engine.pair_rows.rescreen_task`); the others
-    (``singles``, :class:`ComponentRows` whose values are their weights), their
-    summed ``w_i log p(x_i)`` per component and their worst rows."""
+    every pair (:func:`~emgmm.engine.pair_rows.rescreen_task`, ``others``); the
+    rest as kept pairs of responsibility 1 (``singles``, with their weights); the
+    summed ``w_i log p(x_i)`` of the rest per component, and their worst rows."""
 
     others: np.ndarray
-    singles: ComponentRows
+    singles: Triples
     log_likelihoods: np.ndarray
     worst: Worst
 
@@ -88,54 +88,46 @@ def top_pairs_task(source, k0, k1, tops, state, compute_dtype, margin, n_worst, 
     (:class:`ComponentRows`, values the rows' second largest bound); a row whose
     second bound lies below the rejection limit of that value
     (:meth:`~emgmm.covariance.screen.ProjectionScreen.rejection_limit`) has
-    ``r_ik = 1`` (the others are below ``exp(-margin)``): its statistics go to
-    the component's sums (reset here), centred on the component's mean."""
+    ``r_ik = 1`` (the others are below ``exp(-margin)``) and ``log p(x_i)`` that
+    value."""
     screen = state.screen()
     others, sums, worst = [], np.zeros(k1 - k0), Worst(n_worst)
-    single_rows, single_weights, counts = [], [], np.zeros(k1 - k0, dtype=np.int64)
+    singles = []
     with limit_blas(blas_threads):
         for j, k in enumerate(range(k0, k1)):
-            state.nk[k], state.sum_x[k], state.covariances[k] = 0.0, 0.0, 0.0
             rows, second, weights = tops.of(j)
             for a, b in _chunks(rows.size):
                 X = source.take_rows(rows[a:b], compute_dtype)
-                y = np.subtract(X, state.means[k], dtype=np.float64)
                 value, err = np.empty(b - a), np.empty(b - a)
-                pair_values(y.copy(), state.factors[k], screen.offset[k], value,
+                pair_values(np.subtract(X, state.means[k], dtype=np.float64),
+                            state.factors[k], screen.offset[k], value,
                             screen.u_norm[k], err)
                 check_rows_explained(value, rows[a:b], source, compute_dtype,
                                      state.means)
                 single = second[a:b] < screen.rejection_limit(value, err, k, margin)
                 w = np.ones(b - a) if weights is None else weights[a:b]
-                w_single = w[single]
-                state.nk[k] += add_moments(y[single], w_single, state.covariances[k],
-                                           state.sum_x[k])
-                sums[j] += float(w_single @ value[single])
+                sums[j] += float(w[single] @ value[single])
                 others.append(rows[a:b][~single])
-                single_rows.append(rows[a:b][single])
-                single_weights.append(w_single)
-                counts[j] += w_single.size
+                singles.append(Triples(rows[a:b][single],
+                                       np.full(np.count_nonzero(single), k, np.int32),
+                                       w[single]))
                 worst = worst.merge(worst_of(
-                    n_worst, worst_candidates(w_single, value[single]),
+                    n_worst, worst_candidates(w[single], value[single]),
                     rows[a:b][single], X[single]))
-    singles = ComponentRows(np.concatenate([[0], np.cumsum(counts)]),
-                            _joined(single_rows, np.int64),
-                            _joined(single_weights, np.float64))
-    return TopPairs(_joined(others, np.int64), singles, sums, worst)
+    return TopPairs(_joined(others, np.int64), Triples.joined(singles), sums, worst)
 
 
 def _joined(parts, dtype):
     return np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
-def statistics_task(source, k0, k1, kept, singles, state, compute_dtype, reg_covar,
-                    limit, centres, steps, *, blas_threads):
-    """For components ``k0:k1``: add the statistics of the ``kept`` pairs
-    (:class:`ComponentRows`, values ``w_i r_ik``) to the sums of
-    :func:`top_pairs_task`, then the M step (new mean, covariance in the memory of
-    the sums; summed again around the new mean where the shift cancelled too much,
-    from the ``kept`` and ``singles`` rows), the precision factor
-    (:func:`~emgmm.covariance.full_component.factor_in_place`, entries below
+def statistics_task(source, k0, k1, kept, state, compute_dtype, reg_covar, limit,
+                    centres, steps, *, blas_threads):
+    """For components ``k0:k1``: the statistics of the ``kept`` pairs
+    (:class:`ComponentRows`, values ``w_i r_ik``), centred on the component's
+    mean, then the M step (new mean, covariance in the memory of the sums; summed
+    again around the new mean where the shift cancelled too much), the precision
+    factor (:func:`~emgmm.covariance.full_component.factor_in_place`, entries below
     ``limit``) and the screen's terms (:func:`~emgmm.covariance.screen.
     component_screen` from the previous directions, ``steps`` steps; ``centres``
     where the clusters lie, the previous means).
@@ -151,18 +143,12 @@ def statistics_task(source, k0, k1, kept, singles, state, compute_dtype, reg_cov
         for j, k in enumerate(range(k0, k1)):
             rows, wr, _ = kept.of(j)
             centre = state.means[k].copy()
-            _add_rows(source, rows, wr, centre, state, k, compute_dtype)
-            delta = m_step_in_place(state.covariances[k], state.sum_x[k],
-                                    state.nk[k], reg_covar)
+            delta = _summed_m_step(source, rows, wr, centre, state, k, compute_dtype,
+                                   reg_covar)
             if _cancelled(delta, centre, state.covariances[k], state.nk[k]):
                 centre = centre + delta
-                state.nk[k], state.sum_x[k], state.covariances[k] = 0.0, 0.0, 0.0
-                single_rows, _, single_w = singles.of(j)
-                _add_rows(source, single_rows, single_w, centre, state, k,
-                          compute_dtype)
-                _add_rows(source, rows, wr, centre, state, k, compute_dtype)
-                delta = m_step_in_place(state.covariances[k], state.sum_x[k],
-                                        state.nk[k], reg_covar)
+                delta = _summed_m_step(source, rows, wr, centre, state, k,
+                                       compute_dtype, reg_covar)
             state.means[k] = centre + delta
             if not factor_in_place(state.covariances[k], state.factors[k], limit):
                 bad.append(k)
@@ -171,22 +157,27 @@ def statistics_task(source, k0, k1, kept, singles, state, compute_dtype, reg_cov
     return bad
 
 
+def _summed_m_step(source, rows, weights, centre, state, k, compute_dtype,
+                   reg_covar):
+    """Component ``k``'s statistics of ``rows`` (weights ``w_i r_ik``) around
+    ``centre``, gathered ``GATHER_ROWS`` at a time, and its M step in place; the
+    shift of the mean from ``centre``."""
+    state.nk[k], state.sum_x[k], state.covariances[k] = 0.0, 0.0, 0.0
+    for a, b in _chunks(rows.size):
+        y = np.subtract(source.take_rows(rows[a:b], compute_dtype), centre,
+                        dtype=np.float64)
+        state.nk[k] += add_moments(y, weights[a:b], state.covariances[k],
+                                   state.sum_x[k])
+    return m_step_in_place(state.covariances[k], state.sum_x[k], state.nk[k],
+                           reg_covar)
+
+
 def set_screen(screen, state, k, centres, start, steps):
     """Component ``k``'s screen terms from its factor and mean in the state."""
     uk = state.factors[k]
     screen.set_component(k, component_screen(uk, centres, state.means[k], screen.g,
                                              screen.p, start, steps,
                                              norms=factor_norms(uk)))
-
-
-def _add_rows(source, rows, weights, centre, state, k, compute_dtype):
-    """Add the rows' statistics around ``centre`` to component ``k``'s sums
-    (``weights`` ``None``: every row weighs 1)."""
-    for a, b in _chunks(rows.size):
-        y = np.subtract(source.take_rows(rows[a:b], compute_dtype), centre,
-                        dtype=np.float64)
-        w = np.ones(b - a) if weights is None else weights[a:b]
-        state.nk[k] += add_moments(y, w, state.covariances[k], state.sum_x[k])
 
 
 def _cancelled(delta, centre, covariance, nk):

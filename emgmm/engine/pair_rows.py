@@ -88,16 +88,19 @@ class Triples:
         return cls(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0))
 
     @classmethod
-    def concatenate(cls, parts):
-        """The triples of consecutive parts (in row order) sorted by component, then
-        row (a stable sort by component)."""
+    def joined(cls, parts):
+        """The triples of ``parts``, one after another."""
         if not parts:
             return cls.empty()
-        rows = np.concatenate([p.rows for p in parts])
-        comps = np.concatenate([p.comps for p in parts])
-        wr = np.concatenate([p.wr for p in parts])
-        order = np.argsort(comps, kind="stable")
-        return cls(rows[order], comps[order], wr[order])
+        return cls(np.concatenate([p.rows for p in parts]),
+                   np.concatenate([p.comps for p in parts]),
+                   np.concatenate([p.wr for p in parts]))
+
+    def sorted(self, n_samples):
+        """The triples sorted by component, then row (each pair once)."""
+        order = np.argsort(self.comps.astype(np.int64) * max(n_samples, 1)
+                           + self.rows)
+        return Triples(self.rows[order], self.comps[order], self.wr[order])
 
 
 def worst_of(size, values, rows, X):

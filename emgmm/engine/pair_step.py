@@ -131,7 +131,7 @@ class PairStep:
         log_likelihood, worst, others, singles = self._top_pairs(tops, n_worst)
         triples, rows_log_likelihood, rows_worst = self._rescreen(others, screened,
                                                                   n_worst)
-        bad = self._statistics(triples, singles, settings)
+        bad = self._statistics(Triples.joined([singles, triples]), settings)
         log_likelihood += rows_log_likelihood
         worst = worst.merge(rows_worst)
         reseeded = self._repair(settings, policy, seeds, streaks, bad, worst,
@@ -168,7 +168,8 @@ class PairStep:
         for p in parts:
             worst = worst.merge(p.worst)
         others = np.sort(np.concatenate([p.others for p in parts]))
-        return log_likelihood, worst, others, [p.singles for p in parts]
+        return (log_likelihood, worst, others,
+                Triples.joined([p.singles for p in parts]))
 
     def _rescreen(self, others, screened, n_worst):
         """The rescreened rows' triples (sorted by component), log-likelihood and
@@ -184,7 +185,7 @@ class PairStep:
         parts = self._map(rescreen_task, [
             (task, self.state, self.compute_dtype, self.margin, self.resp_threshold,
              n_worst) for task in tasks if task])
-        triples = Triples.concatenate([t for p in parts for t in p[0]])
+        triples = Triples.joined([t for p in parts for t in p[0]])
         log_likelihood = float(sum(s for p in parts for s in p[1]))
         worst = Worst(n_worst)
         for p in parts:
@@ -195,12 +196,13 @@ class PairStep:
                               + sum(p[3] for p in parts)) / max(self.n_samples, 1)
         return triples, log_likelihood, worst
 
-    def _statistics(self, triples, singles, settings):
+    def _statistics(self, triples, settings):
         """Phase 4: each component's statistics, M step, factor and screen terms;
         the new model's screen is around the mixture mean of the previous model,
         its directions started from the previous ones and the clusters where they
         were (any shift and directions give a valid screen; these a tight one)."""
         state = self.state
+        triples = triples.sorted(self.n_samples)
         kept = ComponentRows.split(triples.comps, triples.rows, triples.wr, None,
                                    self.ranges)
         limit = state.model().kind.factor_limit(state.means.shape[1],
@@ -208,10 +210,9 @@ class PairStep:
         self.centres = np.array(state.means)
         state.screen().g[:] = _shift(self.centres, state.weights)
         parts = self._map(statistics_task, [
-            (k0, k1, part, single, state, self.compute_dtype, settings.reg_covar,
-             limit, self.centres, WARM_STEPS)
-            for (k0, k1), part, single in zip(self.ranges, kept, singles,
-                                              strict=True)])
+            (k0, k1, part, state, self.compute_dtype, settings.reg_covar, limit,
+             self.centres, WARM_STEPS)
+            for (k0, k1), part in zip(self.ranges, kept, strict=True)])
         return [k for p in parts for k in p]
 
     def _repair(self, settings, policy, seeds, streaks, bad, worst, used_rows,
