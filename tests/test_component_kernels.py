@@ -15,7 +15,7 @@ from helpers import random_spd
 from numpy.testing import assert_allclose
 from scipy import linalg
 
-from emgmm.covariance import full_component
+from emgmm.covariance import cholesky, full_component
 from emgmm.covariance.m_step import m_step
 from emgmm.covariance.statistics import SufficientStatistics
 from emgmm.runtime import lapack
@@ -118,13 +118,32 @@ def test_the_capsule_routines_run_in_threads_at_once():
 
 
 def test_mirror_upper_copies_the_strict_upper_triangle(monkeypatch):
-    monkeypatch.setattr(full_component, "MIRROR_TILE", 7)
+    monkeypatch.setattr(cholesky, "MIRROR_TILE", 7)
     rng = np.random.default_rng(4)
     for d in (1, 6, 7, 8, 30):
         a = rng.normal(size=(d, d))
         expected = np.triu(a) + np.triu(a, 1).T
-        full_component.mirror_upper(a)
+        cholesky.mirror_upper(a)
         assert np.array_equal(a, expected)
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_the_initial_model_kernels_invert_and_factor(monkeypatch, threads):
+    """The upper factors of precisions and the covariances of factors (potri of the
+    flipped factor), in threads or not, against numpy."""
+    if threads:
+        monkeypatch.setattr(cholesky, "THREADED_FLOPS", 0)
+    rng = np.random.default_rng(6)
+    P = np.stack([random_spd(rng, 20, cond=1e4) for _ in range(5)])
+    U = cholesky.upper_factors_of_precisions(P, "full")
+    assert np.all(np.tril(U, -1) == 0.0)
+    assert_allclose(U @ np.swapaxes(U, 1, 2), P, rtol=1e-12, atol=1e-12)
+    S = cholesky.covariances_of_factors(U)
+    assert_allclose(S, np.linalg.inv(P), rtol=1e-9, atol=1e-12)
+    assert np.array_equal(S, np.swapaxes(S, 1, 2))
+    P[3, 0, 0] = -1.0
+    with pytest.raises(ValueError, match="component 3 is not positive definite"):
+        cholesky.upper_factors_of_precisions(P, "full")
 
 
 def test_statistics_m_step_and_factor_of_one_component_match_the_oracles():

@@ -8,6 +8,7 @@ from .cholesky import (
     check_symmetric_positive_definite,
     cholesky_factors,
     covariances_of_factors,
+    each_component,
     entry_below_diagonal,
     upper_factors_of_precisions,
 )
@@ -115,8 +116,8 @@ class FullCovariance(CovarianceType):
     def check_precisions(self, precisions, n_components, n_features):
         check_shape(precisions, self.covariance_shape(n_components, n_features),
                     f"{self.name} precision")
-        for precision in precisions:
-            check_precision_matrix(precision, self.name)
+        each_component(lambda k: check_precision_matrix(precisions[k], self.name),
+                       n_components, n_features)
 
     def sample(self, rng, means, covariances, counts):
         return [rng.multivariate_normal(m, c, int(s))

@@ -9,11 +9,10 @@ that own other components run at the same time. Notation as in
 transpose that BLAS writes.
 """
 
-import functools
-
 import numpy as np
 
 from ..runtime.lapack import potrf_lower, syrk_lower_add, trtri_lower
+from .cholesky import mirror_upper, strictly_lower
 
 _EPS = np.finfo(np.float64).eps
 
@@ -42,29 +41,6 @@ def add_moments(y, weights, sum_xx, sum_x):
     y *= np.sqrt(weights)[:, None]
     syrk_lower_add(sum_xx.T, y.T)
     return float(weights.sum())
-
-
-@functools.cache
-def _strictly_lower(d):
-    return np.tril(np.ones((d, d), dtype=bool), -1)
-
-
-#: Rows and columns of the tiles :func:`mirror_upper` copies at a time.
-MIRROR_TILE = 128
-
-
-def mirror_upper(a):
-    """Copy the strict upper triangle of the square ``a`` onto its lower one, tile by
-    tile (no ``(d, d)`` temporary)."""
-    d = a.shape[0]
-    t = MIRROR_TILE
-    for i in range(0, d, t):
-        i1 = min(i + t, d)
-        block = a[i:i1, i:i1]
-        np.copyto(block, block.T.copy(), where=_strictly_lower(i1 - i))
-        for j in range(i1, d, t):
-            j1 = min(j + t, d)
-            a[j:j1, i:i1] = a[i:i1, j:j1].T
 
 
 def m_step_in_place(sum_xx, sum_x, nk, reg_covar):
@@ -99,7 +75,7 @@ def factor_in_place(covariance, factor, limit):
     np.copyto(factor, covariance)
     ok = potrf_lower(a) == 0 and trtri_lower(a) == 0
     if ok:
-        np.copyto(factor, 0.0, where=_strictly_lower(d))
+        np.copyto(factor, 0.0, where=strictly_lower(d))
         ok = bool(factor.max() < limit and -factor.min() < limit)
     if not ok:
         factor[...] = np.nan

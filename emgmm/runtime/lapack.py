@@ -25,6 +25,7 @@ _INT = ctypes.POINTER(ctypes.c_int)
 _PTR = ctypes.c_void_p
 _SIGNATURES = {
     "potrf": (_CHAR, _INT, _PTR, _INT, _INT),
+    "potri": (_CHAR, _INT, _PTR, _INT, _INT),
     "trtri": (_CHAR, _CHAR, _INT, _PTR, _INT, _INT),
     "trmm": (_CHAR, _CHAR, _CHAR, _CHAR, _INT, _INT, _PTR, _PTR, _INT, _PTR, _INT),
     "syrk": (_CHAR, _CHAR, _INT, _INT, _PTR, _PTR, _INT, _PTR, _PTR, _INT),
@@ -38,7 +39,7 @@ def _routine(name, dtype):
     ``None`` when scipy's capsule cannot be read."""
     prefix = _PREFIX[np.dtype(dtype)]
     try:
-        if name in ("potrf", "trtri"):
+        if name in ("potrf", "potri", "trtri"):
             from scipy.linalg import cython_lapack as module
         else:
             from scipy.linalg import cython_blas as module
@@ -95,6 +96,25 @@ def potrf_lower(a):
     if run is None:
         _, info = _lapack.get_lapack_funcs("potrf", (a,))(a, lower=1, overwrite_a=1,
                                                            clean=0)
+        return int(info)
+    info = ctypes.c_int(0)
+    run(b"L", _int(a.shape[0]), a.ctypes.data, _int(_lda(a)), ctypes.byref(info))
+    return info.value
+
+
+def potri_lower(a):
+    """The inverse of ``L L^T`` from the lower-triangular ``L`` in ``a``, in place
+    (its lower triangle; LAPACK ``potri``: ``2 d^3 / 3`` flops).
+
+    Returns
+    -------
+    int
+        LAPACK's ``info``: 0, or ``j > 0`` when ``a[j-1, j-1]`` is zero.
+    """
+    _check(a, "a")
+    run = _routine("potri", a.dtype)
+    if run is None:
+        _, info = _lapack.get_lapack_funcs("potri", (a,))(a, lower=1, overwrite_c=1)
         return int(info)
     info = ctypes.c_int(0)
     run(b"L", _int(a.shape[0]), a.ctypes.data, _int(_lda(a)), ctypes.byref(info))
