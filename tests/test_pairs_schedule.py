@@ -6,6 +6,7 @@ same resp_threshold), from the same start; the same fit with other workers, bloc
 and sources (bitwise); repeated rows for integer weights.
 """
 
+import os
 import warnings
 
 import numpy as np
@@ -277,3 +278,29 @@ def test_the_auto_schedule_picks_pairs_only_where_it_applies():
             GaussianMixture(4, max_iter=2, callback=plan, **kw).fit(X)
         picks[name] = plan.schedule
     assert picks == {"full": "pairs", "exact": "rows", "diag": "rows"}
+
+
+def test_worker_processes_leave_a_model_in_memory_and_no_folder(patches14):
+    """With worker processes the state is memory-mapped in a folder of its own: each
+    run copies its model out and removes the folder before the next run starts."""
+    from emgmm.runtime.executor import shared_memory_folder
+
+    parent = shared_memory_folder(0)
+
+    def ours():
+        return {f for f in os.listdir(parent) if f.startswith(f"emgmm-{os.getpid()}")}
+
+    before, seen = ours(), []
+
+    def callback(record):
+        if record["event"] == "iteration":
+            seen.append((record["init"], ours() - before))
+
+    gm = fit(patches14, 8, n_jobs=2, n_init=2, max_iter=2, callback=callback)
+    assert not any(isinstance(getattr(gm, name), np.memmap) for name in PARAMS)
+    by_init = {init: set().union(*(f for i, f in seen if i == init)) for init in (0, 1)}
+    # (the executor's own folder for X, if any, is in both; each run's state in one)
+    assert by_init[0] - by_init[1] and by_init[1] - by_init[0]
+    assert not ours() - before
+    ref = fit(patches14, 8, n_jobs=1, n_init=2, max_iter=2)
+    assert_bitwise(gm, ref)

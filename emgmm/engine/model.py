@@ -43,6 +43,21 @@ class Model:
             self.prepared_for = key
         return self.prepared
 
+    def in_memory(self):
+        """This model with its memory-mapped arrays copied into memory (itself
+        when it has none): what outlives the folder of a run's shared state."""
+        def copied(a):
+            return np.array(a) if isinstance(a, np.memmap) else a
+
+        arrays = (self.weights, self.means, self.covariances,
+                  self.precisions_cholesky)
+        if not any(isinstance(a, np.memmap) for a in arrays) and not any(
+                isinstance(a, np.memmap) for a in (self.screen or {}).values()):
+            return self
+        screen = (None if self.screen is None
+                  else {name: copied(a) for name, a in self.screen.items()})
+        return Model(*map(copied, arrays), self.covariance_type, screen=screen)
+
     @property
     def kind(self):
         """The :class:`~emgmm.covariance.CovarianceType` of ``covariance_type``."""

@@ -79,13 +79,15 @@ class PairStep:
         Must be positive (the screen needs a margin).
     weights : WeightSource or None
     total_weight : float
-    folder : callable or None
-        ``folder(nbytes)`` gives a new folder for the state's files (worker
-        processes); ``None``: the state lives in this process.
+
+    The state lives in this process, or, when the executor's tasks run in worker
+    processes, in memory-mapped files of a folder of
+    :meth:`~emgmm.runtime.executor.Executor.shared_folder`, which :meth:`close`
+    removes.
     """
 
     def __init__(self, executor, block_size, n_samples, compute_dtype, resp_threshold,
-                 weights=None, total_weight=None, folder=None):
+                 weights=None, total_weight=None):
         self.executor = executor
         self.block_size, self.n_samples = block_size, n_samples
         self.compute_dtype = compute_dtype
@@ -93,7 +95,7 @@ class PairStep:
         self.margin = relevance_margin(resp_threshold)
         self.weights = weights
         self.total_weight = n_samples if total_weight is None else total_weight
-        self.folder = folder
+        self.folder = None
         self.state = None
         #: Pairs computed per row in the last iteration (the others were proven
         #: negligible without touching their rows).
@@ -108,9 +110,9 @@ class PairStep:
 
     def _start(self, model):
         K, d = model.means.shape
-        folder = None if self.folder is None else self.folder(
-            8 * (2 * K * d * d + 8 * K * d))
-        self.state = PairState.allocate(model, folder)
+        self.folder = self.executor.shared_folder(8 * (2 * K * d * d + 8 * K * d),
+                                                  "the model that the workers share")
+        self.state = PairState.allocate(model, self.folder)
         self.ranges = contiguous_ranges(K, self.units)
         if not self.state.has_screen:  # (a resumed run has its model's)
             screen = self.state.screen()
@@ -139,6 +141,16 @@ class PairStep:
         new = state.model()
         return (new, settings.update.lower_bound(log_likelihood, self.total_weight,
                                                  new), reseeded)
+
+    def close(self):
+        """Let the state go and remove its folder (the model of the last
+        iteration must have been copied out first: :meth:`Model.in_memory`)."""
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+        if self.folder is not None:
+            self.executor.remove_folder(self.folder)
+            self.folder = None
 
     def _map(self, func, args):
         return list(self.executor.map(func, args))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import nullcontext
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, Union
 
@@ -192,11 +193,9 @@ def _pairs_step(plan, resp_threshold):
     schedule (``None`` under the others)."""
     if plan.schedule != "pairs":
         return None
-    executor = plan.executor
-    return PairStep(executor, plan.block_size, plan.n_samples, plan.compute_dtype,
-                    resp_threshold, plan.weights, plan.total_weight,
-                    folder=lambda nbytes: executor.shared_folder(
-                        nbytes, "the model that the workers share"))
+    return PairStep(plan.executor, plan.block_size, plan.n_samples,
+                    plan.compute_dtype, resp_threshold, plan.weights,
+                    plan.total_weight)
 
 
 @dataclass
@@ -676,15 +675,22 @@ h5py.Dataset or None, default=None
                               / plan.n_samples,
                               update=self._update_rule())
         checkpointer = plan.checkpointer
-        return run_em(
-            plan.executor, plan.tasks, plan.block_size, starting.pop, plan.n_samples,
-            settings=settings, callback=self._iteration_callback, init_index=init,
-            statistics_pass=plan.statistics_pass, start=start,
-            step=_pairs_step(plan, self.resp_threshold),
-            on_iteration=(None if checkpointer is None
-                          else checkpointer.saver(init, plan.random_state, best)),
-            weights=plan.weights, total_weight=plan.total_weight,
-        )
+        step = _pairs_step(plan, self.resp_threshold)
+        try:
+            run = run_em(
+                plan.executor, plan.tasks, plan.block_size, starting.pop,
+                plan.n_samples, settings=settings, callback=self._iteration_callback,
+                init_index=init, statistics_pass=plan.statistics_pass, start=start,
+                step=step, on_iteration=(None if checkpointer is None else
+                                         checkpointer.saver(init, plan.random_state,
+                                                            best)),
+                weights=plan.weights, total_weight=plan.total_weight,
+            )
+            # (a pairs run's model is its state's: out of the folder removed next)
+            return dataclasses.replace(run, model=run.model.in_memory())
+        finally:
+            if step is not None:
+                step.close()
 
     def _finish(self, best, precisions, out_dtype):
         """Set the fitted attributes from the best run; return its labels."""

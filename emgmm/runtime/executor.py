@@ -544,6 +544,11 @@ class Executor:
         self._extra_folders.append(folder)
         return folder
 
+    def remove_folder(self, folder):
+        """Remove a folder of :meth:`shared_folder` before the executor exits."""
+        self._extra_folders.remove(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
     def __exit__(self, *exc):
         self._return_as = None
         self._shared = []
