@@ -28,7 +28,8 @@ C [1M, 64] K=64 diag; D 100k 8x8 grayscale patches of
 ``sklearn.datasets.load_sample_images`` (mean of each patch removed), K=200 full;
 E 20k 30x30 patches, K=200 full, 10 iterations (scikit-learn 2: its iterations cost
 the same each time), compared by the mean of emgmm's iterations 3-10; F 200k 30x30
-patches, K=200, emgmm alone to convergence (``tol=1e-3``, ``--configs F``: hours).
+patches, K=200, emgmm alone to convergence (``tol=1e-3``, ``--configs F``); G 20k
+50x50 patches, K=50 full (the seed's next shape), as E.
 emgmm's rows report the pairs per row each iteration evaluated (the rest were proved
 negligible by the screen of emgmm/covariance/screen.py and never computed). Extra
 emgmm rows: float32 compute mode on A, B and D, ``working_memory=64`` (MiB) on A,
@@ -72,6 +73,9 @@ CONFIGS = {
     # the workload's shape: scikit-learn for 2 iterations only (~2 min each)
     "E": dict(n=20_000, d=900, K=200, cov="full", iters=10, sk_iters=2,
               data="patches", modes=[]),
+    # the seed's next shape (50x50 patches)
+    "G": dict(n=20_000, d=2500, K=50, cov="full", iters=10, sk_iters=2,
+              data="patches", modes=[]),
     # emgmm alone, to convergence
     "F": dict(n=200_000, d=900, K=200, cov="full", iters=100, tol=1e-3,
               data="patches", modes=[], sklearn=False),
@@ -83,6 +87,7 @@ QUICK = {
     "D": dict(n=3000, d=16, K=10, iters=2),
     "E": dict(n=2000, d=100, K=10, iters=4, sk_iters=2),
     "F": dict(n=3000, d=100, K=10, iters=10),
+    "G": dict(n=2000, d=100, K=5, iters=3, sk_iters=2),
 }
 MODES = {
     "float64": {},
@@ -210,7 +215,10 @@ def worker(spec):
         iters = [e + m for e, m in zip(times["e"], times["m"], strict=False)]
     else:
         iters = [h["seconds"] for h in model.history_]
-        extra["pairs_per_row"] = pairs.per_row
+        # (the pairs schedule counts its own: it evaluates most pairs outside
+        # weighted_log_prob)
+        extra["pairs_per_row"] = [h.get("pairs_per_row", p) for h, p in
+                                  zip(model.history_, pairs.per_row, strict=False)]
         extra["n_iter"] = int(model.n_iter_)
         extra["converged"] = bool(model.converged_)
     blas = [{"lib": i.get("internal_api"), "arch": i.get("architecture"),

@@ -304,3 +304,14 @@ def test_worker_processes_leave_a_model_in_memory_and_no_folder(patches14):
     assert not ours() - before
     ref = fit(patches14, 8, n_jobs=1, n_init=2, max_iter=2)
     assert_bitwise(gm, ref)
+
+
+def test_iteration_records_carry_the_pairs_and_the_phase_seconds(patches14):
+    gm, plan = pairs_fit(patches14, 8, max_iter=3)
+    for record in gm.history_:
+        phases = record["phase_seconds"]
+        assert set(phases) == {"screen", "top_pairs", "rescreen", "statistics",
+                               "repair"}
+        assert 0 < sum(phases.values()) <= record["seconds"]
+        assert 1 <= record["pairs_per_row"] <= 8
+    assert plan.pairs == [r["pairs_per_row"] for r in gm.history_]

@@ -224,9 +224,10 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
             "seconds": time.perf_counter() - tic,
             "reseeded": reseeded,
         }
-        pairs = getattr(step, "pairs_per_row", None)
-        if pairs is not None:
-            record["pairs_per_row"] = pairs
+        for name in ("pairs_per_row", "phase_seconds"):  # (the pairs schedule's)
+            value = getattr(step, name, None)
+            if value is not None:
+                record[name] = value
         state = RunResult(new, state.lower_bounds + [lower_bound], n_iter,
                           abs(record["change"]) < settings.tol and not reseeded,
                           state.history + [record], used_rows)

@@ -26,7 +26,14 @@ a :class:`~emgmm.engine.pair_state.PairState` allocated once per run (in files t
 the worker processes map, when there are any). The row blocks and each
 component's gathers are fixed by the data and the model, so the result does not
 depend on the number of workers or on how they group the work.
+
+Each iteration's wall seconds by phase are in :attr:`PairStep.phase_seconds`
+(``screen``, ``top_pairs``, ``rescreen``, ``statistics``, ``repair``), which the
+iteration records of the fit carry.
 """
+
+import contextlib
+import time
 
 import numpy as np
 
@@ -100,6 +107,8 @@ class PairStep:
         #: Pairs computed per row in the last iteration (the others were proven
         #: negligible without touching their rows).
         self.pairs_per_row = None
+        #: Wall seconds of each phase of the last iteration, by name.
+        self.phase_seconds = None
         units = max(executor.n_workers, executor.row_threads, 1)
         self.units = RANGES_PER_WORKER * units
         blocks = [(s, min(s + block_size, n_samples))
@@ -128,19 +137,31 @@ class PairStep:
         state = self.state
         K = state.means.shape[0]
         n_worst = min(K + len(used_rows), 2 * K)
-        screened = self._screen_rows()
-        tops = self._tops(screened)
-        log_likelihood, worst, others, singles = self._top_pairs(tops, n_worst)
-        triples, rows_log_likelihood, rows_worst = self._rescreen(others, screened,
-                                                                  n_worst)
-        bad = self._statistics(Triples.joined([singles, triples]), settings)
+        self.phase_seconds = {}
+        with self._phase("screen"):
+            screened = self._screen_rows()
+            tops = self._tops(screened)
+        with self._phase("top_pairs"):
+            log_likelihood, worst, others, singles = self._top_pairs(tops, n_worst)
+        with self._phase("rescreen"):
+            triples, rows_log_likelihood, rows_worst = self._rescreen(
+                others, screened, n_worst)
+        with self._phase("statistics"):
+            bad = self._statistics(Triples.joined([singles, triples]), settings)
         log_likelihood += rows_log_likelihood
         worst = worst.merge(rows_worst)
-        reseeded = self._repair(settings, policy, seeds, streaks, bad, worst,
-                                used_rows, n_iter)
+        with self._phase("repair"):
+            reseeded = self._repair(settings, policy, seeds, streaks, bad, worst,
+                                    used_rows, n_iter)
         new = state.model()
         return (new, settings.update.lower_bound(log_likelihood, self.total_weight,
                                                  new), reseeded)
+
+    @contextlib.contextmanager
+    def _phase(self, name):
+        tic = time.perf_counter()
+        yield
+        self.phase_seconds[name] = time.perf_counter() - tic
 
     def close(self):
         """Let the state go and remove its folder (the model of the last

@@ -18,10 +18,10 @@ never over an ``n x K`` array:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from contextlib import nullcontext
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, Union
 
