@@ -156,6 +156,23 @@ def test_warm_start_continues_as_sklearn(data):
     assert_same_fit(mine, sk, data)
 
 
+def test_warm_started_single_iterations_converge_as_sklearn(data):
+    """A loop of warm-started max_iter=1 fits measures each first change against
+    the previous fit's bound, as scikit-learn's does: same n_iter_/converged_ at
+    every call, up to the first that converges."""
+    steps = {}
+    for name, cls in (("sk", SkBayesianGaussianMixture),
+                      ("mine", BayesianGaussianMixture)):
+        model = cls(n_components=3, covariance_type="full", max_iter=1, tol=1e-3,
+                    warm_start=True, random_state=0)
+        steps[name] = []
+        while len(steps[name]) < 200 and not (steps[name] and steps[name][-1][1]):
+            _fit(model, data)
+            steps[name].append((model.n_iter_, bool(model.converged_)))
+    assert steps["mine"] == steps["sk"]
+    assert steps["mine"][-1] == (1, True) and len(steps["mine"]) >= 2
+
+
 def test_max_iter_zero_is_the_initial_posterior(data):
     sk, params = _pair(max_iter=0)
     mine = BayesianGaussianMixture(**params).fit(data)
