@@ -22,6 +22,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 from sklearn.exceptions import ConvergenceWarning
 
 SOURCE_KINDS = ("ndarray", "memmap", "npy", "npy_path", "h5", "h5_chunked", "h5_string")
@@ -228,3 +229,19 @@ def assert_bound_monotone(gm, rtol=1e-10):
             continue
         assert lb[i] >= lb[i - 1] - rtol * max(1.0, abs(lb[i - 1])), (i, lb[i - 1],
                                                                       lb[i])
+
+
+def cli_usage_error(argv, capsys):
+    """Run ``emgmm`` with ``argv``; check that it is a usage error as argparse reports
+    its own (exit status 2, the command's usage, then ``emgmm COMMAND: error: ...``
+    as the last line) and return that line."""
+    from emgmm.cli import command
+
+    with pytest.raises(SystemExit) as info:
+        command.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: emgmm {argv[0]} "), err
+    last = err.rstrip("\n").splitlines()[-1]
+    assert last.startswith(f"emgmm {argv[0]}: error: "), err
+    return last

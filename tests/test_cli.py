@@ -12,7 +12,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import IGNORE_NOT_CONVERGED, file_fingerprint, make_blobs_data
+from helpers import (
+    IGNORE_NOT_CONVERGED,
+    cli_usage_error,
+    file_fingerprint,
+    make_blobs_data,
+)
 
 import emgmm
 from emgmm.cli import command as cli
@@ -382,9 +387,8 @@ def test_output_that_is_an_input_is_refused_before_any_work(
     for name, target in ((cli, "load_model"), (cli, "as_source"),
                          (GaussianMixture, "fit")):
         monkeypatch.setattr(name, target, lambda *a, **k: pytest.fail("work done"))
-    assert cli.main(argv + ["-q"] * (argv[0] == "fit")) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is the same file as" in err, err
+    err = cli_usage_error(argv + ["-q"] * (argv[0] == "fit"), capsys)
+    assert "is the same file as" in err, err
     assert f" {output} " in err and f" {other}:" in err
     assert {name: file_fingerprint(tmp_path / name)
             for name in os.listdir(tmp_path)} == before
@@ -647,9 +651,8 @@ def test_warm_start_with_another_shape_names_the_flags(tmp_path, data, model_pat
     error speaks of the flags (it said 'Set warm_start=False', which the CLI has
     not), before any work."""
     out = tmp_path / "m.h5"
-    assert cli.main(["fit", data[1], "--warm-start", model_path, "-o", str(out), "-q"]
-                    + flags) == 1
-    err = capsys.readouterr().err
+    err = cli_usage_error(["fit", data[1], "--warm-start", model_path, "-o", str(out),
+                           "-q"] + flags, capsys)
     assert f"--warm-start {model_path} continues a model with" in err
     assert f"drop {flags[0]} to continue it, or --warm-start to fit a new model" in err
     assert "warm_start=False" not in err and not out.exists()
@@ -696,10 +699,9 @@ def test_fit_refuses_to_replace_a_file_that_is_not_a_model(tmp_path, data, capsy
 
 def test_fit_refuses_a_parameter_of_another_covariance_type(tmp_path, data, capsys):
     out = str(tmp_path / "m.h5")
-    assert cli.main(["fit", data[1], "-k", "2", "--n-factors", "2", "-o", out,
-                     "-q"]) == 1
     assert "--n-factors is a parameter of --covariance-type factor" in \
-        capsys.readouterr().err
+        cli_usage_error(["fit", data[1], "-k", "2", "--n-factors", "2", "-o", out,
+                         "-q"], capsys)
     assert cli.main(["fit", data[1], "-k", "2", "--covariance-type", "factor",
                      "--n-factors", "2", "-o", out, "-q"]) == 0
     capsys.readouterr()
@@ -707,3 +709,77 @@ def test_fit_refuses_a_parameter_of_another_covariance_type(tmp_path, data, caps
     text = capsys.readouterr().out
     assert "covariance type  factor, n_factors=2" in text
     assert text.count("n_factors") == 1  # on that line only
+
+
+# ------------------------------------------------------------- exit statuses
+
+
+def _usage_errors(tmp_path, data, model_path):
+    """argv of each option combination the commands refuse (after argparse's own
+    checks), with a piece of the message."""
+    _, npy, _ = data
+    out = str(tmp_path / "m.h5")
+    return {
+        "a parameter of another covariance type": (
+            ["fit", npy, "-k", "3", "--n-factors", "2", "-o", out],
+            "--n-factors is a parameter of --covariance-type factor, not full"),
+        "a prior without --bayesian": (
+            ["fit", npy, "--mean-precision-prior", "2", "-o", out],
+            "--mean-precision-prior is a prior of BayesianGaussianMixture"),
+        "a GaussianMixture flag with --bayesian": (
+            ["fit", npy, "--bayesian", "--on-degenerate", "raise", "-o", out],
+            "--on-degenerate is a GaussianMixture parameter"),
+        "--bayesian continuing a GaussianMixture": (
+            ["fit", npy, "--bayesian", "--warm-start", model_path, "-o", out],
+            "is a GaussianMixture model: drop --bayesian"),
+        "-k other than the warm-start model's": (
+            ["fit", npy, "-k", "5", "--warm-start", model_path, "-o", out],
+            "continues a model with n_components=3, not 5"),
+        "a model named .npy": (["fit", npy, "-o", str(tmp_path / "m.npy")],
+                               "model files are HDF5"),
+        "labels named .txt": (["predict", model_path, npy, "-o",
+                               str(tmp_path / "l.txt")], "writes .npy files"),
+        "an output over an input": (["predict", model_path, npy, "-o", npy],
+                                    "is the same file as DATA"),
+        "two outputs on one file": (
+            ["sample", model_path, "-n", "5", "-o", str(tmp_path / "s.npy"),
+             "--labels", str(tmp_path / "s.npy")], "each output needs a file"),
+        "a demo size of 0": (["demo", "--n-test", "0"],
+                             "--n-test must be at least 1"),
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "a parameter of another covariance type", "a prior without --bayesian",
+    "a GaussianMixture flag with --bayesian",
+    "--bayesian continuing a GaussianMixture", "-k other than the warm-start model's",
+    "a model named .npy", "labels named .txt", "an output over an input",
+    "two outputs on one file", "a demo size of 0"])
+def test_refused_option_combinations_exit_2_like_argparse(tmp_path, data, model_path,
+                                                          capsys, case):
+    """A combination of options that emgmm refuses is a usage error as argparse's
+    own are: the usage, the message, status 2 (it was status 1), and no traceback
+    with --debug either."""
+    argv, needle = _usage_errors(tmp_path, data, model_path)[case]
+    for extra in ([], ["--debug"]):
+        assert needle in cli_usage_error(argv + extra, capsys)
+    assert not (tmp_path / "m.h5").exists()
+
+
+def test_failure_while_running_exits_1_without_usage(tmp_path, data, capsys):
+    """A missing input is a failure while running: one line, status 1, no usage."""
+    missing = str(tmp_path / "none.npy")
+    assert cli.main(["fit", missing, "-k", "3", "-o", str(tmp_path / "m.h5")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("emgmm fit: error: ") and missing in err
+    assert err.count("\n") == 1 and "usage:" not in err
+
+
+@pytest.mark.parametrize("argv", [[], ["fit"], ["score"], ["predict"], ["sample"],
+                                  ["info"], ["demo"]])
+def test_help_lists_the_exit_statuses(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv + ["-h"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Exit status: 0 success, 1 failure while running, 2 usage error" in out

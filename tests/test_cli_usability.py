@@ -10,7 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import IGNORE_NOT_CONVERGED
+from helpers import IGNORE_NOT_CONVERGED, cli_usage_error
 
 import emgmm
 from emgmm.cli import command as cli
@@ -129,16 +129,15 @@ def test_npy_outputs_refuse_other_suffixes(npy, model, tmp_path, capsys, command
             "sample": ["sample", model, "-n", "5", "-o", out],
             "sample-labels": ["sample", model, "-n", "5", "-o",
                               str(tmp_path / "s.npy"), "--labels", out]}[command]
-    assert cli.main(argv) == 1
-    err = capsys.readouterr().err
+    err = cli_usage_error(argv, capsys)
     assert "writes .npy files" in err and name in err
     assert list(tmp_path.glob(name)) == []
 
 
 def test_fit_refuses_a_model_named_like_another_format(npy, tmp_path, capsys):
     for name in ("out.npy", "out.npz", "out.txt"):
-        assert cli.main(["fit", npy, "-k", "2", "-q", "-o", str(tmp_path / name)]) == 1
-        err = capsys.readouterr().err
+        err = cli_usage_error(["fit", npy, "-k", "2", "-q", "-o", str(tmp_path / name)],
+                              capsys)
         assert "model files are HDF5" in err and name in err
         assert not (tmp_path / name).exists()
     for name in ("out.h5", "out.hdf5", "model"):

@@ -6,6 +6,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from helpers import cli_usage_error
 from PIL import Image
 
 from emgmm.cli import command as cli
@@ -93,8 +94,10 @@ def test_demo_bad_options(tmp_path, capsys, monkeypatch):
     assert cli.main(SMALL + ["--output-dir", str(tmp_path)]) == 1
     assert f"output directory is not writable: {tmp_path}" in capsys.readouterr().err
     monkeypatch.undo()
-    assert cli.main(["demo", "-k", "0", "--output-dir", str(tmp_path)]) == 1
-    assert "--n-components must be at least 1" in capsys.readouterr().err
+    assert "--n-components must be at least 1" in cli_usage_error(
+        ["demo", "-k", "0", "--output-dir", str(tmp_path)], capsys)
+    assert "--n-patches 3 is fewer than the 4 components of -k" in cli_usage_error(
+        ["demo", "--n-patches", "3", "-k", "4", "--output-dir", str(tmp_path)], capsys)
 
 
 def test_gray_images_and_patches():

@@ -169,3 +169,42 @@ def test_worker_death_on_a_cut_file_names_the_file_not_memory(tmp_path):
     assert (last.startswith("OSError") and str(path) in last
             and "truncated" in last), last
     assert "MemoryError" not in last
+
+
+@pytest.mark.parametrize("where", ["fit", "score"])
+def test_hdf5_file_cut_after_opening_gives_one_message_with_or_without_workers(
+        tmp_path, monkeypatch, where):
+    """An HDF5 file cut to half its size once emgmm has opened it: the reads through
+    this process's handle (n_jobs=None) and the worker processes that open it by
+    name (n_jobs=2) raise the same error, naming the file (the workers said 'Cannot
+    open HDF5 file ... damaged or truncated')."""
+    from emgmm import GaussianMixture
+    from emgmm.io import sources
+
+    X = np.random.default_rng(0).standard_normal((ROWS, COLS))
+    start = GaussianMixture(3, random_state=0).fit(X[:500])
+    make_source = sources.HDF5Source.__init__
+
+    def make_then_cut(self, *args, **kwargs):
+        make_source(self, *args, **kwargs)
+        os.truncate(self.filename, os.path.getsize(self.filename) // 2)
+
+    monkeypatch.setattr(sources.HDF5Source, "__init__", make_then_cut)
+    errors = []
+    for n_jobs in (None, 2):
+        path = tmp_path / "x.h5"
+        with h5py.File(path, "w") as f:
+            f["x"] = X
+        # (a start given in full: the workers' pass is the fit's first read)
+        gm = GaussianMixture(3, max_iter=2, block_size=200, n_jobs=n_jobs,
+                             weights_init=start.weights_, means_init=start.means_,
+                             precisions_init=start.precisions_)
+        if where == "score":
+            gm = start.set_params(n_jobs=n_jobs, block_size=200)
+        with pytest.raises(OSError) as info:
+            getattr(gm, where)(f"{path}:/x")
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
+    assert errors[0][0] is OSError
+    assert f"{path} (of {path}:/x) was truncated while emgmm was reading it" in \
+        errors[0][1]

@@ -288,3 +288,38 @@ def test_dropin_sample(dropin_data):
     Xe, ye = em.sample(50)
     assert_array_equal(ye, ys)
     assert_allclose(Xe, Xs, rtol=1e-7, atol=1e-9)
+
+
+def _warm_steps(cls, X, init, max_calls=50):
+    """``(n_iter_, converged_)`` of each fit of a loop of warm-started ``max_iter=1``
+    fits from ``init`` (weights, means, precisions), up to the first that
+    converges."""
+    w, m, p = init
+    gm = cls(n_components=len(w), covariance_type="full", tol=1e-3, max_iter=1,
+             warm_start=True, weights_init=w, means_init=m, precisions_init=p)
+    steps = []
+    while len(steps) < max_calls and not (steps and steps[-1][1]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # (until the last)
+            gm.fit(X)
+        steps.append((gm.n_iter_, bool(gm.converged_)))
+    return steps, gm
+
+
+def test_warm_started_single_iterations_converge_as_sklearn(blobs_parity):
+    """Each warm start measures its first change against the previous fit's last
+    bound (scikit-learn's rule), so the loop converges, at the call where one fit
+    of the same start does, as scikit-learn's loop (emgmm measured from -inf and
+    never converged)."""
+    X = blobs_parity
+    init = init_from_kmeans(X, 4, "full", 1e-6)
+    steps, em = _warm_steps(GaussianMixture, X, init)
+    sk_steps, sk = _warm_steps(SkGaussianMixture, X, init)
+    assert steps == sk_steps
+    assert steps[-1] == (1, True) and 2 <= len(steps) < 50
+    w, m, p = init
+    one = GaussianMixture(4, tol=1e-3, weights_init=w, means_init=m,
+                          precisions_init=p).fit(X)
+    assert one.converged_ and one.n_iter_ == len(steps)
+    assert_allclose(em.lower_bounds_, sk.lower_bounds_, rtol=1e-9)
+    assert_allclose(em.lower_bounds_[-1], one.lower_bounds_[-1], rtol=1e-12)

@@ -7,7 +7,8 @@ and renamed when complete, so a failed run leaves no partial file; an output tha
 names an input file (but for ``fit``'s ``--warm-start`` model, which it may update in
 place), or another output, is refused before any work. Errors are
 reported as one line on stderr with exit status 1 (the traceback only with
-``--debug``); warnings are shown as one line each.
+``--debug``), usage errors (options that contradict each other, see
+:mod:`.errors`) by argparse with exit status 2; warnings are shown as one line each.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..io.model_file import (
 )
 from ..io.sources import _HDF5_SUFFIXES, as_source, is_npy, split_hdf5_spec
 from . import demo
+from .errors import CommandError, UsageError
 from .progress import ProgressReporter, format_summary
 
 
@@ -156,10 +158,6 @@ _GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate", "n_factors", "learning_decay",
                                  "learning_offset")
 
 
-class CommandError(Exception):
-    """A user error detected by the command line itself."""
-
-
 def _data_shape(spec, n_features=None):
     """Open ``spec`` (checked 2-D and numeric by ``as_source``); return its shape.
 
@@ -225,7 +223,9 @@ def _check_output(path, what="output", inputs=(), outputs=()):
     Raises
     ------
     CommandError
-        Naming the output and, for a clash, the other path.
+        If the output cannot be written.
+    UsageError
+        If it clashes with an input or another output, naming both paths.
     """
     try:
         check_writable(path, what)
@@ -233,13 +233,13 @@ def _check_output(path, what="output", inputs=(), outputs=()):
         raise CommandError(str(exc)) from None
     for name, other in inputs:
         if other is not None and _same_file(path, _input_file(other)):
-            raise CommandError(
+            raise UsageError(
                 f"{what} {path} is the same file as {name} {other}: writing it would "
                 "overwrite the input; choose another output path"
             )
     for name, other in outputs:
         if other is not None and _same_output(path, other):
-            raise CommandError(
+            raise UsageError(
                 f"{what} {path} is the same file as {name} {other}: each output "
                 "needs a file of its own"
             )
@@ -261,16 +261,16 @@ def _check_suffix(path, what, writes, suffix):
 
     Raises
     ------
-    CommandError
+    UsageError
     """
     found = os.path.splitext(path)[1].lower()
     kind = _FORMAT_SUFFIXES.get(found)
     if kind is not None and kind != writes:
         if writes == "HDF5":
-            raise CommandError(
+            raise UsageError(
                 f"{what} {path}: model files are HDF5, not {kind}: name it with "
                 f"{suffix} (or no suffix)")
-        raise CommandError(
+        raise UsageError(
             f"{what} {path}: emgmm writes .npy files (numpy.save), not {kind}: name "
             f"it with {suffix}; for text, convert it afterwards "
             "(numpy.savetxt(name, numpy.load(output)))")
@@ -324,14 +324,14 @@ def _bayesian_params(args, params):
         and read_header(args.warm_start)["format"] == "emgmm.BayesianGaussianMixture")
     if not bayesian:
         if priors:
-            raise CommandError(f"{_flag(next(iter(priors)))} is a prior of "
+            raise UsageError(f"{_flag(next(iter(priors)))} is a prior of "
                                "BayesianGaussianMixture: add --bayesian")
         return params, False
     given = [name for name in _GAUSSIAN_ONLY if name in params]
     if args.sample_weight is not None:
         given.append("sample_weight")
     if given:
-        raise CommandError(f"{_flag(given[0])} is a GaussianMixture parameter that "
+        raise UsageError(f"{_flag(given[0])} is a GaussianMixture parameter that "
                            "BayesianGaussianMixture has not: drop it, or drop "
                            "--bayesian")
     if "mean_prior" in priors:
@@ -353,7 +353,7 @@ def _check_type_parameters(params):
     for name in sorted({p for k in REGISTRY.values() for p in k.parameters}):
         if name in params and name not in kind.parameters:
             owners = [n for n, k in REGISTRY.items() if name in k.parameters]
-            raise CommandError(
+            raise UsageError(
                 f"{_flag(name)} is a parameter of --covariance-type "
                 f"{' or '.join(owners)}, not {covariance_type}: drop it, or give "
                 "that covariance type")
@@ -399,13 +399,13 @@ def _cmd_fit(args):
     if args.warm_start is not None:
         estimator = load_model(args.warm_start)
         if bayesian != isinstance(estimator, BayesianGaussianMixture):
-            raise CommandError(f"--warm-start {args.warm_start} is a GaussianMixture "
+            raise UsageError(f"--warm-start {args.warm_start} is a GaussianMixture "
                                "model: drop --bayesian to continue it")
         for name, flag in (("n_components", "-k"),
                            ("covariance_type", "--covariance-type"),
                            ("n_factors", "--n-factors")):
             if name in params and params[name] != getattr(estimator, name):
-                raise CommandError(
+                raise UsageError(
                     f"--warm-start {args.warm_start} continues a model with "
                     f"{name}={getattr(estimator, name)!r}, not {params[name]!r}: "
                     f"drop {flag} to continue it, or --warm-start to fit a new model")
@@ -564,6 +564,11 @@ def _cmd_info(args):
     return 0
 
 
+#: The exit statuses of every command, as its help lists them.
+EXIT_STATUS = ("Exit status: 0 success, 1 failure while running, 2 usage error; "
+               "130 interrupted (Ctrl-C), 143 terminated (SIGTERM).")
+
+
 def build_parser():
     """Build the argument parser of the ``emgmm`` command.
 
@@ -577,6 +582,7 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="emgmm",
         description="Exact out-of-core, parallel EM for Gaussian mixtures.",
+        epilog=EXIT_STATUS,
     )
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback on errors")
@@ -673,6 +679,10 @@ def build_parser():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.run)
+    for command in sub.choices.values():
+        # (the command's parser reports its usage errors: _run)
+        command.set_defaults(parser=command)
+        command.epilog = EXIT_STATUS
     return parser
 
 
@@ -696,12 +706,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     status : int
-        0 on success, 1 on an error (reported as one line on stderr, or
-        re-raised with ``--debug``) or when the reader of stdout went away (a
-        pipe into ``head``: quietly), 130 when interrupted (SIGINT), 143 when
-        terminated (SIGTERM, taken as an interrupt: the workers, the temporary
-        files and a partial output are cleaned up as after Ctrl-C). Usage errors
-        exit with status 2 through ``SystemExit``, as argparse does.
+        0 on success, 1 on a failure while running (reported as one line on
+        stderr, or re-raised with ``--debug``) or when the reader of stdout went
+        away (a pipe into ``head``: quietly), 130 when interrupted (SIGINT), 143
+        when terminated (SIGTERM, taken as an interrupt: the workers, the temporary
+        files and a partial output are cleaned up as after Ctrl-C).
+
+    Raises
+    ------
+    SystemExit
+        With status 2 on a usage error: argparse's own, and the option
+        combinations the commands refuse (:class:`.errors.UsageError`), both
+        reported by argparse (the command's usage, then the message).
     """
     try:
         args = build_parser().parse_args(argv)  # (imports the estimator)
@@ -762,6 +778,10 @@ def _run(args):
         # not at the interpreter's exit
         sys.stdout.flush()
         return status
+    except UsageError as exc:
+        # (argparse's report and status 2, as for its own usage errors; no
+        # traceback with --debug either: the command line is at fault, not emgmm)
+        args.parser.error(str(exc))
     except _Terminated:
         print("emgmm: terminated", file=sys.stderr)
         return 143

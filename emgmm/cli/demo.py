@@ -32,6 +32,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 
 from ..io.atomic import atomic_output, check_writable
+from .errors import UsageError
 from .progress import ProgressReporter, format_seconds
 
 SUMMARY = "fit a patch prior to scikit-learn's sample images; compare with scikit-learn"
@@ -457,15 +458,21 @@ def run(args):
 
     Raises
     ------
-    ValueError
-        If a size option is not positive.
+    UsageError
+        If a size option is not positive, or ``--n-patches`` is below ``-k``.
     FileNotFoundError, PermissionError
         If ``--output-dir`` does not exist, or cannot be written (before any work).
+    ValueError
+        If the images hold fewer training patches than ``-k``.
     """
     for name in ("n_patches", "n_test", "n_components", "max_iter",
                  "sklearn_max_iter"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.n_patches < args.n_components:
+        raise UsageError(f"--n-patches {args.n_patches} is fewer than the "
+                         f"{args.n_components} components of -k: use more patches "
+                         "or fewer components")
     # the picture's folder before minutes of fitting, not after them
     check_writable(_png_path(args), "output")
     return _run(args)

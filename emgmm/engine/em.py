@@ -148,7 +148,7 @@ def em_step(data_pass, take_model, settings, policy, seeds, used_rows, n_iter,
 def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=None,
            init_index=0, start=None, on_iteration=None,
            statistics_pass=rows_statistics_pass, weights=None, total_weight=None,
-           step=None):
+           step=None, previous_bound=-np.inf):
     """Iterate :func:`em_step` from ``model`` until ``|change of mean log-likelihood|
     < tol`` or ``max_iter`` iterations.
 
@@ -183,6 +183,11 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
         (:class:`~emgmm.engine.pair_step.PairStep`): ``step(take_model, settings,
         policy, seeds, used_rows, n_iter, streaks) -> (model, lower_bound,
         reseeded)``.
+    previous_bound : float, default=-inf
+        What the first iteration's change is measured against: for a warm start,
+        the previous fit's last bound (scikit-learn's rule: a loop of warm-started
+        ``max_iter=1`` fits converges as one fit does). A resumed run measures from
+        its own last bound instead.
 
     Returns
     -------
@@ -201,7 +206,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
     policy = settings.policy()
     state = RunResult(model, [], 0, False, []) if start is None else start
     del model
-    lower_bound = state.lower_bounds[-1] if state.lower_bounds else -np.inf
+    lower_bound = state.lower_bounds[-1] if state.lower_bounds else previous_bound
     while state.n_iter < settings.max_iter and not state.converged:
         tic = time.perf_counter()
         n_iter = state.n_iter + 1

@@ -664,10 +664,14 @@ class HDF5Source(Source):
         try:
             self._file = h5py.File(self.filename, "r")
         except OSError as exc:
-            if not os.path.exists(self.filename):  # deleted or moved: say so
+            # a file deleted, cut or rewritten since the source was made: say so, as
+            # a read through the handle this process already holds does (a worker
+            # process opens the file by name when the pass starts: one fault, one
+            # message); but when a writer holds the lock, which has also changed
+            # the modification time, the lock is what to report
+            if (not os.path.exists(self.filename)
+                    or not opens_without_locking(self.filename)):
                 _check_file_unchanged(self.filename, self._state, self.description)
-            # (a writer that holds the lock has also changed the modification
-            # time: the lock is what to report)
             raise hdf5_error(self.filename, exc) from None
         try:
             _check_file_unchanged(self.filename, self._state, self.description)

@@ -685,12 +685,22 @@ h5py.Dataset or None, default=None
                                          checkpointer.saver(init, plan.random_state,
                                                             best)),
                 weights=plan.weights, total_weight=plan.total_weight,
+                previous_bound=(-np.inf if plan.do_init
+                                else self._warm_start_bound()),
             )
             # (a pairs run's model is its state's: out of the folder removed next)
             return dataclasses.replace(run, model=run.model.in_memory())
         finally:
             if step is not None:
                 step.close()
+
+    def _warm_start_bound(self):
+        """The bound a warm start's first change is measured against: the previous
+        fit's last iteration's, ``lower_bounds_[-1]`` (scikit-learn's
+        ``lower_bound_``; ``-inf`` after ``max_iter=0``). Not ``lower_bound_``, the
+        score of the returned parameters: the first iteration computes that value
+        again, so the change would be 0 and every warm start would stop at once."""
+        return self.lower_bounds_[-1] if len(self.lower_bounds_) else -np.inf
 
     def _finish(self, best, precisions, out_dtype):
         """Set the fitted attributes from the best run; return its labels."""

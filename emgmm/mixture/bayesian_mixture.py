@@ -7,7 +7,6 @@ from numbers import Real
 import numpy as np
 
 from ..covariance import REGISTRY
-from ..engine.model import RunResult
 from ..engine.variational import (
     PRIOR_TYPES,
     Priors,
@@ -90,7 +89,9 @@ default='dirichlet_process'
     random_state : int, RandomState instance or None, default=None
         Seeds the initialisation, the subsample and :meth:`sample`.
     warm_start : bool, default=False
-        Start the next ``fit`` from the fitted posterior (``n_init`` is then 1).
+        Start the next ``fit`` from the fitted posterior (``n_init`` is then 1); its
+        first change is measured against the fitted ``lower_bound_``, as
+        scikit-learn's is.
     verbose : int, default=0
         1 prints each initialisation and iteration; 2 also times and lower bounds.
     verbose_interval : int, default=10
@@ -344,16 +345,9 @@ default='dirichlet_process'
     def _labels_model(self, plan, model):
         return self._update_rule().e_step_model(model)
 
-    def _run_once(self, plan, source, init, start, best):
-        if plan.do_init:
-            return super()._run_once(plan, source, init, start, best)
-        # a warm start measures its first change from the fitted lower bound
-        # (scikit-learn's), which is no bound of this run (a resumed one has it)
-        if start is None:
-            start = RunResult(self._current_model(), [self.lower_bound_], 0, False, [])
-        run = super()._run_once(plan, source, init, start, best)
-        run.lower_bounds = run.lower_bounds[1:]
-        return run
+    def _warm_start_bound(self):
+        """The fitted lower bound: the last iteration's (scikit-learn's)."""
+        return self.lower_bound_
 
     def _current_model(self):
         if isinstance(self.weight_concentration_, tuple) != (

@@ -88,10 +88,11 @@ default='kmeans'
     random_state : int, RandomState instance or None, default=None
         Seeds the initialisation, the subsample and :meth:`sample`.
     warm_start : bool, default=False
-        Start the next ``fit`` from the current parameters (``n_init`` is then 1). A
-        warm start runs at least two iterations when ``max_iter >= 2``: the first
-        change is measured from minus infinity, not from the previous data's lower
-        bound.
+        Start the next ``fit`` from the current parameters (``n_init`` is then 1).
+        The first iteration's change is measured against the previous fit's last
+        iteration's bound, ``lower_bounds_[-1]`` (scikit-learn's ``lower_bound_``),
+        so a loop of warm-started ``max_iter=1`` fits converges where one fit
+        would.
     verbose : int, default=0
         1 prints each initialisation and iteration; 2 also times and lower bounds.
     verbose_interval : int, default=10
