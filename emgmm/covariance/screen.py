@@ -13,8 +13,10 @@ is computed exactly (``v_i <= max_k a_ik``); a pair with ``ub_ik < v_i - margin`
 margin of :func:`~emgmm.covariance.log_density.relevance_margin` it lies below
 ``resp_threshold``, which leaves it out of the statistics anyway); the others are
 computed exactly, gathered per
-component (one product each). The screen keeps no state between blocks or
-iterations.
+component (one product each). The rows schedule builds a screen for each pass
+(:meth:`ProjectionScreen.build`); the pairs schedule keeps its arrays across
+iterations and starts each component's directions from the previous model's
+(:func:`component_screen`'s ``start``).
 
 ``Q_k`` holds the leading right singular vectors of ``(M - mu_k) U_k`` for ``M`` the
 other components' means (where the other clusters lie in component ``k``'s metric),
