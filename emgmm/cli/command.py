@@ -28,13 +28,7 @@ from numpy.lib.format import open_memmap
 from sklearn import get_config
 
 from ..covariance import REGISTRY
-from ..io.atomic import (
-    atomic_output,
-    atomic_outputs,
-    check_writable,
-    reserve,
-    reserved_file,
-)
+from ..io.atomic import atomic_output, atomic_outputs, check_writable, reserved_file
 from ..io.model_file import (
     ModelFileError,
     load_model,
@@ -43,6 +37,7 @@ from ..io.model_file import (
     save_model,
 )
 from ..io.sources import _HDF5_SUFFIXES, as_source, is_npy, split_hdf5_spec
+from ..runtime.disk import reserve
 from . import demo
 from .progress import ProgressReporter, format_summary
 

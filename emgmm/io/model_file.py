@@ -58,7 +58,8 @@ from ..covariance.cholesky import (
     precisions_from_cholesky,
 )
 from ..engine import online
-from .atomic import atomic_output, reserve
+from ..runtime.disk import reserve
+from .atomic import atomic_output
 from .sources import hdf5_error, opens_without_locking
 
 FORMAT_NAME = "emgmm.GaussianMixture"
