@@ -246,10 +246,10 @@ def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder,
     """A value whose squares overflow (1e200), written into the workers' copy of X at
     a late row (the copy of a checked array is not checked for NaN again): a worker
     raises."""
-    real_dump = parallel.dump_array
+    real_copy = ArraySource.copy_for_workers
 
-    def dump_and_spoil(array, parent, *rest):
-        folder, source = real_dump(array, parent, *rest)
+    def copy_and_spoil(self, parent):
+        folder, source = real_copy(self, parent)
         state = os.stat(source.filename)
         mm = np.load(source.filename, mmap_mode="r+")
         mm[1400, 2] = 1e200
@@ -260,7 +260,7 @@ def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder,
         os.utime(source.filename, ns=(state.st_atime_ns, state.st_mtime_ns))
         return folder, source
 
-    monkeypatch.setattr(parallel, "dump_array", dump_and_spoil)
+    monkeypatch.setattr(ArraySource, "copy_for_workers", copy_and_spoil)
     est = GaussianMixture(4, n_jobs=2, schedule=schedule, block_size=53, random_state=0,
                           max_iter=3)
     with pytest.raises(ValueError, match=r"Row 1400 of X: .* at column 2;"):
