@@ -257,7 +257,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         return block_rows(
             source.n_samples, source.n_features, self.n_components,
             np.dtype(self._compute_dtype(source)).itemsize, budget,
-            source.chunk_rows, source.description, self._kind(),
+            source.chunk_rows, source.description, covariance_type=self._kind(),
         )
 
     # ------------------------------------------------------------------ hooks
