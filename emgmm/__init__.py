@@ -17,7 +17,7 @@ _PUBLIC = {
     "GaussianMixture": ".mixture.gaussian_mixture",
     "GaussianMixtureIC": ".mixture.model_selection",
     "ModelFileError": ".io.model_file",
-    "load_model": ".io.model_file",
+    "load_model": ".mixture.loading",
     "save_model": ".io.model_file",
     "as_source": ".io.sources",
 }

@@ -21,7 +21,8 @@ from helpers import (
 
 import emgmm
 from emgmm.cli import command as cli
-from emgmm.io.model_file import load_model, save_model
+from emgmm.io.model_file import save_model
+from emgmm.mixture.loading import load_model
 
 REPO_ROOT = Path(emgmm.__file__).resolve().parent.parent
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import emgmm
-from emgmm.io.model_file import ModelFileError, load_model, read_header, save_model
+from emgmm.io.model_file import ModelFileError, read_header, save_model
+from emgmm.mixture.loading import load_model
 
 
 @pytest.fixture(scope="module")

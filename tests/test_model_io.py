@@ -18,10 +18,10 @@ from emgmm.io.model_file import (
     FORMAT_NAME,
     FORMAT_VERSION,
     ModelFileError,
-    load_model,
     read_header,
     save_model,
 )
+from emgmm.mixture.loading import load_model
 
 
 def _fit(X, covariance_type, **kwargs):

@@ -30,6 +30,7 @@ import emgmm.runtime.blas as blas
 import emgmm.runtime.executor as parallel
 import emgmm.runtime.memory as memory
 from emgmm import GaussianMixture
+from emgmm.covariance import REGISTRY as KINDS
 from emgmm.io.sources import ArraySource
 
 STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
@@ -115,19 +116,20 @@ def test_component_buffer_is_bounded_and_split_is_fixed(X, monkeypatch):
     assert memory.buffer_rows(1500, 6, 53) == 530  # three ranges
     small = fit(X, n_jobs=2, schedule="components", n_components=6, block_size=53)
     assert_same_state(big, small, rtol=1e-12)
-    assert memory.component_slices(6, 5, "full") == [(k, k + 1) for k in range(6)]
-    assert memory.component_slices(6, 5, "tied") == [(0, 6)]
+    assert (memory.component_slices(6, 5, KINDS["full"])
+            == [(k, k + 1) for k in range(6)])
+    assert memory.component_slices(6, 5, KINDS["tied"]) == [(0, 6)]
     monkeypatch.undo()
     for K, d in [(200, 900), (200, 64), (20, 10), (1, 3000)]:
-        slices = memory.component_slices(K, d, "full")
+        slices = memory.component_slices(K, d, KINDS["full"])
         assert slices[0][0] == 0 and slices[-1][1] == K
         assert all(a < b for a, b in slices)
         assert all(s[1] == t[0] for s, t in zip(slices, slices[1:], strict=False))
         assert max(b - a for a, b in slices) * d * d * 8 <= max(memory.SLICE_BYTES,
                                                                 d * d * 8)
-    assert len(memory.component_slices(200, 900, "full")) >= memory.MIN_SLICES
-    assert len(memory.component_slices(20, 10, "full")) == 1  # 16 kB of factors
-    pieces = memory.range_pieces(100_000, 1000, 200, 64, "full", 7)
+    assert len(memory.component_slices(200, 900, KINDS["full"])) >= memory.MIN_SLICES
+    assert len(memory.component_slices(20, 10, KINDS["full"])) == 1  # 16 kB of factors
+    pieces = memory.range_pieces(100_000, 1000, 200, 64, KINDS["full"], 7)
     assert pieces[0] == (0, 12_000) and pieces[-1][1] == 100_000
 
 
@@ -246,10 +248,10 @@ def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder,
     """A value whose squares overflow (1e200), written into the workers' copy of X at
     a late row (the copy of a checked array is not checked for NaN again): a worker
     raises."""
-    real_dump = parallel.dump_array
+    real_copy = ArraySource.copy_for_workers
 
-    def dump_and_spoil(array, parent, *rest):
-        folder, source = real_dump(array, parent, *rest)
+    def copy_and_spoil(self, parent):
+        folder, source = real_copy(self, parent)
         state = os.stat(source.filename)
         mm = np.load(source.filename, mmap_mode="r+")
         mm[1400, 2] = 1e200
@@ -260,7 +262,7 @@ def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder,
         os.utime(source.filename, ns=(state.st_atime_ns, state.st_mtime_ns))
         return folder, source
 
-    monkeypatch.setattr(parallel, "dump_array", dump_and_spoil)
+    monkeypatch.setattr(ArraySource, "copy_for_workers", copy_and_spoil)
     est = GaussianMixture(4, n_jobs=2, schedule=schedule, block_size=53, random_state=0,
                           max_iter=3)
     with pytest.raises(ValueError, match=r"Row 1400 of X: .* at column 2;"):
@@ -287,20 +289,21 @@ def test_nan_late_in_npy_file_under_workers(X, tmp_path, schedule, temp_folder):
 
 def test_schedule_choice_and_refusal():
     # K=200, d=64 'full': 3.3 MB of statistics per task -> rows
-    assert memory.choose_schedule("auto", 200, 64, "full", 2, 1e6)[0] == "rows"
+    assert memory.choose_schedule("auto", 200, 64, KINDS["full"], 2, 1e6)[0] == "rows"
     # K=200, d=900: 649 MB per task -> components (needs several workers)
-    assert memory.statistics_nbytes(200, 900, "full") == 200 * 900 * 901 // 2 * 8
-    assert memory.choose_schedule("auto", 200, 900, "full", 2, 1e6)[0] == "components"
-    assert memory.choose_schedule("auto", 200, 900, "full", 1, 1e6)[0] == "rows"
+    assert memory.statistics_nbytes(200, 900, KINDS["full"]) == 200 * 900 * 901 // 2 * 8
+    assert (memory.choose_schedule("auto", 200, 900, KINDS["full"], 2, 1e6)[0]
+            == "components")
+    assert memory.choose_schedule("auto", 200, 900, KINDS["full"], 1, 1e6)[0] == "rows"
     # only the component schedule fits the budget -> components
-    rows_need = memory.schedule_nbytes("rows", 50, 200, "full", 8)
-    comp_need = memory.schedule_nbytes("components", 50, 200, "full", 8)
+    rows_need = memory.schedule_nbytes("rows", 50, 200, KINDS["full"], 8)
+    comp_need = memory.schedule_nbytes("components", 50, 200, KINDS["full"], 8)
     assert comp_need < rows_need
     budget_mib = (comp_need + rows_need) / 2 / 2**20
-    assert memory.choose_schedule("auto", 50, 200, "full", 8,
+    assert memory.choose_schedule("auto", 50, 200, KINDS["full"], 8,
                                   budget_mib)[0] == "components"
     with pytest.raises(MemoryError, match=r"'rows' schedule with 8 worker.*budget of"):
-        memory.choose_schedule("rows", 50, 200, "full", 8, budget_mib)
+        memory.choose_schedule("rows", 50, 200, KINDS["full"], 8, budget_mib)
     # the estimator refuses before writing X or starting workers
     X = np.zeros((200, 6001))
     est = GaussianMixture(200, memory_limit=1024, n_jobs=2)
@@ -423,7 +426,7 @@ def test_tiny_tasks_run_with_one_blas_thread(X, n_jobs, monkeypatch):
     def record(_):
         seen.append(parallel.blas_thread_count())
 
-    assert memory.tasks_are_tiny(len(X), 6, 4, X.shape[1], "full")
+    assert memory.tasks_are_tiny(len(X), 6, 4, X.shape[1], KINDS["full"])
     with threadpool_limits(limits=2, user_api="blas"):
         fit(X, n_jobs=n_jobs, callback=record)
         assert seen and set(seen) == {1}
@@ -569,12 +572,12 @@ def test_passes_call_no_scipy_blas_wrapper(covariance_type, monkeypatch):
 
 
 def test_row_threads_only_for_enough_work_and_small_statistics():
-    assert memory.row_threads_worthwhile(100_000, 8, 200, 64, "full")
-    assert memory.row_threads_worthwhile(1_000_000, 64, 64, 64, "diag")
+    assert memory.row_threads_worthwhile(100_000, 8, 200, 64, KINDS["full"])
+    assert memory.row_threads_worthwhile(1_000_000, 64, 64, 64, KINDS["diag"])
     # tiny tasks: thread start-up would cost more than the work
-    assert not memory.row_threads_worthwhile(20_000, 8, 3, 2, "full")
+    assert not memory.row_threads_worthwhile(20_000, 8, 3, 2, KINDS["full"])
     # d=900, K=200: 649 MB of statistics per task; the products keep BLAS threads
-    assert not memory.row_threads_worthwhile(1_000_000, 64, 200, 900, "full")
+    assert not memory.row_threads_worthwhile(1_000_000, 64, 200, 900, KINDS["full"])
 
 
 def test_row_threads_off_for_tiny_fits_and_under_a_blas_limit(X, monkeypatch):
@@ -596,8 +599,8 @@ def test_block_rows_within_budget(covariance_type):
     """Blocks fit working_memory; 'diag'/'spherical' blocks also fit the streaming
     working set, and the others keep the larger blocks their per-block work needs."""
     n, d, K = 1_000_000, 64, 64
-    per_row = memory.bytes_per_row(d, K, 8)
-    rows = memory.block_rows(n, d, K, 8, 1024, covariance_type=covariance_type)
+    per_row = memory.bytes_per_row(d, K, 8, KINDS["full"])
+    rows = memory.block_rows(n, d, K, 8, 1024, covariance_type=KINDS[covariance_type])
     assert rows * per_row <= 1024 * 2**20
     n_blocks = -(-n // rows)
     assert n_blocks % memory.BLOCK_MULTIPLE == 0
@@ -605,7 +608,7 @@ def test_block_rows_within_budget(covariance_type):
         assert rows * per_row <= memory.STREAMING_BLOCK_MIB * 2**20
     else:
         assert rows >= memory.MIN_BLOCK_ROWS
-    small = memory.block_rows(n, d, K, 8, 4, covariance_type=covariance_type)
+    small = memory.block_rows(n, d, K, 8, 4, covariance_type=KINDS[covariance_type])
     assert small * per_row <= 4 * 2**20
 
 
@@ -619,21 +622,21 @@ def test_block_rows_follow_the_chunks(covariance_type):
     import warnings
 
     n, d, K = 200_000, 50, 4
-    per_row = memory.bytes_per_row(d, K, 4)
-    plain = memory.block_rows(n, d, K, 4, 1024, covariance_type=covariance_type)
+    per_row = memory.bytes_per_row(d, K, 4, KINDS["full"])
+    plain = memory.block_rows(n, d, K, 4, 1024, covariance_type=KINDS[covariance_type])
     for chunk in (max(1, plain // 3), plain + 1, 2 * plain + 7):
         if chunk * per_row > 1024 * 2**20:
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             rows = memory.block_rows(n, d, K, 4, 1024, chunk_rows=chunk,
-                                     covariance_type=covariance_type)
+                                     covariance_type=KINDS[covariance_type])
         assert rows % chunk == 0 and rows * per_row <= 1024 * 2**20, (chunk, rows)
     budget = int(8 * 2**20 // per_row)
     with pytest.warns(UserWarning,
                       match=rf"exceeds the {budget} rows that fit working_memory"):
         rows = memory.block_rows(n, d, K, 4, 8, chunk_rows=2 * budget,
-                                 covariance_type=covariance_type)
+                                 covariance_type=KINDS[covariance_type])
     assert rows <= budget
 
 

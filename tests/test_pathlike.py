@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import emgmm
-from emgmm.io.model_file import load_model, read_header, save_model
+from emgmm.io.model_file import read_header, save_model
+from emgmm.mixture.loading import load_model
 from emgmm.runtime import executor as _parallel
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from emgmm import GaussianMixture
+from emgmm.covariance import REGISTRY as KINDS
 from emgmm.engine import degenerate
 from emgmm.runtime import memory
 
@@ -13,12 +14,13 @@ from emgmm.runtime import memory
 @pytest.mark.parametrize("covariance_type", ["full", "diag"])
 def test_chunk_warning_names_the_limiting_row_count_and_the_init_read(covariance_type):
     n, d, K = 200_000, 50, 4
-    per_row = memory.bytes_per_row(d, K, 4)
+    per_row = memory.bytes_per_row(d, K, 4, KINDS["full"])
     budget = int(8 * 2**20 // per_row)
     chunk = 2 * budget
     with pytest.warns(UserWarning) as record:
         rows = memory.block_rows(n, d, K, 4, 8, chunk_rows=chunk,
-                                 covariance_type=covariance_type, description="X.h5:/x")
+                                 covariance_type=KINDS[covariance_type],
+                                 description="X.h5:/x")
     (warning,) = record
     text = str(warning.message)
     # the count that limits the block, and what sets it

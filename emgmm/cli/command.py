@@ -29,21 +29,11 @@ from numpy.lib.format import open_memmap
 from sklearn import get_config
 
 from ..covariance import REGISTRY
-from ..io.atomic import (
-    atomic_output,
-    atomic_outputs,
-    check_writable,
-    reserve,
-    reserved_file,
-)
-from ..io.model_file import (
-    ModelFileError,
-    load_model,
-    package_version,
-    read_header,
-    save_model,
-)
+from ..io.atomic import atomic_output, atomic_outputs, check_writable, reserved_file
+from ..io.model_file import ModelFileError, package_version, read_header, save_model
 from ..io.sources import _HDF5_SUFFIXES, as_source, is_npy, split_hdf5_spec
+from ..mixture.loading import load_model
+from ..runtime.disk import reserve
 from . import demo
 from .errors import CommandError, UsageError
 from .progress import ProgressReporter, format_summary

@@ -5,20 +5,20 @@ estimators, the memory model and the model files ask it. A new type is a module
 with a :class:`CovarianceType` subclass and one line here.
 """
 
-from .base import CovarianceType, get_covariance_type
+from .base import REGISTRY, CovarianceType, get_covariance_type
 from .diag import DiagCovariance
 from .factor import FactorCovariance
 from .full import FullCovariance
 from .spherical import SphericalCovariance
 from .tied import TiedCovariance
 
-#: ``covariance_type`` -> its :class:`CovarianceType` (scikit-learn's order).
-REGISTRY = {
+# (the dict of base.py, which the kernel modules' dispatch by name reads)
+REGISTRY.update({
     "full": FullCovariance(),
     "tied": TiedCovariance(),
     "diag": DiagCovariance(),
     "spherical": SphericalCovariance(),
     "factor": FactorCovariance(),
-}
+})
 
 __all__ = ["REGISTRY", "CovarianceType", "get_covariance_type"]

@@ -15,9 +15,16 @@ Adding a type is one module with a subclass of :class:`CovarianceType` and one
 line in the registry.
 """
 
+import dataclasses
 from abc import ABC, abstractmethod
 
 import numpy as np
+
+#: ``covariance_type`` -> its :class:`CovarianceType`, in scikit-learn's order; filled
+#: by ``emgmm/covariance/__init__.py`` (which Python runs before any module of the
+#: package), kept here so that the kernel modules that dispatch by name and the
+#: types that use those kernels do not import each other.
+REGISTRY = {}
 
 
 def get_covariance_type(covariance_type):
@@ -40,8 +47,6 @@ def get_covariance_type(covariance_type):
     """
     if isinstance(covariance_type, CovarianceType):
         return covariance_type
-    from . import REGISTRY
-
     try:
         return REGISTRY[covariance_type]
     except (KeyError, TypeError):
@@ -78,10 +83,6 @@ class CovarianceType(ABC):
         component schedule keeps one slice.
     triangular : bool
         The factors are triangular matrices (checked upper triangular).
-    uses_centred_products : bool
-        The E step's centred products of a block
-        (:func:`~emgmm.covariance.log_density.centred_products`) serve its
-        statistics too.
     statistics_need_products : bool
         Its statistics need the block's products (:meth:`block_products`) also
         where no E step of the same block made them (the component schedule).
@@ -104,7 +105,6 @@ class CovarianceType(ABC):
     name = None
     shared = False
     triangular = False
-    uses_centred_products = False
     statistics_need_products = False
     stores_covariances = False
     streams_blocks = False
@@ -294,15 +294,9 @@ class CovarianceType(ABC):
     def block_products(self, X, model, g=None):
         """What the E step of a block computes once for its log-densities and its
         statistics (``products`` of :meth:`log_prob` and :meth:`block_statistics`),
-        or ``None``: the centred products around ``g`` (default: the mixture mean)
-        for the types that use them."""
-        if not self.uses_centred_products:
-            return None
-        from .log_density import centred_products, centred_products_around
-
-        if g is not None:
-            return centred_products_around(X, g)
-        return centred_products(X, model.means, model.weights)
+        or ``None`` (this default): types whose kernels share such products
+        override it."""
+        return None
 
     @abstractmethod
     def block_statistics(self, X, resp, centers, resp_threshold=0.0, products=None,
@@ -330,14 +324,15 @@ class CovarianceType(ABC):
     def concatenate_statistics(self, parts):
         """Statistics of consecutive component slices joined along the components
         (shared: the one part)."""
-        from .statistics import SufficientStatistics
-
         if self.shared:
             return parts[0]
-        return SufficientStatistics(
-            np.concatenate([p.nk for p in parts]),
-            np.concatenate([p.sum_x for p in parts]),
-            np.concatenate([p.sum_xx for p in parts]), 0.0, 0)
+        # (the parts' own dataclass, SufficientStatistics, without importing its
+        # module: statistics.py dispatches through this one's registry)
+        return dataclasses.replace(
+            parts[0], nk=np.concatenate([p.nk for p in parts]),
+            sum_x=np.concatenate([p.sum_x for p in parts]),
+            sum_xx=np.concatenate([p.sum_xx for p in parts]),
+            log_likelihood=0.0, n_samples=0)
 
     def m_step(self, stats, centers, reg_covar, overwrite=False):
         """Weights, means and covariances from summed statistics (see
@@ -356,12 +351,14 @@ class CovarianceType(ABC):
         """Initial covariances from a sample ``X`` and its responsibilities
         (scikit-learn's ``_estimate_gaussian_parameters``), the rows weighted by
         ``sample_weight`` (n,) when given."""
-        from .m_step import m_step
-        from .statistics import block_statistics
-
-        stats = block_statistics(X, np.array(resp, dtype=np.float64), means, self,
-                                 sample_weight=sample_weight)
-        return m_step(stats, means, reg_covar, self)[2]
+        X = np.asarray(X)
+        resp = np.array(resp, dtype=np.float64)
+        centers = np.asarray(means, dtype=np.float64)
+        if sample_weight is None:
+            stats = self.block_statistics(X, resp, centers)
+        else:
+            stats = self.weighted_block_statistics(X, resp, centers, sample_weight)
+        return self.m_step(stats, centers, reg_covar)[2]
 
     # ------------------------------------- variational Bayes (Bishop 2006, 10.2)
 

@@ -4,7 +4,11 @@ import numpy as np
 
 from .base import CovarianceType, check_shape
 from .cholesky import check_precision_positivity
-from .log_density import expanded_log_prob
+from .log_density import (
+    centred_products,
+    centred_products_around,
+    expanded_log_prob,
+)
 from .m_step import diagonal_variances
 from .statistics import expanded_block_statistics
 
@@ -13,7 +17,6 @@ class DiagCovariance(CovarianceType):
     """Variances ``(K, d)``; factors the square roots of the precisions (K, d)."""
 
     name = "diag"
-    uses_centred_products = True
     streams_blocks = True
 
     def covariance_shape(self, n_components, n_features):
@@ -57,6 +60,13 @@ class DiagCovariance(CovarianceType):
     def diagonal_precisions(self, precisions_cholesky, n_features):
         """The diagonals of the precisions, (K, d) float64."""
         return np.asarray(precisions_cholesky, dtype=np.float64) ** 2
+
+    def block_products(self, X, model, g=None):
+        """The centred products of the block around ``g`` (default: the mixture
+        mean), which its log-densities and its statistics share."""
+        if g is not None:
+            return centred_products_around(X, g)
+        return centred_products(X, model.means, model.weights)
 
     def log_prob(self, X, means, precisions_cholesky, g, offset, margin=None,
                  products=None, out=None):

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.linalg import solve_triangular
 
+from .log_density import _shift
+
 _LOG_2PI = np.log(2.0 * np.pi)
 # A component whose expanded diagonal distances (around the common shift) may be off
 # by more than this relative to the scale of its log-densities is recomputed directly.
@@ -166,14 +168,6 @@ def factorize(loadings, noise_variance):
     log_det = np.log(psi).sum(axis=1)
     log_det += 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
     return FactorPrecision(inv_noise, projection, chol_inv, log_det)
-
-
-def _shift(means, weights):
-    """The mixture mean: the common centre of the expanded products."""
-    w = np.ones(len(means)) if weights is None else np.asarray(weights, np.float64)
-    if not w.sum() > 0.0:
-        w = np.ones(len(means))
-    return (w / w.sum()) @ np.asarray(means, dtype=np.float64)
 
 
 @dataclass

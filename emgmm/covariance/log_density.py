@@ -32,7 +32,11 @@ _LOG_RANGE = 745.2
 
 
 def _shift(means, weights):
-    """A common centre for the expanded distance formulas: the mixture mean."""
+    """A common centre for the expanded distance formulas: the mixture mean, with
+    equal weights when ``weights`` is ``None`` or does not sum to a positive
+    number."""
+    if weights is None:
+        weights = np.ones(len(means))
     weights = np.asarray(weights, dtype=np.float64)
     total = weights.sum()
     if not total > 0.0:

@@ -32,8 +32,8 @@ import numpy as np
 
 from ..covariance.log_density import relevance_margin
 from ..covariance.statistics import block_statistics
-from ..io.atomic import reserve
 from ..runtime.blas import limit_blas
+from ..runtime.disk import reserve
 from ..runtime.executor import joblib_temp_folder, make_temp_folder
 from ..runtime.memory import buffer_rows, component_slices, range_pieces
 from .estep import exp_flushed, logsumexp_rows, weighted_log_prob
@@ -53,7 +53,7 @@ class SharedBuffer:
 
     @classmethod
     def create(cls, folder, shape):
-        """Allocate the file (:func:`~emgmm.io.atomic.reserve`, so a full disk raises
+        """Allocate the file (:func:`~emgmm.runtime.disk.reserve`, so a full disk raises
         ``OSError`` here instead of ``SIGBUS`` on a later write)."""
         path = os.path.join(folder, "log_resp.dat")
         nbytes = 8 * shape[0] * shape[1]

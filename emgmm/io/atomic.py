@@ -1,10 +1,10 @@
 """Outputs written atomically: a temporary name in the same folder, then a rename."""
 
-import errno
 import os
-import shutil
 import tempfile
 from contextlib import contextmanager, suppress
+
+from ..runtime.disk import reserve
 
 
 def check_writable(path, what="output"):
@@ -139,51 +139,12 @@ def atomic_outputs(paths):
         raise
 
 
-def reserve(fd, nbytes, path):
-    """Allocate the first ``nbytes`` of the open file ``fd`` on disk (the file grows
-    to at least that size), so that writing them through a memory map cannot meet a
-    full file system: without it, a sparse file mapped on a full one kills the process
-    with ``SIGBUS``. Where ``os.posix_fallocate`` is missing (not Linux) or refused
-    by the file system (``EOPNOTSUPP``, ``ENOSYS``), the file is only extended.
-
-    Parameters
-    ----------
-    fd : int
-        A file descriptor open for writing.
-    nbytes : int
-    path : str or os.PathLike
-        The file the user knows it by, for the message.
-
-    Raises
-    ------
-    OSError
-        If the space cannot be allocated (``ENOSPC``: the message names ``path``, the
-        bytes needed and those free).
-    """
-    if nbytes <= 0:
-        return
-    try:
-        if hasattr(os, "posix_fallocate"):  # (not on every platform)
-            os.posix_fallocate(fd, 0, nbytes)
-            return
-    except OSError as exc:
-        # EOPNOTSUPP, ENOSYS: a C library that does not emulate it on such a file
-        # system (musl); the file is extended below
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
-            directory = os.path.dirname(os.path.abspath(os.fspath(path)))
-            free = shutil.disk_usage(directory).free
-            raise type(exc)(exc.errno, f"Cannot write {os.fspath(path)}: "
-                            f"{exc.strerror} (it needs {nbytes / 2**20:.1f} MiB; "
-                            f"{free / 2**20:.1f} MiB free in {directory})") from None
-    if os.fstat(fd).st_size < nbytes:
-        os.ftruncate(fd, nbytes)
-
-
 @contextmanager
 def reserved_file(tmp_path, nbytes, path):
     """``tmp_path`` open for writing (binary) from its start, its first ``nbytes``
-    reserved (:func:`reserve`; errors name ``path``); on leaving, the file is cut at
-    the position written to, so the unused part of the reserve does not stay."""
+    reserved (:func:`~emgmm.runtime.disk.reserve`; errors name ``path``); on
+    leaving, the file is cut at the position written to, so the unused part of the
+    reserve does not stay."""
     with open(tmp_path, "r+b") as fh:
         reserve(fh.fileno(), nbytes, path)
         yield fh

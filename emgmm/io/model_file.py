@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import h5py
 import numpy as np
@@ -58,15 +59,14 @@ from ..covariance.cholesky import (
     precisions_from_cholesky,
 )
 from ..engine import online
-from .atomic import atomic_output, reserve
+from ..runtime.disk import reserve
+from .atomic import atomic_output
 from .sources import hdf5_error, opens_without_locking
 
 FORMAT_NAME = "emgmm.GaussianMixture"
 BAYESIAN_FORMAT_NAME = "emgmm.BayesianGaussianMixture"
 FORMAT_VERSION = 1
 COVARIANCE_TYPES = REGISTRY  # (the registered names, as they are when asked)
-if TYPE_CHECKING:
-    from ..mixture.gaussian_mixture import GaussianMixture
 
 _ARRAY_PARAMS = ("weights_init", "means_init", "precisions_init", "mean_prior",
                  "covariance_prior")
@@ -604,38 +604,31 @@ def _singular_factor(covariances, precisions_cholesky, covariance_type):
             f"diagonal entry {np.min(diagonal):.3g})")
 
 
-def load_model(path: str | os.PathLike[str]) -> GaussianMixture:
-    """Load a fitted :class:`emgmm.GaussianMixture` from an HDF5 model file.
+def read_model(path: str | os.PathLike[str],
+               estimator_for: Callable[[bool], Any]) -> Any:
+    """Read and check a model file, and set the fitted estimator it holds.
+
+    The estimator classes live above this module (:mod:`emgmm.mixture`): the
+    caller (:func:`emgmm.load_model`) says which class to make.
 
     Parameters
     ----------
     path : str or os.PathLike
-        Model file written by :func:`save_model`.
+    estimator_for : callable
+        ``estimator_for(bayesian)``: a new, unfitted estimator, a
+        ``BayesianGaussianMixture`` for a file of that format (``bayesian`` true),
+        else a ``GaussianMixture``.
 
     Returns
     -------
-    emgmm.GaussianMixture
-        The fitted estimator: ``weights_``, ``means_`` and ``precisions_cholesky_``
-        as stored, ``covariances_`` and ``precisions_`` recomputed from the factors
-        (in float64), all five in the dtype of the fitted model; the fit metadata
-        (``n_iter_``, ``converged_``, ``lower_bound_``, ``lower_bounds_``),
-        ``n_features_in_``, the state of a ``partial_fit`` stream (``n_steps_``, 0
-        for a fit, and its running statistics) and ``feature_names_in_`` if stored.
-        Parameters listed in ``params_dropped`` keep their defaults.
+    estimator
+        ``estimator_for``'s estimator, fitted as :func:`emgmm.load_model` says.
 
     Raises
     ------
-    FileNotFoundError
-        If ``path`` does not exist.
-    ModelFileError
-        If the file is not an emgmm model file, has another format version,
-        or its arrays have inconsistent shapes or hold no valid mixture (the
-        message names the array and, for the precision Cholesky factors, the
-        component: not finite, no positive diagonal, not upper triangular, or
-        precisions or covariances that overflow float64).
+    FileNotFoundError, ModelFileError
+        As :func:`emgmm.load_model`.
     """
-    from .. import BayesianGaussianMixture, GaussianMixture
-
     header, values = _read(path, arrays=True)
     weights, means, arrays = values["weights"], values["means"], values["params"]
     prec_chol = values.get("precisions_cholesky")
@@ -659,7 +652,7 @@ def load_model(path: str | os.PathLike[str]) -> GaussianMixture:
     params = dict(header["params"], **arrays, checkpoint=None)
     for name in header["params_dropped"]:
         params.pop(name, None)
-    estimator = GaussianMixture() if variational is None else BayesianGaussianMixture()
+    estimator = estimator_for(variational is not None)
     known = estimator.get_params(deep=False)
     estimator.set_params(**{n: v for n, v in params.items() if n in known})
     # float32 for a model fitted in float32, as fit left them (checked in float64)

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.executor import dump_array
+
 #: Serialises the lazy opening of file handles: two threads opening at once would
 #: each store a handle, and the one dropped closes while its thread reads from it.
 OPEN_LOCK = threading.Lock()
@@ -216,6 +218,24 @@ class Source:
     #: Whether worker processes can read the source by reference (reopening files).
     shareable = True
 
+    def copy_for_workers(self, parent):
+        """What worker processes read in place of this source: the source itself
+        (they reopen its file by name); sources of data in memory override it.
+
+        Parameters
+        ----------
+        parent : str
+            The folder under which a copy would be written (joblib's temporary
+            folder).
+
+        Returns
+        -------
+        folder : str or None
+            A folder to remove when the fit ends (``None``: nothing was written).
+        source : Source
+        """
+        return None, self
+
     @property
     def n_samples(self):
         return self.shape[0]
@@ -412,6 +432,24 @@ class ArraySource(Source):
         if mapped is not None:
             _check_map_intact(mapped, self.description)
         return np.take(self.array, rows, axis=0)
+
+    def copy_for_workers(self, parent):
+        """The array written once to a ``.npy`` file under ``parent``
+        (:func:`~emgmm.runtime.executor.dump_array`) and mapped by the workers: a
+        :class:`MemmapSource` named ``description`` in messages (the user's name
+        for the data, not the temporary file) and :attr:`known_finite` like this
+        checked array (its blocks are not checked again on every pass).
+
+        Raises
+        ------
+        OSError
+            If ``parent`` lacks the space (names the folder and how to change it).
+        """
+        folder, path = dump_array(self.array, parent)
+        source = MemmapSource.from_npy(path)
+        source.description = self.description
+        source.known_finite = True
+        return folder, source
 
 
 def _backing_memmap(array):

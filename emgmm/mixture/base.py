@@ -58,7 +58,7 @@ from ..runtime.memory import (
 from ..runtime.worker_loss import explain_worker_loss
 from .initialization import init_sample, subsample_indices
 from .online import OnlineMixin, initial_model, shared_weights
-from .validation import validate_params
+from .validation import check_attributes_hold, check_variances_fit, validate_params
 
 if TYPE_CHECKING:
     import h5py
@@ -82,55 +82,6 @@ def _as_stored(model, dtype):
         # from them again (as score(X) forms them), not rounded themselves
         stored[3] = kind.factorize(stored[2])[0]
     return Model(*stored, model.covariance_type)
-
-
-def _check_variances_fit(model, dtype):
-    """Refuse, before the first pass, a starting ``model`` whose variances already
-    lie beyond the range of ``dtype`` attributes (float32 data of scale ~1e20: the
-    fit would end in :func:`_check_attributes_hold`'s error after every iteration
-    and a series of overflow warnings).
-
-    Raises
-    ------
-    ValueError
-        With :func:`_check_attributes_hold`'s message.
-    """
-    if np.dtype(dtype) == np.float64:
-        return
-    variances = model.kind.feature_variances(model.covariances)
-    if np.all(variances < np.finfo(dtype).max):
-        return
-    raise ValueError(_attributes_message(dtype, variances, "the starting model"))
-
-
-def _attributes_message(dtype, variances, which):
-    name = np.dtype(dtype).name
-    return (
-        f"The {which} does not fit in {name} attributes (those of {name} data "
-        f"computed in {name}): its variances range from {variances.min():.3g} to "
-        f"{variances.max():.3g}, and a covariance or precision would be infinite or "
-        "zero. Scale the data, or fit with compute_dtype='float64', which keeps "
-        "float64 attributes."
-    )
-
-
-def _check_attributes_hold(model, precisions, dtype):
-    """Raise ``ValueError`` when float32 attributes (those of float32 data computed
-    in float32) cannot hold the fitted ``model``: a covariance beyond float32's range
-    (data of scale ~1e20 and more: variances ~1e40), or a variance or precision that
-    rounds to zero (scale ~1e-23 and less, or ~1e30 and more). ``precisions`` are
-    those of the attributes, in ``dtype``."""
-    if np.dtype(dtype) == np.float64:
-        return
-    covariances = model.covariances.astype(dtype)
-    arrays = (covariances, model.precisions_cholesky.astype(dtype), precisions)
-    kind = model.kind
-    if (all(np.isfinite(a).all() for a in arrays)
-            and (kind.feature_variances(covariances) > 0).all()
-            and (kind.feature_variances(precisions) > 0).all()):
-        return
-    variances = kind.feature_variances(model.covariances)
-    raise ValueError(_attributes_message(dtype, variances, "fitted model"))
 
 
 def _refuse_strings(X):
@@ -306,7 +257,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         return block_rows(
             source.n_samples, source.n_features, self.n_components,
             np.dtype(self._compute_dtype(source)).itemsize, budget,
-            source.chunk_rows, source.description, self._kind(),
+            source.chunk_rows, source.description, covariance_type=self._kind(),
         )
 
     # ------------------------------------------------------------------ hooks
@@ -666,7 +617,7 @@ h5py.Dataset or None, default=None
                     initial_model(self, source, plan.random_state, plan.inits,
                                   plan.block_size, plan.sample_weights)
                     if plan.do_init else self._current_model()]
-        _check_variances_fit(starting[0], plan.out_dtype)
+        check_variances_fit(starting[0], plan.out_dtype)
         settings = EMSettings(self.max_iter, self.tol, self.reg_covar,
                               plan.compute_dtype, self.resp_threshold,
                               self.on_degenerate,
@@ -706,7 +657,7 @@ h5py.Dataset or None, default=None
         """Set the fitted attributes from the best run; return its labels."""
         score, run, labels = best
         # (the checkpoint is gone: resuming would end in this error again)
-        _check_attributes_hold(run.model, precisions, out_dtype)
+        check_attributes_hold(run.model, precisions, out_dtype)
         if not run.converged and self.max_iter > 0:
             warnings.warn(
                 "Best performing initialization did not converge. Try different init "

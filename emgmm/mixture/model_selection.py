@@ -439,7 +439,7 @@ def _seed(candidates, random_state):
 def _check_memory(candidates, n_features, n_workers, memory_limit):
     """The bytes of every candidate's model over the parent and the workers; raises
     ``MemoryError`` up front when their sum exceeds the budget."""
-    total = sum(schedule_nbytes("rows", c.n_components, n_features, c.covariance_type,
+    total = sum(schedule_nbytes("rows", c.n_components, n_features, c._kind(),
                                 n_workers) for c in candidates)
     budget = available_memory() if memory_limit is None else memory_limit * 2**20
     if total > budget:
@@ -484,11 +484,12 @@ def fit_side_by_side(candidates, X):
         executor = Executor(source, first.n_jobs)
         widest = max(candidates, key=lambda c: c.n_components)
         if not row_threads_worthwhile(n, len(tasks), widest.n_components, d,
-                                      widest.covariance_type):
+                                      widest._kind()):
             executor.row_threads = 0
         estimate = _check_memory(candidates, d, executor.n_workers, first.memory_limit)
         block_nbytes = block_size * sum(bytes_per_row(
-            d, c.n_components, np.dtype(compute_dtype).itemsize) for c in candidates)
+            d, c.n_components, np.dtype(compute_dtype).itemsize, REGISTRY["full"])
+            for c in candidates)
         plan = FitPlan(n, d, (None, None, None), compute_dtype, out_dtype, block_size,
                        tasks, True, None, None, executor, None, estimate, block_nbytes,
                        None)

@@ -28,6 +28,7 @@ from ..io.stream_checkpoint import read_stream, stream_fingerprint, write_stream
 from ..io.weights import ArrayWeights, dump_weights
 from ..runtime.executor import joblib_temp_folder, make_temp_folder
 from ..runtime.worker_loss import explain_worker_loss
+from .validation import check_attributes_hold
 
 _MODEL_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
 
@@ -191,8 +192,6 @@ class OnlineMixin:
     def _online_step(self, model, running, stats, plan, seconds):
         """Move the running statistics by the batch's ``stats`` (summed under
         ``model``), take the M step and set the attributes."""
-        from .base import _check_attributes_hold
-
         ct = self.covariance_type
         if running is None:
             # the covariances of the precision factors, as a model file restores
@@ -209,7 +208,7 @@ class OnlineMixin:
         new = self._parameters_from_online_statistics(running, plan.compute_dtype)
         precisions = new.kind.precisions_from_cholesky(
             new.precisions_cholesky.astype(plan.out_dtype))
-        _check_attributes_hold(new, precisions, plan.out_dtype)
+        check_attributes_hold(new, precisions, plan.out_dtype)
         self._set_model(new, plan.out_dtype, precisions)
         self._online_statistics = online.shift_centres(running, new.means)
         self.n_steps_ = step

@@ -4,7 +4,9 @@ scikit-learn's parameter constraints (``sklearn.utils._param_validation``) and i
 checks of ``weights_init``/``means_init``/``precisions_init``
 (``sklearn.mixture._gaussian_mixture``) are private; these small equivalents give
 the same messages (``"The 'tol' parameter of GaussianMixture must be a float in the
-range [0.0, inf). Got -1.0 instead."``) and the same exception types.
+range [0.0, inf). Got -1.0 instead."``) and the same exception types. Also the
+checks that float32 attributes can hold a model (before ``fit`` and after each
+``fit`` or ``partial_fit`` step).
 """
 
 import operator
@@ -190,3 +192,52 @@ def check_precisions(precisions, covariance_type, n_components, n_features):
                              ensure_2d=False, allow_nd=ndim > 2)
     kind.check_precisions(precisions, n_components, n_features)
     return precisions
+
+
+def check_variances_fit(model, dtype):
+    """Refuse, before the first pass, a starting ``model`` whose variances already
+    lie beyond the range of ``dtype`` attributes (float32 data of scale ~1e20: the
+    fit would end in :func:`check_attributes_hold`'s error after every iteration
+    and a series of overflow warnings).
+
+    Raises
+    ------
+    ValueError
+        With :func:`check_attributes_hold`'s message.
+    """
+    if np.dtype(dtype) == np.float64:
+        return
+    variances = model.kind.feature_variances(model.covariances)
+    if np.all(variances < np.finfo(dtype).max):
+        return
+    raise ValueError(_attributes_message(dtype, variances, "the starting model"))
+
+
+def _attributes_message(dtype, variances, which):
+    name = np.dtype(dtype).name
+    return (
+        f"The {which} does not fit in {name} attributes (those of {name} data "
+        f"computed in {name}): its variances range from {variances.min():.3g} to "
+        f"{variances.max():.3g}, and a covariance or precision would be infinite or "
+        "zero. Scale the data, or fit with compute_dtype='float64', which keeps "
+        "float64 attributes."
+    )
+
+
+def check_attributes_hold(model, precisions, dtype):
+    """Raise ``ValueError`` when float32 attributes (those of float32 data computed
+    in float32) cannot hold the fitted ``model``: a covariance beyond float32's range
+    (data of scale ~1e20 and more: variances ~1e40), or a variance or precision that
+    rounds to zero (scale ~1e-23 and less, or ~1e30 and more). ``precisions`` are
+    those of the attributes, in ``dtype``."""
+    if np.dtype(dtype) == np.float64:
+        return
+    covariances = model.covariances.astype(dtype)
+    arrays = (covariances, model.precisions_cholesky.astype(dtype), precisions)
+    kind = model.kind
+    if (all(np.isfinite(a).all() for a in arrays)
+            and (kind.feature_variances(covariances) > 0).all()
+            and (kind.feature_variances(precisions) > 0).all()):
+        return
+    variances = kind.feature_variances(model.covariances)
+    raise ValueError(_attributes_message(dtype, variances, "fitted model"))

@@ -24,7 +24,6 @@ from joblib import Parallel, cpu_count, delayed, effective_n_jobs
 from joblib.parallel import get_active_backend
 from threadpoolctl import threadpool_info
 
-from ..io.sources import ArraySource, MemmapSource
 from .blas import hold_process_limit, release_process_limit
 from .workspace import per_thread
 
@@ -198,17 +197,15 @@ def make_temp_folder(parent, nbytes, what, advice=_HOW_TO_MOVE):
     return folder
 
 
-def dump_array(array, parent, description="X"):
+def dump_array(array, parent):
     """Write ``array`` once to ``parent/emgmm-<pid>-<space>-<id>/X.npy``.
 
     Returns
     -------
     folder : str
         The folder to remove when the fit ends.
-    source : MemmapSource
-        Named ``description`` in messages (the user's name for the data, not the
-        temporary file), and :attr:`~emgmm._sources.Source.known_finite` like the
-        checked array it copies (its blocks are not checked again on every pass).
+    path : str
+        The ``.npy`` file, for the worker processes to map.
 
     Raises
     ------
@@ -224,10 +221,7 @@ def dump_array(array, parent, description="X"):
         shutil.rmtree(folder, ignore_errors=True)
         raise OSError(f"Writing X to temporary folder {parent} failed ({exc}). "
                       f"{_HOW_TO_MOVE}{_OR_FILE_BACKED}") from None
-    source = MemmapSource.from_npy(path)
-    source.description = description
-    source.known_finite = True
-    return folder, source
+    return folder, path
 
 
 def core_budget(backend):
@@ -281,7 +275,9 @@ class Executor:
 
     Parameters
     ----------
-    source : Source
+    source : emgmm.io.sources.Source
+        The data; :meth:`~emgmm.io.sources.Source.copy_for_workers` gives what
+        worker processes read.
     n_jobs : int or None
         joblib's meaning; ``None`` follows ``joblib.parallel_config``. Capped by
         :func:`core_budget` when this process is itself a joblib worker.
@@ -369,10 +365,11 @@ class Executor:
                     "backend, or close the file and pass 'file.h5:/dataset'."
                 )
             try:
-                if isinstance(self.source, ArraySource) and not self.uses_threads:
-                    self._folder, self.worker_source = dump_array(
-                        self.source.array, joblib_temp_folder(), self.source.description
-                    )
+                if not self.uses_threads:
+                    # (a copy on disk for data in memory; None and the source
+                    # itself for sources that worker processes reopen)
+                    self._folder, self.worker_source = self.source.copy_for_workers(
+                        joblib_temp_folder())
                 # results stream back in order; backends that cannot stream
                 # (multiprocessing) return the list
                 streams = getattr(backend, "supports_return_generator", False)

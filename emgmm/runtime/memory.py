@@ -14,6 +14,11 @@ Two schedules share the work of a pass (:func:`choose_schedule`):
   (:func:`component_slices`); a worker holds only its slice's factors and
   statistics, and the log-probabilities are exchanged through a memory-mapped
   buffer of ``buffer_rows x K`` float64 values (:func:`buffer_rows`).
+
+The sizes specific to a covariance type come from the type itself, passed in as
+``covariance_type`` (a :class:`~emgmm.covariance.CovarianceType`, e.g.
+``REGISTRY["full"]``, not its name): the memory model is part of the runtime, below
+the covariance types, which use the runtime's kernels.
 """
 
 import ctypes
@@ -23,12 +28,10 @@ import warnings
 
 import numpy as np
 
-from ..covariance import get_covariance_type
-
 _MIB = 2**20
 
 
-def bytes_per_row(n_features, n_components, itemsize, covariance_type="full"):
+def bytes_per_row(n_features, n_components, itemsize, covariance_type):
     """Bytes of working memory one row of a block needs during a pass (the
     covariance type's :meth:`~emgmm.covariance.CovarianceType.bytes_per_row`).
 
@@ -37,13 +40,13 @@ def bytes_per_row(n_features, n_components, itemsize, covariance_type="full"):
     n_features, n_components : int
     itemsize : int
         Bytes per value of the compute dtype (4 or 8).
-    covariance_type : str or CovarianceType, default='full'
+    covariance_type : CovarianceType
 
     Returns
     -------
     int
     """
-    return get_covariance_type(covariance_type).bytes_per_row(n_features, n_components,
+    return covariance_type.bytes_per_row(n_features, n_components,
                                                              itemsize)
 
 
@@ -53,14 +56,14 @@ def model_nbytes(n_components, n_features, covariance_type):
     Parameters
     ----------
     n_components, n_features : int
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : CovarianceType
 
     Returns
     -------
     int
     """
     K, d = n_components, n_features
-    per_cov = get_covariance_type(covariance_type).covariance_values(K, d)
+    per_cov = covariance_type.covariance_values(K, d)
     # means + covariances + precision factors + statistics (sum_x, sum_xx)
     return 8 * (2 * K * d + 3 * per_cov)
 
@@ -177,19 +180,19 @@ def statistics_nbytes(n_components, n_features, covariance_type):
     Parameters
     ----------
     n_components, n_features : int
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : CovarianceType
 
     Returns
     -------
     int
     """
-    return 8 * get_covariance_type(covariance_type).statistics_values(n_components,
+    return 8 * covariance_type.statistics_values(n_components,
                                                                       n_features)
 
 
 def _work_per_row(n_features, covariance_type):
     """Multiply-adds per row and component of one E step plus statistics."""
-    return get_covariance_type(covariance_type).work_per_row(n_features)
+    return covariance_type.work_per_row(n_features)
 
 
 #: Multiply-adds a task of rows must do before a pass runs its tasks in threads of
@@ -209,7 +212,7 @@ def row_threads_worthwhile(n_samples, n_tasks, n_components, n_features,
     Parameters
     ----------
     n_samples, n_tasks, n_components, n_features : int
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : CovarianceType
 
     Returns
     -------
@@ -231,7 +234,7 @@ def tasks_are_tiny(n_samples, n_tasks, n_components, n_features, covariance_type
     Parameters
     ----------
     n_samples, n_tasks, n_components, n_features : int
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+    covariance_type : CovarianceType
 
     Returns
     -------
@@ -258,7 +261,7 @@ def component_slices(n_components, n_features, covariance_type):
         Consecutive, covering ``0..K``.
     """
     K, d = n_components, n_features
-    kind = get_covariance_type(covariance_type)
+    kind = covariance_type
     if kind.shared:
         return [(0, K)]
     per_component = 8 * kind.component_values(d)
@@ -312,7 +315,7 @@ def schedule_nbytes(schedule, n_components, n_features, covariance_type, n_worke
     """
     whole = model_nbytes(n_components, n_features, covariance_type)
     if schedule == "pairs":
-        per_cov = get_covariance_type(covariance_type).covariance_values(
+        per_cov = covariance_type.covariance_values(
             n_components, n_features)
         return 8 * (3 * n_components * n_features + 2 * per_cov)
     if n_workers <= 1:
@@ -337,7 +340,7 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
     ----------
     schedule : {'auto', 'rows', 'components', 'pairs'}
     n_components, n_features : int
-    covariance_type : str
+    covariance_type : CovarianceType
     n_workers : int
     memory_limit_mib : float or None
         The budget in MiB; ``None`` means the memory available now.
@@ -380,7 +383,7 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
     if estimate > budget:
         other = "" if schedule == "components" or n_workers == 1 \
             else " schedule='components',"
-        kind_name = get_covariance_type(covariance_type).name
+        kind_name = covariance_type.name
         raise MemoryError(
             f"The model needs about {_mib(estimate)} MiB under the '{schedule}' "
             f"schedule with {n_workers} worker(s) ({n_components} '{kind_name}' "
@@ -392,7 +395,7 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
 
 
 def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib,
-               chunk_rows=None, description="X", covariance_type="full"):
+               chunk_rows=None, description="X", *, covariance_type):
     """Rows per block so that one block's working set fits ``working_memory_mib``
     (for 'diag' and 'spherical' also ``STREAMING_BLOCK_MIB``).
 
@@ -416,7 +419,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     working_memory_mib : float
     chunk_rows : int or None
     description : str
-    covariance_type : {'full', 'tied', 'diag', 'spherical'}, default='full'
+    covariance_type : CovarianceType
 
     Returns
     -------
@@ -427,7 +430,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     working_memory = working_memory_mib  # (the user's, before the streaming cap)
     # a block of whole chunks may take all of working_memory
     chunk_budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
-    if get_covariance_type(covariance_type).streams_blocks:
+    if covariance_type.streams_blocks:
         working_memory_mib = min(working_memory_mib, STREAMING_BLOCK_MIB)
     budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
     rows = min(budget_rows, max(MIN_BLOCK_ROWS, -(-n_samples // TARGET_BLOCKS)))
@@ -475,7 +478,7 @@ def max_row_tasks(n_components, n_features, covariance_type):
     2) when their statistics would exceed ``STATISTICS_BUDGET``. Depends only on the
     model's size, never on the number of workers."""
     # (the arrays hold whole (d, d) matrices: the covariances' size)
-    per_task = 8 * get_covariance_type(covariance_type).covariance_values(n_components,
+    per_task = 8 * covariance_type.covariance_values(n_components,
                                                                           n_features)
     return int(max(2, min(64, STATISTICS_BUDGET // max(per_task, 1))))
 

@@ -1,0 +1,186 @@
+"""The layers of the package hold: no import from a higher layer, no import cycle.
+
+Every module of ``emgmm`` is parsed with :mod:`ast`; its imports at any depth count
+(inside functions and ``if TYPE_CHECKING:`` blocks too), relative imports resolved,
+and a name served by the lazy facade of ``emgmm/__init__.py`` (``from emgmm import
+GaussianMixture``) counts as an import of the module that defines it. Importing a
+submodule is an edge to that submodule only, not to the ``__init__`` of its package
+(which Python runs first): the ``__init__`` modules that gather their submodules'
+names would otherwise always close a cycle.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "emgmm"
+
+#: The layers, lowest first: a module imports only from its own layer and those
+#: below. ``""`` is ``emgmm/__init__.py`` (``__version__`` and the facade, which
+#: imports nothing itself); ``__main__`` runs the command line.
+LAYERS = ("", "runtime", "covariance", "engine", "io", "mixture", "cli", "__main__")
+
+
+def _modules():
+    """``{dotted name: (path, is a package __init__)}`` of every module of emgmm."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        modules[".".join(parts)] = (path, is_package)
+    return modules
+
+
+MODULES = _modules()
+
+
+def _facade():
+    """``{public name: dotted module}`` of the ``_PUBLIC`` table of emgmm/__init__."""
+    tree = ast.parse(MODULES["emgmm"][0].read_text())
+    for node in tree.body:
+        if (isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "_PUBLIC" for t in node.targets)):
+            return {name: "emgmm" + relative
+                    for name, relative in ast.literal_eval(node.value).items()}
+    return {}
+
+
+FACADE = _facade()
+
+
+def _owner(name):
+    """The module of the package that a dotted ``name`` (module or attribute) is in."""
+    while name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _targets(module, is_package, node):
+    """The modules of emgmm that an ``import`` node of ``module`` imports."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".")
+            if not is_package:
+                parts.pop()
+            parts = parts[:len(parts) - (node.level - 1)]
+            base = ".".join(parts + ([node.module] if node.module else []))
+        names = []
+        for alias in node.names:
+            full = f"{base}.{alias.name}"
+            if base == "emgmm" and alias.name in FACADE:
+                names.append(FACADE[alias.name])
+            else:
+                names.append(full if full in MODULES else base)
+    return [_owner(name) for name in names
+            if name == "emgmm" or name.startswith("emgmm.")]
+
+
+def _imports():
+    """``[(module, line, imported module, statement)]`` over the whole package."""
+    found = []
+    for module, (path, is_package) in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found += [(module, node.lineno, target, ast.unparse(node))
+                          for target in dict.fromkeys(
+                              _targets(module, is_package, node))
+                          if target != module]
+    return found
+
+
+IMPORTS = _imports()
+
+
+def _layer(module):
+    parts = module.split(".")
+    return LAYERS.index(parts[1] if len(parts) > 1 else "")
+
+
+def _path(module):
+    return MODULES[module][0].relative_to(PACKAGE.parent)
+
+
+def test_every_module_is_in_a_layer():
+    unknown = sorted({m.split(".")[1] for m in MODULES if "." in m} - set(LAYERS))
+    assert not unknown, f"subpackages without a layer in LAYERS: {unknown}"
+
+
+def test_no_import_from_a_higher_layer():
+    upward = [f"{_path(m)}:{line}: {statement!r} imports {t} ({LAYERS[_layer(t)]} "
+              f"is above {LAYERS[_layer(m)] or 'emgmm'})"
+              for m, line, t, statement in IMPORTS if _layer(t) > _layer(m)]
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+
+
+def _cycles(graph):
+    """The strongly connected sets of more than one module (Tarjan, iterative)."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    members = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        members.append(member)
+                        if member == node:
+                            break
+                    if len(members) > 1:
+                        cycles.append(sorted(members))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(graph[child])))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return cycles
+
+
+def test_no_import_cycle():
+    graph = {module: set() for module in MODULES}
+    where = {}
+    for module, line, target, _ in IMPORTS:
+        graph[module].add(target)
+        where.setdefault((module, target), line)
+    described = []
+    for members in _cycles({m: sorted(t) for m, t in graph.items()}):
+        edges = [f"  {_path(m)}:{where[m, t]} imports {t}"
+                 for m in members for t in sorted(graph[m]) if t in members]
+        described.append(", ".join(members) + ":\n" + "\n".join(edges))
+    assert not described, "import cycles:\n" + "\n".join(described)
+
+
+@pytest.mark.parametrize(("source", "module", "expected"), [
+    ("from . import memory", "emgmm.runtime.worker_loss", "emgmm.runtime.memory"),
+    ("from .. import __version__", "emgmm.io.model_file", "emgmm"),
+    ("from .. import GaussianMixture", "emgmm.cli.command",
+     "emgmm.mixture.gaussian_mixture"),
+    ("from ..covariance import REGISTRY", "emgmm.engine.online", "emgmm.covariance"),
+    ("import emgmm.runtime.blas as blas", "emgmm.mixture.base", "emgmm.runtime.blas"),
+    ("def f():\n    from .log_density import chunk_rows", "emgmm.covariance.base",
+     "emgmm.covariance.log_density"),
+])
+def test_imports_are_resolved(source, module, expected):
+    """The resolution the checks rely on, on the forms the package uses."""
+    node = next(n for n in ast.walk(ast.parse(source))
+                if isinstance(n, (ast.Import, ast.ImportFrom)))
+    assert _targets(module, MODULES[module][1], node) == [expected]
