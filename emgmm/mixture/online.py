@@ -99,14 +99,19 @@ class OnlineMixin:
 
         The first call on an unfitted estimator initialises the parameters from its
         batch as ``fit`` does (``init_params`` on at most ``init_max_samples`` rows,
-        or the ``*_init`` parameters). Every call then reads its batch once in
+        or the ``*_init`` parameters); without ``precisions_init`` the components
+        start with one pooled covariance and that call takes ``eta_1 = 1`` (see
+        docs/online.rst). Every call then reads its batch once in
         blocks (the E step under the current parameters), moves the running
         sufficient statistics, ``s_t = (1 - eta_t) s_{t-1} + eta_t sbar_t`` with
         ``eta_t = (t + learning_offset) ** -learning_decay`` and ``t = n_steps_``
         after the call, and takes the M step (Cappé and Moulines 2009; Liang and
         Klein 2009; see :mod:`emgmm.engine.online`). ``sbar_t`` are the batch's
         statistics divided by its total weight, ``s_0`` those the M step maps to
-        the starting model. A fitted estimator (``fit``, ``load_model``) continues
+        the starting model. With ``on_degenerate='reinit'``, a component whose
+        running weight falls below a tenth of the mean weight is re-seeded by
+        splitting the heaviest one (:func:`emgmm.engine.online.split_starved`,
+        with a ``UserWarning``). A fitted estimator (``fit``, ``load_model``) continues
         from its parameters, ``t`` counting on from ``n_steps_`` (0 after ``fit``);
         ``fit`` starts afresh, as for scikit-learn's ``MiniBatchKMeans``, and
         ``clone`` drops the stream. ``tol``, ``max_iter``, ``n_init`` and
@@ -134,7 +139,8 @@ class OnlineMixin:
         ValueError
             Invalid parameters, data or weights (naming the row), features other
             than the stream's, a covariance that is not positive definite after
-            the step (whatever ``on_degenerate``: a stream does not re-seed), or a
+            the step (whatever ``on_degenerate``: a stream re-seeds only starved
+            components), or a
             checkpoint of other parameters or of ``fit``. The estimator then keeps
             its state.
         """
