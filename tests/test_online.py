@@ -224,3 +224,39 @@ def test_normalised_full_statistics_are_symmetrised_from_the_upper_triangles():
     stats = online.normalised(N, s, upper_only, c, w.sum(), "full")
     np.testing.assert_allclose(stats.sum_xx, S / w.sum(), rtol=1e-13)
     np.testing.assert_array_equal(stats.sum_xx, np.swapaxes(stats.sum_xx, 1, 2))
+
+
+@pytest.mark.parametrize("ct", COVARIANCE_TYPES)
+def test_split_starved_halves_the_heaviest_and_keeps_the_others(ct):
+    """A component below a tenth of the mean weight takes half of the heaviest
+    one's weight and its covariance, the two means half a standard deviation either
+    side of its mean; the third component's mean and covariance are kept."""
+    K, d, reg = 3, 4, 1e-6
+    rng = np.random.default_rng(0)
+    weights = np.array([0.01, 0.7, 0.29])
+    means = rng.normal(size=(K, d))
+    a = rng.normal(size=(K, d, d))
+    full = a @ np.swapaxes(a, 1, 2) + np.eye(d)
+    cov = {"full": full, "tied": full[1], "diag": np.diagonal(full, axis1=1, axis2=2),
+           "spherical": np.diagonal(full, axis1=1, axis2=2).mean(axis=1)}[ct]
+    stats = online.implied_statistics(weights, means, cov, reg, ct)
+    new, splits = online.split_starved(stats, cov, reg)
+    assert splits == [(0, 1)]
+    w, mu, c = _oracle_m_step(new.nk, new.sum_x, new.sum_xx, new.centers, reg, ct)
+    np.testing.assert_allclose(w, [0.35, 0.35, 0.29] / np.float64(0.99), rtol=1e-12)
+    np.testing.assert_allclose(mu[2], means[2], rtol=1e-12)
+    np.testing.assert_allclose(mu[0] + mu[1], 2 * means[1], rtol=1e-12, atol=1e-12)
+    gap = mu[0] - mu[1]
+    covariance = cov if ct == "tied" else cov[1]
+    dense = covariance if ct in ("full", "tied") else np.diag(
+        np.broadcast_to(covariance, (d,)))
+    assert gap @ np.linalg.solve(dense, gap) == pytest.approx(1.0, rel=1e-9)
+    np.testing.assert_allclose(c, cov if ct == "tied" else cov[[1, 1, 2]],
+                               rtol=1e-10)
+
+
+def test_split_starved_leaves_healthy_statistics_alone():
+    stats = online.implied_statistics([0.2, 0.3, 0.5], np.zeros((3, 2)),
+                                      np.stack([np.eye(2)] * 3), 1e-6, "full")
+    new, splits = online.split_starved(stats, np.stack([np.eye(2)] * 3), 1e-6)
+    assert splits == [] and new is stats

@@ -12,6 +12,7 @@ files and checkpoints keep it (:mod:`emgmm.io.model_file`,
 import os
 import shutil
 import time
+import warnings
 from contextlib import contextmanager
 
 import numpy as np
@@ -22,6 +23,7 @@ from sklearn.utils.metaestimators import available_if
 from ..covariance.cholesky import factorize, ill_defined_message
 from ..covariance.m_step import m_step
 from ..engine import online
+from ..engine.degenerate import initial_factors
 from ..engine.model import Model
 from ..engine.update import MaximumLikelihood
 from ..io.stream_checkpoint import read_stream, stream_fingerprint, write_stream
@@ -77,6 +79,17 @@ def initial_model(estimator, source, random_state, inits, block_size, sample_wei
     return estimator._initial_model(source, random_state, inits, block_size, **kwargs)
 
 
+def _warn_split(step, splits):
+    """The warning of a step that re-seeded starved components."""
+    starved = [k for k, _ in splits]
+    split = [h for _, h in splits]
+    warnings.warn(
+        f"partial_fit step {step}: components {starved} fell to a running weight "
+        f"below {online.STARVED_FRACTION} of the mean weight and were re-seeded by "
+        f"splitting components {split} (the heaviest). If this repeats, use fewer "
+        "components or larger batches.", UserWarning, stacklevel=5)
+
+
 class OnlineMixin:
     """``partial_fit`` over the base class's sources, plan and hooks (present only
     for estimators whose update rule has an online M step)."""
@@ -87,14 +100,19 @@ class OnlineMixin:
 
         The first call on an unfitted estimator initialises the parameters from its
         batch as ``fit`` does (``init_params`` on at most ``init_max_samples`` rows,
-        or the ``*_init`` parameters). Every call then reads its batch once in
+        or the ``*_init`` parameters); without ``precisions_init`` the components
+        start with one pooled covariance and that call takes ``eta_1 = 1`` (see
+        docs/online.rst). Every call then reads its batch once in
         blocks (the E step under the current parameters), moves the running
         sufficient statistics, ``s_t = (1 - eta_t) s_{t-1} + eta_t sbar_t`` with
         ``eta_t = (t + learning_offset) ** -learning_decay`` and ``t = n_steps_``
         after the call, and takes the M step (Cappé and Moulines 2009; Liang and
         Klein 2009; see :mod:`emgmm.engine.online`). ``sbar_t`` are the batch's
         statistics divided by its total weight, ``s_0`` those the M step maps to
-        the starting model. A fitted estimator (``fit``, ``load_model``) continues
+        the starting model. With ``on_degenerate='reinit'``, a component whose
+        running weight falls below a tenth of the mean weight is re-seeded by
+        splitting the heaviest one (:func:`emgmm.engine.online.split_starved`,
+        with a ``UserWarning``). A fitted estimator (``fit``, ``load_model``) continues
         from its parameters, ``t`` counting on from ``n_steps_`` (0 after ``fit``);
         ``fit`` starts afresh, as for scikit-learn's ``MiniBatchKMeans``, and
         ``clone`` drops the stream. ``tol``, ``max_iter``, ``n_init`` and
@@ -122,7 +140,8 @@ class OnlineMixin:
         ValueError
             Invalid parameters, data or weights (naming the row), features other
             than the stream's, a covariance that is not positive definite after
-            the step (whatever ``on_degenerate``: a stream does not re-seed), or a
+            the step (whatever ``on_degenerate``: a stream re-seeds only starved
+            components), or a
             checkpoint of other parameters or of ``fit``. The estimator then keeps
             its state.
         """
@@ -157,16 +176,20 @@ class OnlineMixin:
                                           check_random_state(self.random_state),
                                           plan.inits, plan.block_size,
                                           plan.sample_weights)
+                    from_batch = getattr(self, "precisions_init", None) is None
+                    if from_batch:
+                        model = self._pooled_start(model)
                     running = None
                 else:
                     model = self._current_model()
                     running = self._online_statistics
+                    from_batch = False
                 kwargs = {} if weights is None else {"weights": weights}
                 stats, _ = plan.statistics_pass(
                     plan.executor, plan.tasks, plan.block_size, model,
                     plan.compute_dtype, self.resp_threshold, 0, **kwargs)
                 # (under the executor's BLAS limits, as fit's M step)
-                self._online_step(model, running, stats, plan,
+                self._online_step(model, running, stats, plan, from_batch,
                                   time.perf_counter() - tic)
         finally:
             source.close()
@@ -174,6 +197,30 @@ class OnlineMixin:
                 plan.sample_weights.close()
         if self.checkpoint is not None:
             self._save_stream()
+
+    def _pooled_start(self, model):
+        """``model`` with every component's covariance replaced by their
+        weighted mean (the batch's within-cluster covariance): the start of a
+        stream initialised from its first batch.
+
+        ``init_params`` on one batch estimates each covariance from that
+        component's rows, about ``n / K`` of them (a k-means cluster of 2 rows
+        in d=64 for a batch of 500 patches): a covariance that explains no other
+        row, so that the next batches all go to one component. The pooled
+        covariance is estimated from all the rows; the steps then tell the
+        components apart.
+        """
+        kind = model.kind
+        K = len(model.weights)
+        pooled = kind.pooled_covariance(model.weights, model.covariances,
+                                        np.arange(K))
+        if pooled is None:  # a shared covariance is pooled already
+            return model
+        covariances = np.stack([pooled] * K)
+        u = initial_factors(covariances, kind, self.on_degenerate,
+                            init_params=self.init_params)
+        return Model(model.weights, model.means, covariances, u,
+                     self.covariance_type)
 
     def _parameters_from_online_statistics(self, running, compute_dtype):
         """The model of the running statistics (the maximum-likelihood M step);
@@ -189,9 +236,11 @@ class OnlineMixin:
                                                    compute_dtype, covariances))
         return Model(weights, means, covariances, u, ct)
 
-    def _online_step(self, model, running, stats, plan, seconds):
+    def _online_step(self, model, running, stats, plan, from_batch, seconds):
         """Move the running statistics by the batch's ``stats`` (summed under
-        ``model``), take the M step and set the attributes."""
+        ``model``; ``from_batch``: the start the first call estimated from this
+        batch), take the M step, re-seed starved components and set the
+        attributes."""
         ct = self.covariance_type
         if running is None:
             # the covariances of the precision factors, as a model file restores
@@ -203,9 +252,21 @@ class OnlineMixin:
         batch = online.normalised(stats.nk, stats.sum_x, stats.sum_xx, model.means,
                                   plan.total_weight, ct)
         step = getattr(self, "n_steps_", 0) + 1
-        eta = online.step_size(step, self.learning_decay, self.learning_offset)
+        # a start estimated from this batch is no evidence beyond it: s_1 is the
+        # batch's statistics under the start (the start gives only the E step)
+        eta = (1.0 if from_batch else
+               online.step_size(step, self.learning_decay, self.learning_offset))
         running = online.stepwise_update(running, batch, eta)
         new = self._parameters_from_online_statistics(running, plan.compute_dtype)
+        splits = []
+        if self.on_degenerate == "reinit":
+            running, splits = online.split_starved(
+                online.shift_centres(running, new.means), new.covariances,
+                self.reg_covar)
+        if splits:
+            _warn_split(step, splits)
+            new = self._parameters_from_online_statistics(running,
+                                                          plan.compute_dtype)
         precisions = new.kind.precisions_from_cholesky(
             new.precisions_cholesky.astype(plan.out_dtype))
         check_attributes_hold(new, precisions, plan.out_dtype)
@@ -214,7 +275,8 @@ class OnlineMixin:
         self.n_steps_ = step
         lower_bound = stats.log_likelihood / plan.total_weight
         record = {"event": "partial_fit", "n_steps": step, "eta": eta,
-                  "lower_bound": lower_bound, "seconds": seconds}
+                  "lower_bound": lower_bound,
+                  "reseeded": [k for k, _ in splits], "seconds": seconds}
         self.converged_, self.n_iter_ = False, 1
         self.lower_bound_, self.lower_bounds_ = lower_bound, [lower_bound]
         self.history_ = [record]
