@@ -304,6 +304,26 @@ def test_worker_processes_leave_a_model_in_memory_and_no_folder(patches14):
     assert not ours() - before
     ref = fit(patches14, 8, n_jobs=1, n_init=2, max_iter=2)
     assert_bitwise(gm, ref)
+    # the workers, still alive for the next fit, map none of the removed files
+    psutil = pytest.importorskip("psutil")
+    workers = psutil.Process().children(recursive=True)
+    assert workers
+    held = [m.path for w in workers for m in w.memory_maps()
+            if f"emgmm-{os.getpid()}" in m.path]
+    assert not held, held
+
+
+@pytest.mark.parametrize("n_jobs", [1, None])
+def test_a_warm_start_leaves_the_previous_attributes_as_they_were(patches14, n_jobs):
+    gm = fit(patches14, 8, n_jobs=n_jobs, max_iter=2)
+    old = {name: getattr(gm, name) for name in PARAMS}
+    kept = {name: value.copy() for name, value in old.items()}
+    gm.set_params(warm_start=True)
+    with not_converging():
+        gm.fit(patches14)
+    for name in PARAMS:
+        assert np.array_equal(old[name], kept[name]), name
+    assert not np.array_equal(gm.covariances_, kept["covariances_"])
 
 
 def test_iteration_records_carry_the_pairs_and_the_phase_seconds(patches14):

@@ -36,10 +36,11 @@ class PairState:
         self.p = p
 
     @classmethod
-    def allocate(cls, model, folder=None, p=SCREEN_DIRECTIONS):
-        """The state of a run from ``model`` (its covariances and factors adopted,
-        not copied, when they live in this process and can be written), in memory or
-        in files of ``folder`` (worker processes)."""
+    def allocate(cls, model, folder=None, p=SCREEN_DIRECTIONS, adopt=True):
+        """The state of a run from ``model``, in memory or in files of ``folder``
+        (worker processes). ``adopt``: the caller lets ``model`` go, so its
+        covariances and factors are used, not copied, when they live in this
+        process and can be written (never a fitted estimator's attributes)."""
         K, d = model.means.shape
         shapes = {"weights": ((K,), np.float64), "means": ((K, d), np.float64),
                   "covariances": ((K, d, d), np.float64),
@@ -47,9 +48,9 @@ class PairState:
                   "nk": ((K,), np.float64), "sum_x": ((K, d), np.float64)}
         shapes.update({name: (shape, np.float64) for name, shape
                        in ProjectionScreen.shapes(K, d, p).items()})
-        adopt = {"covariances": model.covariances,
-                 "factors": model.precisions_cholesky}
-        arrays = SharedArrays.allocate(shapes, folder, adopt)
+        arrays = SharedArrays.allocate(shapes, folder, {
+            "covariances": model.covariances,
+            "factors": model.precisions_cholesky} if adopt else None)
         state = cls(arrays, model.covariance_type, min(p, d))
         for name, value in (("weights", model.weights), ("means", model.means),
                             ("covariances", model.covariances),

@@ -86,6 +86,9 @@ class PairStep:
         Must be positive (the screen needs a margin).
     weights : WeightSource or None
     total_weight : float
+    owns_start : bool
+        Whether the run's starting model may become its state (not a warm
+        start's: the estimator's attributes stay as they are until the fit ends).
 
     The state lives in this process, or, when the executor's tasks run in worker
     processes, in memory-mapped files of a folder of
@@ -94,7 +97,7 @@ class PairStep:
     """
 
     def __init__(self, executor, block_size, n_samples, compute_dtype, resp_threshold,
-                 weights=None, total_weight=None):
+                 weights=None, total_weight=None, owns_start=True):
         self.executor = executor
         self.block_size, self.n_samples = block_size, n_samples
         self.compute_dtype = compute_dtype
@@ -102,6 +105,7 @@ class PairStep:
         self.margin = relevance_margin(resp_threshold)
         self.weights = weights
         self.total_weight = n_samples if total_weight is None else total_weight
+        self.owns_start = owns_start
         self.folder = None
         self.state = None
         #: Pairs computed per row in the last iteration (the others were proven
@@ -121,7 +125,7 @@ class PairStep:
         K, d = model.means.shape
         self.folder = self.executor.shared_folder(8 * (2 * K * d * d + 8 * K * d),
                                                   "the model that the workers share")
-        self.state = PairState.allocate(model, self.folder)
+        self.state = PairState.allocate(model, self.folder, adopt=self.owns_start)
         self.ranges = contiguous_ranges(K, self.units)
         if not self.state.has_screen:  # (a resumed run has its model's)
             screen = self.state.screen()

@@ -139,14 +139,14 @@ def _limit_threads(executor, schedule, n_samples, tasks, n_components, n_feature
         executor.one_blas_thread()
 
 
-def _pairs_step(plan, resp_threshold):
+def _pairs_step(plan, resp_threshold, owns_start):
     """The :class:`~emgmm.engine.pair_step.PairStep` of a run under the pairs
     schedule (``None`` under the others)."""
     if plan.schedule != "pairs":
         return None
     return PairStep(plan.executor, plan.block_size, plan.n_samples,
                     plan.compute_dtype, resp_threshold, plan.weights,
-                    plan.total_weight)
+                    plan.total_weight, owns_start)
 
 
 @dataclass
@@ -626,7 +626,8 @@ h5py.Dataset or None, default=None
                               / plan.n_samples,
                               update=self._update_rule())
         checkpointer = plan.checkpointer
-        step = _pairs_step(plan, self.resp_threshold)
+        step = _pairs_step(plan, self.resp_threshold,
+                           owns_start=plan.do_init or start is not None)
         try:
             run = run_em(
                 plan.executor, plan.tasks, plan.block_size, starting.pop,

@@ -3,41 +3,15 @@
 With worker threads (or none), the arrays are ordinary arrays of this process. With
 worker processes, each array is a ``.npy`` file in a folder of the fit's temporary
 folder, mapped by every process that uses it: a :class:`SharedArrays` pickles as the
-folder and the arrays' names, and each process maps the files once (the maps are
-kept, a few sets at a time, so that a worker's later tasks find their pages mapped
-already). Workers write only their own parts (a range of components, say).
+folder and the arrays' names, and each task maps the files when it first reads
+an array (the maps go with the task's copy: a worker keeps no map of a folder after
+its tasks, so the pages of a removed folder are freed). Workers write only their
+own parts (a range of components, say).
 """
 
-import collections
 import os
-import threading
 
 import numpy as np
-
-#: Sets of maps kept per process (the latest ones used).
-_KEPT = 4
-_MAPS = collections.OrderedDict()
-_MAPS_LOCK = threading.Lock()
-
-
-def _mapped(folder, names):
-    """The arrays of ``folder``, mapped read-write once per process."""
-    with _MAPS_LOCK:
-        arrays = _MAPS.pop(folder, None)
-        if arrays is None:
-            arrays = {name: np.load(os.path.join(folder, name + ".npy"),
-                                    mmap_mode="r+")
-                      for name in names}
-        _MAPS[folder] = arrays
-        while len(_MAPS) > _KEPT:
-            _MAPS.popitem(last=False)
-        return arrays
-
-
-def forget(folder):
-    """Drop this process's maps of ``folder`` (before the folder is removed)."""
-    with _MAPS_LOCK:
-        _MAPS.pop(folder, None)
 
 
 class SharedArrays:
@@ -82,7 +56,8 @@ class SharedArrays:
 
     def __getitem__(self, name):
         if self._arrays is None:
-            self._arrays = _mapped(self.folder, self._names)
+            self._arrays = {n: np.load(os.path.join(self.folder, n + ".npy"),
+                                       mmap_mode="r+") for n in self._names}
         return self._arrays[name]
 
     def __getstate__(self):
@@ -93,7 +68,6 @@ class SharedArrays:
     def close(self):
         """Let the maps go (their files stay until the folder is removed)."""
         if self.folder is not None:
-            forget(self.folder)
             self._arrays = None
 
 
