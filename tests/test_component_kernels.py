@@ -84,6 +84,21 @@ def test_arrays_that_are_not_column_major_are_refused():
         lapack.trmm_left_lower(np.asfortranarray(np.eye(3)), b)
 
 
+def test_operands_of_other_shapes_or_dtypes_are_refused():
+    f = np.asfortranarray
+    with pytest.raises(ValueError, match="do not match"):
+        lapack.trmm_left_lower(f(np.eye(3)), f(np.ones((4, 2))))
+    with pytest.raises(ValueError, match="do not match"):
+        lapack.trmm_left_lower(f(np.eye(3)), f(np.ones((3, 2), np.float32)))
+    with pytest.raises(ValueError, match="do not match"):
+        lapack.syrk_lower_add(f(np.zeros((3, 3), np.float32)), f(np.ones((3, 2))))
+
+
+def test_sizes_beyond_lapacks_integers_are_refused():
+    with pytest.raises(OverflowError, match="32-bit"):
+        lapack._int(2**31)
+
+
 def test_the_capsule_routines_run_in_threads_at_once():
     """Calls through the capsules release the GIL: two threads factorising
     overlap (each call is long enough to be seen running while the other runs)."""

@@ -1,9 +1,9 @@
 """The pairs schedule ('full' beyond the packed estimate's features): rows screen the
 pairs, components own their statistics, M step and factor (emgmm/engine/pair_*.py).
 
-Oracles: the rows schedule with the screen switched off (every pair computed, the
-same resp_threshold), from the same start; the same fit with other workers, blocks
-and sources (bitwise); repeated rows for integer weights.
+Oracles: the same schedule with the screen switched off (every pair computed, the
+same resp_threshold) and the rows schedule, from the same start; the same fit with
+other workers, blocks and sources (bitwise); repeated rows for integer weights.
 """
 
 import os
@@ -119,12 +119,24 @@ def test_pairs_fit_equals_the_fit_of_every_pair(name, monkeypatch):
         assert plan.pairs[-1] < K / 2, plan.pairs
 
 
-def test_pairs_fit_is_bitwise_the_same_for_any_workers_and_threads(patches14):
+@pytest.mark.parametrize("name", ["separated_blobs", "patches14"])
+def test_pairs_fit_equals_the_rows_schedule(name):
+    """The other schedule's E step, M step and repair, from the same start."""
+    X = DATA[name]()
+    got, _ = pairs_fit(X, 8)
+    assert_same_fit(got, fit(X, 8, schedule="rows"))
+
+
+@pytest.mark.parametrize("block_size", [None, 97])
+def test_pairs_fit_is_bitwise_the_same_for_any_workers_and_threads(patches14,
+                                                                   block_size):
     """One process (n_jobs=1), its row threads (n_jobs=None) and two worker
-    processes (the model shared through files) give the same bits."""
-    one, _ = pairs_fit(patches14, 8, n_jobs=1)
+    processes (the model shared through files) give the same bits, in one block
+    or in many (row tasks and rescreen groups regrouped)."""
+    one, _ = pairs_fit(patches14, 8, n_jobs=1, block_size=block_size)
     for n_jobs in (None, 2):
-        assert_bitwise(pairs_fit(patches14, 8, n_jobs=n_jobs)[0], one)
+        assert_bitwise(pairs_fit(patches14, 8, n_jobs=n_jobs,
+                                 block_size=block_size)[0], one)
 
 
 @pytest.mark.parametrize("block_size", [97, 350])

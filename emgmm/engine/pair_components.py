@@ -25,7 +25,7 @@ from ..covariance.full_component import add_moments, factor_in_place, m_step_in_
 from ..covariance.m_step import _RECENTRE_RATIO
 from ..covariance.screen import component_screen, factor_norms, pair_values
 from ..runtime.blas import limit_blas
-from .pair_rows import Triples, check_rows_explained, worst_of
+from .pair_rows import Triples, worst_of
 from .passes import Worst, worst_candidates
 
 #: Rows of a component gathered at a time (at least ``d`` keeps the products of
@@ -102,8 +102,8 @@ def top_pairs_task(source, k0, k1, tops, state, compute_dtype, margin, n_worst, 
                 pair_values(np.subtract(X, state.means[k], dtype=np.float64),
                             state.factors[k], screen.offset[k], value,
                             screen.u_norm[k], err)
-                check_rows_explained(value, rows[a:b], source, compute_dtype,
-                                     state.means)
+                # (a value that overflowed, -inf, makes no row single: the row
+                # goes to the rescreen, which checks whether any pair explains it)
                 single = second[a:b] < screen.rejection_limit(value, err, k, margin)
                 w = np.ones(b - a) if weights is None else weights[a:b]
                 sums[j] += float(w[single] @ value[single])

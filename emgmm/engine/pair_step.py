@@ -14,10 +14,9 @@ One iteration, each phase a pass of tasks over the executor:
    rows): their screened E step, as the row schedule computes it, giving their
    kept ``(row, component, w_i r_ik)`` triples;
 4. components (:func:`~emgmm.engine.pair_components.statistics_task`, a gather
-   of the kept pairs): their statistics, the M step and the factor of each
-   component; then, in this process, the weights and the degenerate policy;
-5. components (:func:`~emgmm.engine.pair_components.screen_terms_task`): the
-   screen of the new model from the previous one's directions.
+   of the kept pairs): their statistics, the M step, the factor and the screen's
+   terms of each component (its directions from the previous model's); then, in
+   this process, the weights and the degenerate policy.
 
 ``X`` is read once in blocks and gathered about twice by row (every row in phase
 2, the rows of several components once more in phases 3 and 4). No task holds

@@ -63,8 +63,23 @@ def _check(a, name, writable=True):
                          f"{a.dtype} of shape {a.shape}")
 
 
+def _check_pair(a, shape, dtype):
+    """Refuse operands whose shapes or dtypes differ (BLAS would read or write past
+    the smaller one)."""
+    if a.shape != shape or a.dtype != dtype:
+        raise ValueError(f"operands do not match: {a.dtype} {a.shape} against "
+                         f"{np.dtype(dtype)} {shape}")
+
+
+_INT_MAX = 2**31 - 1
+
+
 def _int(value):
-    return ctypes.byref(ctypes.c_int(int(value)))
+    """A LAPACK integer (32 bits, as scipy's capsules take)."""
+    value = int(value)
+    if not 0 <= value <= _INT_MAX:
+        raise OverflowError(f"{value} does not fit LAPACK's 32-bit integers")
+    return ctypes.byref(ctypes.c_int(value))
 
 
 def _scalar(value, dtype):
@@ -146,6 +161,7 @@ def trmm_left_lower(a, b, transpose=False):
     Fortran-ordered and of one dtype."""
     _check(a, "a", writable=False)
     _check(b, "b")
+    _check_pair(a, (b.shape[0], b.shape[0]), b.dtype)
     d, m = b.shape
     if m == 0 or d == 0:
         return b
@@ -166,6 +182,7 @@ def syrk_lower_add(c, a, alpha=1.0):
     written)."""
     _check(c, "c")
     _check(a, "a", writable=False)
+    _check_pair(c, (a.shape[0], a.shape[0]), a.dtype)
     d, m = a.shape
     if m == 0 or d == 0:
         return c

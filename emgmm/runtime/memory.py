@@ -6,7 +6,7 @@ float64 arrays (log-probabilities, responsibilities). Per process, the model hol
 the parameters, the factors and one set of sufficient statistics, each about
 ``K d^2`` float64 values for 'full'.
 
-Two schedules share the work of a pass (:func:`choose_schedule`):
+Three schedules share the work of a pass (:func:`choose_schedule`):
 
 - ``"rows"``: a task is a range of rows and all components; every worker holds the
   whole model and one full set of sufficient statistics.
@@ -14,6 +14,9 @@ Two schedules share the work of a pass (:func:`choose_schedule`):
   (:func:`component_slices`); a worker holds only its slice's factors and
   statistics, and the log-probabilities are exchanged through a memory-mapped
   buffer of ``buffer_rows x K`` float64 values (:func:`buffer_rows`).
+- ``"pairs"`` ('full', :mod:`emgmm.engine.pair_step`): one model and one set of
+  statistics for all workers (shared memory maps with worker processes); a task
+  holds a block of rows or one component's gathered rows.
 
 The sizes specific to a covariance type come from the type itself, passed in as
 ``covariance_type`` (a :class:`~emgmm.covariance.CovarianceType`, e.g.
