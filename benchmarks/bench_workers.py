@@ -45,17 +45,19 @@ def _tree(proc):
         return [proc]
 
 
-def _cpu(procs):
+def _cpu(procs, seen):
+    """CPU seconds (user + system) of the processes of the tree that were ever
+    seen: ``seen`` maps each pid to its last reading, so that a worker that exits
+    keeps its share."""
     import psutil
 
-    total = 0.0
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            seen[p.pid] = max(seen.get(p.pid, 0.0), t.user + t.system)
         except psutil.Error:
             pass
-    return total
+    return sum(seen.values())
 
 
 class Sampler(threading.Thread):
@@ -70,12 +72,17 @@ class Sampler(threading.Thread):
         self.worker_uss = 0.0
         self.tree_rss = 0.0
         self.stopped = threading.Event()
+        #: CPU seconds by pid (see :func:`_cpu`), shared with the callback.
+        self.seen = {}
+        #: CPU seconds of this sampling thread (left out of the tree's).
+        self.own_cpu = 0.0
 
     def run(self):
         import psutil
 
         while not self.stopped.is_set():
             procs = _tree(self.me)
+            _cpu(procs, self.seen)
             rss = 0.0
             for p in procs:
                 try:
@@ -86,6 +93,7 @@ class Sampler(threading.Thread):
                 if p.pid != self.me.pid:
                     self.worker_uss = max(self.worker_uss, info.uss)
             self.tree_rss = max(self.tree_rss, rss)
+            self.own_cpu = time.thread_time()
             self.stopped.wait(self.interval)
 
 
@@ -99,13 +107,18 @@ def worker(spec):
         spec["data"])
     start = np.load(spec["start"])
     me = psutil.Process()
+    sampler = Sampler()
     cpu, seconds, pairs, phases = [], [], [], []
-    last = [_cpu(_tree(me)), time.perf_counter()]
+
+    def tree_cpu():
+        return _cpu(_tree(me), sampler.seen) - sampler.own_cpu
+
+    last = [tree_cpu(), time.perf_counter()]
 
     def callback(record):
         if record.get("event") != "iteration":
             return
-        now = _cpu(_tree(me))
+        now = tree_cpu()
         cpu.append(now - last[0])
         seconds.append(time.perf_counter() - last[1])
         pairs.append(record.get("pairs_per_row"))
@@ -117,14 +130,13 @@ def worker(spec):
         weights_init=start["weights"], means_init=start["means"],
         precisions_init=start["precisions"], n_jobs=spec["n_jobs"],
         callback=callback)
-    sampler = Sampler()
     sampler.start()
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tic = time.perf_counter()
-        last[:] = [_cpu(_tree(me)), time.perf_counter()]
+        last[:] = [tree_cpu(), time.perf_counter()]
         gm.fit(X)
         wall = time.perf_counter() - tic
     sampler.stopped.set()
@@ -134,20 +146,22 @@ def worker(spec):
         "pairs_per_row": pairs, "phase_seconds": phases, "fit_seconds": wall,
         "lower_bounds": [float(v) for v in gm.lower_bounds_],
         "worker_uss_mb": sampler.worker_uss / 2**20,
+        "processes_seen": len(sampler.seen),
         "tree_rss_mb": sampler.tree_rss / 2**20,
     }))
 
 
-def make_start(name, n, iters, out):
-    """A start for the workers' runs: patches, ``iters`` iterations of emgmm from the
-    'random from data' start of bench_em.py, saved with its weights, means and
-    precisions."""
+def make_start(name, n, iters, out, start_n=None):
+    """A start for the workers' runs: ``n`` patches, ``iters`` iterations of emgmm on
+    the first ``start_n`` of them (default all) from the 'random from data' start of
+    bench_em.py, saved with its weights, means and precisions."""
     from emgmm import GaussianMixture
 
     side = {"E": 30, "G": 50}[name]
     K = {"E": 200, "G": 50}[name]
     X = patch_data(n, side, seed=0)
-    weights, means, precisions = initial_parameters(X, K, "full", seed=0)
+    head = X[:start_n or n]
+    weights, means, precisions = initial_parameters(head, K, "full", seed=0)
     gm = GaussianMixture(K, tol=0.0, max_iter=iters, reg_covar=1e-6,
                          weights_init=weights, means_init=means,
                          precisions_init=precisions)
@@ -155,7 +169,7 @@ def make_start(name, n, iters, out):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        gm.fit(X)
+        gm.fit(head)
     np.save(out.with_suffix(".X.npy"), X)
     np.savez(out, weights=gm.weights_, means=gm.means_, precisions=gm.precisions_)
 
@@ -167,6 +181,8 @@ def main(argv=None):
     parser.add_argument("--n-jobs", default="1,2,40")
     parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--start-iters", type=int, default=5)
+    parser.add_argument("--start-n", type=int, default=None,
+                        help="rows the start is fitted on (default: all n)")
     parser.add_argument("--make-start", action="store_true")
     parser.add_argument("--memmap", action="store_true",
                         help="pass X as a memory map of the .npy file")
@@ -181,7 +197,7 @@ def main(argv=None):
     folder.mkdir(parents=True, exist_ok=True)
     start = folder / f"{args.config}{args.n}_start.npz"
     if args.make_start or not start.exists():
-        make_start(args.config, args.n, args.start_iters, start)
+        make_start(args.config, args.n, args.start_iters, start, args.start_n)
     rows = []
     for n_jobs in [int(v) for v in args.n_jobs.split(",")]:
         spec = dict(data=str(start.with_suffix(".X.npy")), start=str(start),

@@ -350,7 +350,10 @@ def _full_statistics(X, resp, centers, resp_threshold, nk, sum_x, sum_xx):
         # pair on every row would pull a shift weighted by kept pairs far from the data
         g = _shift(centers, resp.sum(axis=0))
         with borrow("packed_sums", (K, d * (d + 1) // 2 + d + 1)) as acc:
-            _packed_sums(X, resp, g, kept if resp_threshold > 0.0 else None, acc)
+            # (always through the mask, so that one set of kept pairs gives the same
+            # bits whatever the threshold that chose it: weighted statistics zero
+            # their dropped pairs and keep the others by r > 0)
+            _packed_sums(X, resp, g, kept, acc)
             redo = _add_packed_moments(acc, centers, g, nk, sum_x, sum_xx)
         if redo.size:
             _gathered_moments(X, resp, centers, kept, counts, redo, nk, sum_x, sum_xx)
