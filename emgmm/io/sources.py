@@ -103,15 +103,63 @@ def _of(path, description):
     return "" if description == path else f" (of {description})"
 
 
-def read_exactly(fd, out, offset, path, description):
-    """Fill ``out`` with the bytes of the file open at ``fd`` from ``offset``.
+#: Bytes of one ``os.pread`` call in :func:`read_exactly`: it returns a new bytes
+#: object, copied into the block, so a bounded size bounds the extra memory.
+_PREAD_BYTES = 2**24
 
-    ``os.preadv`` keeps no file position, so threads can share ``fd``.
+#: Serialises :func:`read_exactly`'s seek and read where neither ``os.preadv`` nor
+#: ``os.pread`` exists (Windows): the threads of a pass share a source's file
+#: object, whose position one thread's seek would move under another's read. One
+#: lock for all files: the reads of one file serialise anyway, and a fit reads one
+#: data file (and at most one file of weights).
+_SEEK_LOCK = threading.Lock()
+
+
+def _read_at(fh, view, offset):
+    """Read bytes of the raw file ``fh`` from ``offset`` into the start of ``view``.
+
+    ``os.preadv`` (Linux, the BSDs; macOS 11+ in some builds of Python) reads into
+    ``view`` and keeps no file position, so threads share the file; ``os.pread``
+    (Unix) likewise, through a copy of at most ``_PREAD_BYTES``; elsewhere (Windows)
+    a seek and ``readinto`` under ``_SEEK_LOCK``. The functions are looked up at
+    every call, so that tests can take them away.
 
     Parameters
     ----------
-    fd : int
-        A descriptor open for reading.
+    fh : io.FileIO
+        Open for reading, unbuffered.
+    view : memoryview
+        Of bytes; its start is overwritten.
+    offset : int
+        Bytes from the start of the file.
+
+    Returns
+    -------
+    int
+        The bytes read: 0 at the end of the file, else at least 1.
+    """
+    preadv = getattr(os, "preadv", None)
+    if preadv is not None:
+        return preadv(fh.fileno(), [view], offset)
+    pread = getattr(os, "pread", None)
+    if pread is not None:
+        data = pread(fh.fileno(), min(len(view), _PREAD_BYTES), offset)
+        view[:len(data)] = data
+        return len(data)
+    with _SEEK_LOCK:
+        fh.seek(offset)
+        return fh.readinto(view)
+
+
+def read_exactly(fh, out, offset, path, description):
+    """Fill ``out`` with the bytes of the raw file ``fh`` from ``offset``.
+
+    Threads can share ``fh`` (:func:`_read_at` says how, on each platform).
+
+    Parameters
+    ----------
+    fh : io.FileIO
+        Open for reading, unbuffered (``open(path, "rb", buffering=0)``).
     out : ndarray
         C-contiguous; overwritten.
     offset : int
@@ -127,9 +175,9 @@ def read_exactly(fd, out, offset, path, description):
     view = memoryview(out).cast("B")
     done = 0
     while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
+        got = _read_at(fh, view[done:], offset + done)
         if got == 0:
-            size = os.fstat(fd).st_size
+            size = os.fstat(fh.fileno()).st_size
             raise OSError(
                 f"The file {path}{_of(path, description)} was truncated while "
                 f"emgmm was reading it: it holds {size} bytes, fewer than the "
@@ -483,7 +531,7 @@ def _check_map_intact(mm, description):
 class MemmapSource(Source):
     """A raw memory-mapped file (``np.memmap`` or ``.npy``), reopened read-only.
 
-    Blocks are read with ``os.preadv`` into arrays of their own, not as views of a
+    Blocks are read (:func:`read_exactly`) into arrays of their own, not as views of a
     memory map: a map's pages fault with SIGBUS (the process dies, no message) when
     the file is truncated under them, while a read of a shorter file returns fewer
     bytes, reported here as an ``OSError`` that names the file.
@@ -567,41 +615,43 @@ class MemmapSource(Source):
         with OPEN_LOCK:  # threads of one process share the source
             if self._file is None:  # (a file object: closed when collected)
                 self._file = open(self.filename, "rb", buffering=0)
-            return self._file.fileno()
+            return self._file
 
     def _read(self, start, stop):
         # every read, not only before opening: a file replaced under its name, or
         # rewritten in place (the same inode), would give other data
         _check_file_unchanged(self.filename, self._state, self.description)
-        fd = self._open()
+        fh = self._open()
         n_rows, n_cols = stop - start, self.shape[1]
         itemsize = self.dtype.itemsize
         if self.order == "C":
             block = np.empty((n_rows, n_cols), dtype=self.dtype)
-            read_exactly(fd, block, self.offset + start * n_cols * itemsize,
+            read_exactly(fh, block, self.offset + start * n_cols * itemsize,
                          self.filename, self.description)
         else:  # one read per column (contiguous in the file)
             columns = np.empty((n_cols, n_rows), dtype=self.dtype)
             for j in range(n_cols):
                 where = self.offset + (j * self.shape[0] + start) * itemsize
-                read_exactly(fd, columns[j], where, self.filename,
+                read_exactly(fh, columns[j], where, self.filename,
                              self.description)
             block = np.ascontiguousarray(columns.T)
         # and after it: the bytes read may mix the old and the new contents
-        _check_descriptor_unchanged(fd, self._state, self.filename, self.description)
+        _check_descriptor_unchanged(fh.fileno(), self._state, self.filename,
+                                    self.description)
         return block
 
     def _read_rows(self, rows):
         if self.order != "C":
             return super()._read_rows(rows)
         _check_file_unchanged(self.filename, self._state, self.description)
-        fd = self._open()
+        fh = self._open()
         n_cols, itemsize = self.shape[1], self.dtype.itemsize
         out = np.empty((rows.size, n_cols), dtype=self.dtype)
         for a, b in _runs(rows):
-            read_exactly(fd, out[a:b], self.offset + int(rows[a]) * n_cols * itemsize,
+            read_exactly(fh, out[a:b], self.offset + int(rows[a]) * n_cols * itemsize,
                          self.filename, self.description)
-        _check_descriptor_unchanged(fd, self._state, self.filename, self.description)
+        _check_descriptor_unchanged(fh.fileno(), self._state, self.filename,
+                                    self.description)
         return out
 
     def close(self):

@@ -1,0 +1,194 @@
+"""The fallbacks of the Linux-only calls, tried here by taking those calls away.
+
+Where ``os.preadv`` is missing (Windows; some builds of Python on macOS), blocks are
+read with ``os.pread``, or with a seek and ``readinto`` under a lock; without
+``/proc`` (macOS, Windows), the path of an open HDF5 file comes from its name, the
+replacement of a memmap's file goes unseen, the memory budget comes from psutil or
+``os.sysconf``, and a process's host is named by its host name alone. Each fixture
+takes the Linux call away and counts the calls of its fallback, so that a test fails
+when the fallback was not used; the results are those of the Linux path.
+"""
+
+import os
+from contextlib import closing
+
+import numpy as np
+import pytest
+from helpers import PARAMS, make_blobs_data, not_converging
+
+from emgmm import GaussianMixture
+from emgmm.io import sources as _sources
+from emgmm.io.weights import as_weight_source
+
+N, D, K = 600, 5, 3
+
+
+class Counter:
+    """Wraps a function, counting its calls."""
+
+    def __init__(self, function):
+        self.function, self.calls = function, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.function(*args, **kwargs)
+
+
+class CountingLock:
+    """A lock that counts how often it was taken."""
+
+    def __init__(self):
+        import threading
+
+        self._lock, self.calls = threading.Lock(), 0
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.calls += 1
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+class ReadPath:
+    """How :func:`emgmm.io.sources.read_exactly` reads: ``"preadv"`` (Linux),
+    ``"pread"`` (``os.preadv`` taken away) or ``"seek"`` (``os.pread`` too, as on
+    Windows). :meth:`enable` installs it; ``calls`` counts the reads it made."""
+
+    def __init__(self, kind, monkeypatch):
+        self.kind, self._monkeypatch = kind, monkeypatch
+        self._counter = None
+
+    def enable(self):
+        mp = self._monkeypatch
+        if self.kind == "preadv":
+            self._counter = Counter(os.preadv)
+            mp.setattr(os, "preadv", self._counter)
+            return
+        mp.delattr(os, "preadv")
+        if self.kind == "pread":
+            self._counter = Counter(os.pread)
+            mp.setattr(os, "pread", self._counter)
+        else:
+            mp.delattr(os, "pread")
+            self._counter = CountingLock()
+            mp.setattr(_sources, "_SEEK_LOCK", self._counter)
+
+    @property
+    def calls(self):
+        return self._counter.calls
+
+
+@pytest.fixture(params=["preadv", "pread", "seek"])
+def read_path(request, monkeypatch):
+    return ReadPath(request.param, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def data():
+    X = make_blobs_data(N, D, K, seed=36)
+    X.setflags(write=False)
+    return X
+
+
+def fit(X, n_jobs, **kw):
+    with not_converging():
+        return GaussianMixture(K, random_state=0, max_iter=5, tol=0.0, n_jobs=n_jobs,
+                               **kw).fit(X)
+
+
+def assert_same_model(got, want):
+    for name in PARAMS:
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name),
+                                      err_msg=name)
+    assert got.lower_bound_ == want.lower_bound_
+
+
+# ------------------------------------------------------------------ reading blocks
+
+
+@pytest.mark.parametrize("n_jobs", [1, None])
+@pytest.mark.parametrize("kind", ["npy", "memmap"])
+def test_fit_reads_the_same_blocks_without_preadv(tmp_path, data, read_path, kind,
+                                                  n_jobs):
+    """A .npy file and a memmap fitted with os.pread, or a seek and readinto under
+    the lock (threads sharing the file: n_jobs=None), give the model of os.preadv
+    bit for bit."""
+    path = tmp_path / "X.npy"
+    np.save(path, data)
+
+    def source():
+        return str(path) if kind == "npy" else np.load(path, mmap_mode="r")
+
+    want = fit(source(), n_jobs)
+    read_path.enable()
+    got = fit(source(), n_jobs)
+    assert read_path.calls > 0
+    assert_same_model(got, want)
+
+
+def test_fortran_ordered_and_gathered_rows_without_preadv(tmp_path, data, read_path):
+    """Column-wise reads (a Fortran-ordered memmap) and runs of gathered rows
+    (``take_rows``) read the same bytes on every path."""
+    path = tmp_path / "X.npy"
+    np.save(path, np.asfortranarray(data))
+    np.save(tmp_path / "C.npy", data)
+    rows = np.array([0, 1, 2, 50, 51, 599])
+    read_path.enable()
+    with closing(_sources.as_source(str(path))) as fortran:
+        assert fortran.order == "F"
+        np.testing.assert_array_equal(fortran.read(10, 400), data[10:400])
+    with closing(_sources.as_source(str(tmp_path / "C.npy"))) as c_order:
+        np.testing.assert_array_equal(c_order.take_rows(rows), data[rows])
+    assert read_path.calls > 0
+
+
+def test_weights_read_the_same_without_preadv(tmp_path, read_path):
+    """A .npy file of weights reads the same values on every path."""
+    weights = np.random.default_rng(1).uniform(0.5, 2.0, size=N)
+    path = tmp_path / "w.npy"
+    np.save(path, weights)
+    read_path.enable()
+    with closing(as_weight_source(str(path), N)) as source:
+        np.testing.assert_array_equal(source.read(0, N), weights)
+        np.testing.assert_array_equal(source.read(17, 345), weights[17:345])
+    assert read_path.calls > 0
+
+
+def test_a_file_truncated_while_read_is_named_on_every_path(tmp_path, data, read_path):
+    """The short read's error is the same on every path: an OSError that names the
+    file and the bytes it holds."""
+    path = tmp_path / "X.npy"
+    np.save(path, data)
+    read_path.enable()
+    offset = np.load(path, mmap_mode="r").offset
+    with open(path, "rb", buffering=0) as fh:
+        out = np.empty((N, D))
+        with pytest.raises(OSError, match=rf"The file {path} .*was truncated while "
+                                          rf"emgmm was reading it: it holds "
+                                          rf"{os.path.getsize(path)} bytes"):
+            _sources.read_exactly(fh, out, offset + 8, str(path), str(path))
+    assert read_path.calls > 0
+
+
+def test_pread_copies_in_bounded_pieces(tmp_path, monkeypatch):
+    """Without os.preadv, a read larger than ``_PREAD_BYTES`` takes several
+    os.pread calls of at most that size, and fills the block."""
+    values = np.arange(1000, dtype=np.float64)
+    path = tmp_path / "v.bin"
+    values.tofile(path)
+    monkeypatch.delattr(os, "preadv")
+    monkeypatch.setattr(_sources, "_PREAD_BYTES", 3000)
+    sizes = []
+    pread = os.pread
+
+    def recording_pread(fd, n, offset):
+        sizes.append(n)
+        return pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", recording_pread)
+    out = np.empty_like(values)
+    with open(path, "rb", buffering=0) as fh:
+        _sources.read_exactly(fh, out, 0, str(path), str(path))
+    np.testing.assert_array_equal(out, values)
+    assert sizes == [3000, 3000, 2000]
