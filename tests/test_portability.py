@@ -12,6 +12,7 @@ when the fallback was not used; the results are those of the Linux path.
 import os
 from contextlib import closing
 
+import h5py
 import numpy as np
 import pytest
 from helpers import PARAMS, make_blobs_data, not_converging
@@ -192,3 +193,111 @@ def test_pread_copies_in_bounded_pieces(tmp_path, monkeypatch):
         _sources.read_exactly(fh, out, 0, str(path), str(path))
     np.testing.assert_array_equal(out, values)
     assert sizes == [3000, 3000, 2000]
+
+
+# ------------------------------------------------------------------ without /proc
+
+
+class NoProc:
+    """``/proc/self`` taken away (``PROC_SELF`` pointed at a missing folder), with the
+    calls of the readers that consult it counted."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(_sources, "PROC_SELF", str(tmp_path / "no-proc"))
+        self.mapped = Counter(_sources._mapped_file)
+        self.descriptor = Counter(_sources._descriptor_path)
+        monkeypatch.setattr(_sources, "_mapped_file", self.mapped)
+        monkeypatch.setattr(_sources, "_descriptor_path", self.descriptor)
+
+
+@pytest.fixture
+def no_proc(tmp_path, monkeypatch):
+    return NoProc(tmp_path, monkeypatch)
+
+
+def test_without_proc_the_readers_find_nothing(tmp_path, data, no_proc):
+    """The fixture works: the descriptor of an open file and a memmap's address are
+    not found (on Linux, with /proc, they are)."""
+    path = tmp_path / "X.npy"
+    np.save(path, data)
+    mm = np.load(path, mmap_mode="r")
+    with open(path, "rb") as fh:
+        assert _sources._descriptor_path(fh.fileno()) is None
+    assert _sources._mapped_file(mm.ctypes.data) is None
+
+
+@pytest.mark.parametrize("n_jobs", [1, None])
+@pytest.mark.parametrize("kind", ["memmap", "hdf5 dataset"])
+def test_fit_without_proc_is_the_same(tmp_path, data, monkeypatch, kind, n_jobs):
+    """A memmap (its file's identity unknown) and an open HDF5 dataset (its file's
+    path from its name, not its descriptor) fit the same model without /proc."""
+    np.save(tmp_path / "X.npy", data)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_dataset("X", data=data)
+
+    def fitted():
+        if kind == "memmap":
+            return fit(np.load(tmp_path / "X.npy", mmap_mode="r"), n_jobs)
+        with h5py.File(tmp_path / "X.h5", "r") as f:
+            return fit(f["X"], n_jobs)
+
+    want = fitted()
+    proc = NoProc(tmp_path, monkeypatch)
+    got = fitted()
+    assert (proc.mapped if kind == "memmap" else proc.descriptor).calls > 0
+    assert_same_model(got, want)
+
+
+@pytest.mark.parametrize("what", ["deleted", "replaced by another file"])
+def test_hdf5_file_deleted_or_replaced_is_seen_without_proc(tmp_path, data, no_proc,
+                                                            what):
+    """Without the descriptor's link, its identity is compared with the file at its
+    name: a deleted or replaced file is still refused, with the same message."""
+    path = tmp_path / "X.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=data)
+    with h5py.File(path, "r") as f:
+        os.unlink(path)
+        if what != "deleted":
+            with h5py.File(path, "w") as g:
+                g.create_dataset("X", data=data[:10] + 100.0)
+        with pytest.raises(FileNotFoundError,
+                           match=f"HDF5 file {path} was {what} while it was open"):
+            fit(f["X"], 1)
+    assert no_proc.descriptor.calls > 0
+
+
+def test_hdf5_relative_name_after_chdir_without_proc(tmp_path, data, monkeypatch):
+    """What is weaker without /proc: a file opened by a relative name before the
+    working directory changed has no path here; it is refused with a message that
+    says so (with /proc, its descriptor's link gives the path and the fit runs)."""
+    (tmp_path / "a").mkdir()
+    with h5py.File(tmp_path / "a" / "X.h5", "w") as f:
+        f.create_dataset("X", data=data)
+    monkeypatch.chdir(tmp_path / "a")
+    with h5py.File("X.h5", "r") as f:
+        monkeypatch.chdir(tmp_path)
+        if os.path.isdir("/proc/self/fd"):
+            assert_same_model(fit(f["X"], 1), fit(data, 1))
+        proc = NoProc(tmp_path, monkeypatch)
+        with pytest.raises(FileNotFoundError, match="opened by the relative name "
+                                                    "X.h5, the working directory"):
+            fit(f["X"], 1)
+    assert proc.descriptor.calls > 0
+
+
+def test_memmap_replaced_without_proc(tmp_path, data, no_proc):
+    """What is weaker without /proc: a memmap's file replaced by one of the same size
+    is read from the new file (with /proc the replacement is refused); a shorter
+    file is still refused by its size."""
+    path = tmp_path / "X.npy"
+    np.save(path, data)
+    mm = np.load(path, mmap_mode="r")
+    os.unlink(path)
+    np.save(path, data[::-1])
+    assert_same_model(fit(mm, 1), fit(np.ascontiguousarray(data[::-1]), 1))
+    assert no_proc.mapped.calls > 0
+    os.unlink(path)
+    np.save(path, data[:10])
+    with pytest.raises(ValueError, match="truncated or replaced after the memmap"):
+        fit(mm, 1)

@@ -958,20 +958,26 @@ def as_source(X: Any) -> Source:
 _REOPENABLE_DRIVERS = ("sec2",)
 
 
+#: This process's folder of /proc (Linux): its memory maps and the links of its
+#: descriptors. Elsewhere it does not exist, and the checks that read it are weaker
+#: (:func:`_mapped_file`, :func:`_descriptor_path`); tests point it elsewhere.
+PROC_SELF = "/proc/self"
+
 #: What Linux appends to the target of a /proc/self/fd link whose file was deleted.
 _DELETED = " (deleted)"
 
 
 def _mapped_file(address):
     """``os.stat`` of the file mapped at ``address`` in this process (through
-    ``/proc/self/map_files``, Linux), or ``None`` where that cannot be read."""
+    ``PROC_SELF/maps`` and ``map_files``, Linux), or ``None`` where that cannot be
+    read (other systems: no portable call names the file behind a memory map)."""
     try:
-        with open("/proc/self/maps") as fh:
+        with open(f"{PROC_SELF}/maps") as fh:
             for line in fh:
                 span = line.split(" ", 1)[0]
                 start, end = (int(a, 16) for a in span.split("-"))
                 if start <= address < end:
-                    return os.stat(f"/proc/self/map_files/{span}")
+                    return os.stat(f"{PROC_SELF}/map_files/{span}")
     except (OSError, ValueError):
         pass
     return None
@@ -979,7 +985,9 @@ def _mapped_file(address):
 
 def _check_mapped_file(mm, description):
     """Raise if the path of memmap ``mm`` now leads to another file than the one it
-    maps (replaced after the memmap was opened: emgmm would read the new file)."""
+    maps (replaced after the memmap was opened: emgmm would read the new file).
+    Where the mapped file cannot be known (:func:`_mapped_file`), a replacement
+    goes unseen: the checks of size (here and in every read) remain."""
     if mm.nbytes == 0:
         return
     mapped = _mapped_file(mm.ctypes.data)
@@ -997,41 +1005,58 @@ def _check_mapped_file(mm, description):
         )
 
 
+def _descriptor_path(fd):
+    """The path of the file open at descriptor ``fd``, from its ``PROC_SELF/fd``
+    link (Linux; ends with ``_DELETED`` when the file was deleted), or ``None``
+    where there is no such link."""
+    try:
+        return os.readlink(f"{PROC_SELF}/fd/{fd}")
+    except OSError:
+        return None
+
+
 def _open_file_path(h5file):
     """The absolute path of the file behind an open ``h5py.File``: for driver
-    'sec2', that of its descriptor (``/proc/self/fd``), which holds even when the
-    working directory changed since it was opened by a relative name; else its
-    name made absolute.
+    'sec2', that of its descriptor (:func:`_descriptor_path`), which holds even
+    when the working directory changed since it was opened by a relative name; else,
+    and where the descriptor names no path (macOS, Windows), its name made absolute.
+    Either path must lead to the descriptor's file (same device and inode).
 
     Raises
     ------
     FileNotFoundError
         If the descriptor's file was deleted or replaced since it was opened (no
-        path leads to it any more), naming the path it was opened by.
+        path leads to it any more), naming the path it was opened by; without
+        descriptor links, also when it was opened by a relative name before the
+        working directory changed (the message says so).
     """
-    if h5file.driver == "sec2":
-        try:
-            fd = int(h5file.id.get_vfd_handle())
-            path = os.readlink(f"/proc/self/fd/{fd}")
-            opened = os.fstat(fd)
-        except (OSError, RuntimeError, TypeError, ValueError):
-            pass
-        else:
-            try:
-                now = os.stat(path)
-                if (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
-                    return path
-            except FileNotFoundError:
-                pass
-            name = path[:-len(_DELETED)] if path.endswith(_DELETED) else path
-            what = "replaced by another file" if os.path.exists(name) else "deleted"
-            raise FileNotFoundError(
-                f"HDF5 file {name} was {what} while it was open: emgmm reads the "
-                "file again by its name (in every worker process), which no longer "
-                "leads to the data of this dataset. Pass np.asarray(dataset) to fit "
-                "it in memory, or keep the file in place while fitting."
-            )
-    return os.path.abspath(h5file.filename)
+    absolute = os.path.abspath(h5file.filename)
+    if h5file.driver != "sec2":
+        return absolute
+    try:
+        fd = int(h5file.id.get_vfd_handle())
+        opened = os.fstat(fd)
+    except (OSError, RuntimeError, TypeError, ValueError):
+        return absolute
+    linked = _descriptor_path(fd)
+    path = absolute if linked is None else linked
+    try:
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
+            return path
+    except FileNotFoundError:
+        pass
+    name = path[:-len(_DELETED)] if path.endswith(_DELETED) else path
+    what = "replaced by another file" if os.path.exists(name) else "deleted"
+    if linked is None and not os.path.isabs(h5file.filename):
+        what += (f" (or, opened by the relative name {h5file.filename}, the working "
+                 "directory changed since)")
+    raise FileNotFoundError(
+        f"HDF5 file {name} was {what} while it was open: emgmm reads the "
+        "file again by its name (in every worker process), which no longer "
+        "leads to the data of this dataset. Pass np.asarray(dataset) to fit "
+        "it in memory, or keep the file in place while fitting."
+    )
 
 
 def is_npy(path):
