@@ -9,7 +9,10 @@ takes the Linux call away and counts the calls of its fallback, so that a test f
 when the fallback was not used; the results are those of the Linux path.
 """
 
+import math
 import os
+import sys
+from concurrent.futures import BrokenExecutor
 from contextlib import closing
 
 import h5py
@@ -18,8 +21,11 @@ import pytest
 from helpers import PARAMS, make_blobs_data, not_converging
 
 from emgmm import GaussianMixture
+from emgmm.covariance import REGISTRY
 from emgmm.io import sources as _sources
 from emgmm.io.weights import as_weight_source
+from emgmm.runtime import memory as _memory
+from emgmm.runtime.worker_loss import explain_worker_loss
 
 N, D, K = 600, 5, 3
 
@@ -301,3 +307,64 @@ def test_memmap_replaced_without_proc(tmp_path, data, no_proc):
     np.save(path, data[:10])
     with pytest.raises(ValueError, match="truncated or replaced after the memmap"):
         fit(mm, 1)
+
+
+# -------------------------------------------------------------- available memory
+
+
+@pytest.fixture
+def no_meminfo(tmp_path, monkeypatch):
+    """/proc/meminfo taken away."""
+    monkeypatch.setattr(_memory, "MEMINFO", str(tmp_path / "no-meminfo"))
+
+
+def test_memory_from_psutil_without_meminfo(no_meminfo, monkeypatch):
+    """psutil's ``available`` (macOS, Windows): positive and finite."""
+    psutil = pytest.importorskip("psutil")
+    virtual_memory = Counter(psutil.virtual_memory)
+    monkeypatch.setattr(psutil, "virtual_memory", virtual_memory)
+    available = _memory.available_memory()
+    assert virtual_memory.calls == 1
+    assert 0 < available < math.inf and isinstance(available, int)
+
+
+def test_memory_from_sysconf_without_psutil(no_meminfo, monkeypatch):
+    """Without psutil, the free pages of os.sysconf; where the system tells only
+    the physical pages (macOS), all of them; positive and finite either way."""
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil fails
+    sysconf = os.sysconf
+    page = sysconf("SC_PAGE_SIZE")
+    asked = []
+
+    def recording_sysconf(name):
+        asked.append(name)
+        return sysconf(name)
+
+    monkeypatch.setattr(os, "sysconf", recording_sysconf)
+    assert _memory.available_memory() == sysconf("SC_AVPHYS_PAGES") * page
+    assert "SC_AVPHYS_PAGES" in asked
+
+    def without_free_pages(name):
+        if name == "SC_AVPHYS_PAGES":
+            raise ValueError("unrecognized configuration name")
+        return sysconf(name)
+
+    monkeypatch.setattr(os, "sysconf", without_free_pages)
+    total = _memory.available_memory()
+    assert total == sysconf("SC_PHYS_PAGES") * page and 0 < total < math.inf
+
+
+def test_memory_unknown_refuses_nothing(no_meminfo, monkeypatch, data):
+    """Without psutil nor os.sysconf the budget is unknown (``inf``): a fit runs,
+    and a dead worker's message says the memory is unknown, not how much is
+    available."""
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    monkeypatch.delattr(os, "sysconf")
+    assert _memory.available_memory() == math.inf
+    schedule, _ = _memory.choose_schedule("auto", K, D, REGISTRY["full"], 2)
+    assert schedule == "rows"
+    assert_same_model(fit(data, 1), fit(data, 1, memory_limit=1e6))
+    with pytest.raises(MemoryError, match="memory available is unknown here") as info:
+        with explain_worker_loss(2**20, 2**20, 2):
+            raise BrokenExecutor("worker died")
+    assert "available now" not in str(info.value)
