@@ -11,6 +11,7 @@ when the fallback was not used; the results are those of the Linux path.
 
 import math
 import os
+import subprocess
 import sys
 from concurrent.futures import BrokenExecutor
 from contextlib import closing
@@ -24,6 +25,7 @@ from emgmm import GaussianMixture
 from emgmm.covariance import REGISTRY
 from emgmm.io import sources as _sources
 from emgmm.io.weights import as_weight_source
+from emgmm.runtime import executor as _executor
 from emgmm.runtime import memory as _memory
 from emgmm.runtime.worker_loss import explain_worker_loss
 
@@ -368,3 +370,83 @@ def test_memory_unknown_refuses_nothing(no_meminfo, monkeypatch, data):
         with explain_worker_loss(2**20, 2**20, 2):
             raise BrokenExecutor("worker died")
     assert "available now" not in str(info.value)
+
+
+# ------------------------------------------------------------ stray temp folders
+
+
+@pytest.fixture
+def fresh_space():
+    """``process_space`` computed again in the test, and again after it."""
+    _executor.process_space.cache_clear()
+    yield
+    _executor.process_space.cache_clear()
+
+
+def _dead_pid():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    return dead.pid
+
+
+def _strays(tmp_path, space):
+    """Folders of a dead and of a live process in ``space``; ``{name: kept}``."""
+    names = {f"{_executor.TEMP_PREFIX}{_dead_pid()}-{space}-abc123": False,
+             f"{_executor.TEMP_PREFIX}{os.getpid()}-{space}-abc123": True}
+    for name in names:
+        (tmp_path / name).mkdir()
+    return names
+
+
+def _left(tmp_path):
+    return {p.name for p in tmp_path.iterdir()}
+
+
+def test_stray_folders_without_proc(tmp_path, monkeypatch, fresh_space):
+    """Without the boot id and the PID namespace, the host name names the space (not
+    the one of Linux): a dead process's folder there is removed, a live one's kept,
+    another space's kept."""
+    linux = _executor.process_space()
+    reads = Counter(_executor._read_text)
+    monkeypatch.setattr(_executor, "_read_text", reads)
+    monkeypatch.setattr(_executor, "BOOT_ID", str(tmp_path / "no-boot-id"))
+    monkeypatch.setattr(_executor, "PID_NAMESPACE", str(tmp_path / "no-ns"))
+    _executor.process_space.cache_clear()
+    space = _executor.process_space()
+    assert reads.calls == 1 and len(space) == 8
+    if os.path.exists("/proc/sys/kernel/random/boot_id"):
+        assert space != linux
+    folders = tmp_path / "temp"
+    folders.mkdir()
+    names = _strays(folders, space)
+    another = linux if linux != space else "0" * 8
+    other = f"{_executor.TEMP_PREFIX}{_dead_pid()}-{another}-a1"
+    (folders / other).mkdir()
+    _executor.remove_stray_folders(str(folders))
+    assert _left(folders) == {n for n, kept in names.items() if kept} | {other}
+
+
+def test_stray_folders_judged_without_signals(tmp_path, monkeypatch):
+    """Where os.kill(pid, 0) would signal (Windows), psutil says which processes
+    exist: a dead process's folder is removed, a live one's kept."""
+    psutil = pytest.importorskip("psutil")
+    monkeypatch.setattr(_executor, "_PROBE_BY_SIGNAL", False)
+    exists = Counter(psutil.pid_exists)
+    monkeypatch.setattr(psutil, "pid_exists", exists)
+    names = _strays(tmp_path, _executor.process_space())
+    _executor.remove_stray_folders(str(tmp_path))
+    assert _left(tmp_path) == {n for n, kept in names.items() if kept}
+    assert exists.calls == 2
+
+
+def test_stray_folders_kept_without_signals_nor_psutil(tmp_path, monkeypatch):
+    """Without either, no process is known dead: every folder is kept, and no
+    signal is sent."""
+    monkeypatch.setattr(_executor, "_PROBE_BY_SIGNAL", False)
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    kill = Counter(os.kill)
+    monkeypatch.setattr(os, "kill", kill)
+    names = _strays(tmp_path, _executor.process_space())
+    _executor.remove_stray_folders(str(tmp_path))
+    assert _left(tmp_path) == set(names)
+    assert kill.calls == 0
