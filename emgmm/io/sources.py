@@ -118,7 +118,7 @@ _SEEK_LOCK = threading.Lock()
 def _read_at(fh, view, offset):
     """Read bytes of the raw file ``fh`` from ``offset`` into the start of ``view``.
 
-    ``os.preadv`` (Linux, the BSDs; macOS 11+ in some builds of Python) reads into
+    ``os.preadv`` (Linux, the BSDs; macOS where Python provides it) reads into
     ``view`` and keeps no file position, so threads share the file; ``os.pread``
     (Unix) likewise, through a copy of at most ``_PREAD_BYTES``; elsewhere (Windows)
     a seek and ``readinto`` under ``_SEEK_LOCK``. The functions are looked up at
