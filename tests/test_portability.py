@@ -450,3 +450,43 @@ def test_stray_folders_kept_without_signals_nor_psutil(tmp_path, monkeypatch):
     _executor.remove_stray_folders(str(tmp_path))
     assert _left(tmp_path) == set(names)
     assert kill.calls == 0
+
+
+# ------------------------------------------------------------------ all at once
+
+
+@pytest.mark.parametrize("n_jobs", [1, None])
+@pytest.mark.parametrize("kind", ["npy", "memmap", "hdf5 dataset", "hdf5 path"])
+def test_fit_with_every_linux_call_taken_away(tmp_path, data, monkeypatch, kind,
+                                              n_jobs):
+    """As on Windows without psutil: no os.preadv nor os.pread, no /proc, no
+    os.sysconf, no signal 0. Every source fits the model of the Linux path."""
+    np.save(tmp_path / "X.npy", data)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_dataset("X", data=data)
+
+    def fitted():
+        if kind == "npy":
+            return fit(str(tmp_path / "X.npy"), n_jobs)
+        if kind == "memmap":
+            return fit(np.load(tmp_path / "X.npy", mmap_mode="r"), n_jobs)
+        if kind == "hdf5 path":
+            return fit(f"{tmp_path / 'X.h5'}:X", n_jobs)
+        with h5py.File(tmp_path / "X.h5", "r") as f:
+            return fit(f["X"], n_jobs)
+
+    want = fitted()
+    seek = ReadPath("seek", monkeypatch)
+    seek.enable()
+    proc = NoProc(tmp_path, monkeypatch)
+    monkeypatch.setattr(_memory, "MEMINFO", str(tmp_path / "no-meminfo"))
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    monkeypatch.delattr(os, "sysconf")
+    monkeypatch.setattr(_executor, "_PROBE_BY_SIGNAL", False)
+    got = fitted()
+    assert _memory.available_memory() == math.inf  # the budget refused nothing
+    # the fallbacks of the readers that this source uses (an HDF5 path uses none)
+    used = {"npy": [seek], "memmap": [seek, proc.mapped],
+            "hdf5 dataset": [proc.descriptor], "hdf5 path": []}[kind]
+    assert all(counter.calls > 0 for counter in used)
+    assert_same_model(got, want)
