@@ -103,15 +103,63 @@ def _of(path, description):
     return "" if description == path else f" (of {description})"
 
 
-def read_exactly(fd, out, offset, path, description):
-    """Fill ``out`` with the bytes of the file open at ``fd`` from ``offset``.
+#: Bytes of one ``os.pread`` call in :func:`read_exactly`: it returns a new bytes
+#: object, copied into the block, so a bounded size bounds the extra memory.
+_PREAD_BYTES = 2**24
 
-    ``os.preadv`` keeps no file position, so threads can share ``fd``.
+#: Serialises :func:`read_exactly`'s seek and read where neither ``os.preadv`` nor
+#: ``os.pread`` exists (Windows): the threads of a pass share a source's file
+#: object, whose position one thread's seek would move under another's read. One
+#: lock for all files: the reads of one file serialise anyway, and a fit reads one
+#: data file (and at most one file of weights).
+_SEEK_LOCK = threading.Lock()
+
+
+def _read_at(fh, view, offset):
+    """Read bytes of the raw file ``fh`` from ``offset`` into the start of ``view``.
+
+    ``os.preadv`` (Linux, the BSDs; macOS where Python provides it) reads into
+    ``view`` and keeps no file position, so threads share the file; ``os.pread``
+    (Unix) likewise, through a copy of at most ``_PREAD_BYTES``; elsewhere (Windows)
+    a seek and ``readinto`` under ``_SEEK_LOCK``. The functions are looked up at
+    every call, so that tests can take them away.
 
     Parameters
     ----------
-    fd : int
-        A descriptor open for reading.
+    fh : io.FileIO
+        Open for reading, unbuffered.
+    view : memoryview
+        Of bytes; its start is overwritten.
+    offset : int
+        Bytes from the start of the file.
+
+    Returns
+    -------
+    int
+        The bytes read: 0 at the end of the file, else at least 1.
+    """
+    preadv = getattr(os, "preadv", None)
+    if preadv is not None:
+        return preadv(fh.fileno(), [view], offset)
+    pread = getattr(os, "pread", None)
+    if pread is not None:
+        data = pread(fh.fileno(), min(len(view), _PREAD_BYTES), offset)
+        view[:len(data)] = data
+        return len(data)
+    with _SEEK_LOCK:
+        fh.seek(offset)
+        return fh.readinto(view)
+
+
+def read_exactly(fh, out, offset, path, description):
+    """Fill ``out`` with the bytes of the raw file ``fh`` from ``offset``.
+
+    Threads can share ``fh`` (:func:`_read_at` says how, on each platform).
+
+    Parameters
+    ----------
+    fh : io.FileIO
+        Open for reading, unbuffered (``open(path, "rb", buffering=0)``).
     out : ndarray
         C-contiguous; overwritten.
     offset : int
@@ -127,9 +175,9 @@ def read_exactly(fd, out, offset, path, description):
     view = memoryview(out).cast("B")
     done = 0
     while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
+        got = _read_at(fh, view[done:], offset + done)
         if got == 0:
-            size = os.fstat(fd).st_size
+            size = os.fstat(fh.fileno()).st_size
             raise OSError(
                 f"The file {path}{_of(path, description)} was truncated while "
                 f"emgmm was reading it: it holds {size} bytes, fewer than the "
@@ -483,7 +531,7 @@ def _check_map_intact(mm, description):
 class MemmapSource(Source):
     """A raw memory-mapped file (``np.memmap`` or ``.npy``), reopened read-only.
 
-    Blocks are read with ``os.preadv`` into arrays of their own, not as views of a
+    Blocks are read (:func:`read_exactly`) into arrays of their own, not as views of a
     memory map: a map's pages fault with SIGBUS (the process dies, no message) when
     the file is truncated under them, while a read of a shorter file returns fewer
     bytes, reported here as an ``OSError`` that names the file.
@@ -567,41 +615,43 @@ class MemmapSource(Source):
         with OPEN_LOCK:  # threads of one process share the source
             if self._file is None:  # (a file object: closed when collected)
                 self._file = open(self.filename, "rb", buffering=0)
-            return self._file.fileno()
+            return self._file
 
     def _read(self, start, stop):
         # every read, not only before opening: a file replaced under its name, or
         # rewritten in place (the same inode), would give other data
         _check_file_unchanged(self.filename, self._state, self.description)
-        fd = self._open()
+        fh = self._open()
         n_rows, n_cols = stop - start, self.shape[1]
         itemsize = self.dtype.itemsize
         if self.order == "C":
             block = np.empty((n_rows, n_cols), dtype=self.dtype)
-            read_exactly(fd, block, self.offset + start * n_cols * itemsize,
+            read_exactly(fh, block, self.offset + start * n_cols * itemsize,
                          self.filename, self.description)
         else:  # one read per column (contiguous in the file)
             columns = np.empty((n_cols, n_rows), dtype=self.dtype)
             for j in range(n_cols):
                 where = self.offset + (j * self.shape[0] + start) * itemsize
-                read_exactly(fd, columns[j], where, self.filename,
+                read_exactly(fh, columns[j], where, self.filename,
                              self.description)
             block = np.ascontiguousarray(columns.T)
         # and after it: the bytes read may mix the old and the new contents
-        _check_descriptor_unchanged(fd, self._state, self.filename, self.description)
+        _check_descriptor_unchanged(fh.fileno(), self._state, self.filename,
+                                    self.description)
         return block
 
     def _read_rows(self, rows):
         if self.order != "C":
             return super()._read_rows(rows)
         _check_file_unchanged(self.filename, self._state, self.description)
-        fd = self._open()
+        fh = self._open()
         n_cols, itemsize = self.shape[1], self.dtype.itemsize
         out = np.empty((rows.size, n_cols), dtype=self.dtype)
         for a, b in _runs(rows):
-            read_exactly(fd, out[a:b], self.offset + int(rows[a]) * n_cols * itemsize,
+            read_exactly(fh, out[a:b], self.offset + int(rows[a]) * n_cols * itemsize,
                          self.filename, self.description)
-        _check_descriptor_unchanged(fd, self._state, self.filename, self.description)
+        _check_descriptor_unchanged(fh.fileno(), self._state, self.filename,
+                                    self.description)
         return out
 
     def close(self):
@@ -908,20 +958,26 @@ def as_source(X: Any) -> Source:
 _REOPENABLE_DRIVERS = ("sec2",)
 
 
+#: This process's folder of /proc (Linux): its memory maps and the links of its
+#: descriptors. Elsewhere it does not exist, and the checks that read it are weaker
+#: (:func:`_mapped_file`, :func:`_descriptor_path`); tests point it elsewhere.
+PROC_SELF = "/proc/self"
+
 #: What Linux appends to the target of a /proc/self/fd link whose file was deleted.
 _DELETED = " (deleted)"
 
 
 def _mapped_file(address):
     """``os.stat`` of the file mapped at ``address`` in this process (through
-    ``/proc/self/map_files``, Linux), or ``None`` where that cannot be read."""
+    ``PROC_SELF/maps`` and ``map_files``, Linux), or ``None`` where that cannot be
+    read (other systems: no portable call names the file behind a memory map)."""
     try:
-        with open("/proc/self/maps") as fh:
+        with open(f"{PROC_SELF}/maps") as fh:
             for line in fh:
                 span = line.split(" ", 1)[0]
                 start, end = (int(a, 16) for a in span.split("-"))
                 if start <= address < end:
-                    return os.stat(f"/proc/self/map_files/{span}")
+                    return os.stat(f"{PROC_SELF}/map_files/{span}")
     except (OSError, ValueError):
         pass
     return None
@@ -929,7 +985,9 @@ def _mapped_file(address):
 
 def _check_mapped_file(mm, description):
     """Raise if the path of memmap ``mm`` now leads to another file than the one it
-    maps (replaced after the memmap was opened: emgmm would read the new file)."""
+    maps (replaced after the memmap was opened: emgmm would read the new file).
+    Where the mapped file cannot be known (:func:`_mapped_file`), a replacement
+    goes unseen: the checks of size (here and in every read) remain."""
     if mm.nbytes == 0:
         return
     mapped = _mapped_file(mm.ctypes.data)
@@ -947,41 +1005,58 @@ def _check_mapped_file(mm, description):
         )
 
 
+def _descriptor_path(fd):
+    """The path of the file open at descriptor ``fd``, from its ``PROC_SELF/fd``
+    link (Linux; ends with ``_DELETED`` when the file was deleted), or ``None``
+    where there is no such link."""
+    try:
+        return os.readlink(f"{PROC_SELF}/fd/{fd}")
+    except OSError:
+        return None
+
+
 def _open_file_path(h5file):
     """The absolute path of the file behind an open ``h5py.File``: for driver
-    'sec2', that of its descriptor (``/proc/self/fd``), which holds even when the
-    working directory changed since it was opened by a relative name; else its
-    name made absolute.
+    'sec2', that of its descriptor (:func:`_descriptor_path`), which holds even
+    when the working directory changed since it was opened by a relative name; else,
+    and where the descriptor names no path (macOS, Windows), its name made absolute.
+    Either path must lead to the descriptor's file (same device and inode).
 
     Raises
     ------
     FileNotFoundError
         If the descriptor's file was deleted or replaced since it was opened (no
-        path leads to it any more), naming the path it was opened by.
+        path leads to it any more), naming the path it was opened by; without
+        descriptor links, also when it was opened by a relative name before the
+        working directory changed (the message says so).
     """
-    if h5file.driver == "sec2":
-        try:
-            fd = int(h5file.id.get_vfd_handle())
-            path = os.readlink(f"/proc/self/fd/{fd}")
-            opened = os.fstat(fd)
-        except (OSError, RuntimeError, TypeError, ValueError):
-            pass
-        else:
-            try:
-                now = os.stat(path)
-                if (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
-                    return path
-            except FileNotFoundError:
-                pass
-            name = path[:-len(_DELETED)] if path.endswith(_DELETED) else path
-            what = "replaced by another file" if os.path.exists(name) else "deleted"
-            raise FileNotFoundError(
-                f"HDF5 file {name} was {what} while it was open: emgmm reads the "
-                "file again by its name (in every worker process), which no longer "
-                "leads to the data of this dataset. Pass np.asarray(dataset) to fit "
-                "it in memory, or keep the file in place while fitting."
-            )
-    return os.path.abspath(h5file.filename)
+    absolute = os.path.abspath(h5file.filename)
+    if h5file.driver != "sec2":
+        return absolute
+    try:
+        fd = int(h5file.id.get_vfd_handle())
+        opened = os.fstat(fd)
+    except (OSError, RuntimeError, TypeError, ValueError):
+        return absolute
+    linked = _descriptor_path(fd)
+    path = absolute if linked is None else linked
+    try:
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
+            return path
+    except FileNotFoundError:
+        pass
+    name = path[:-len(_DELETED)] if path.endswith(_DELETED) else path
+    what = "replaced by another file" if os.path.exists(name) else "deleted"
+    if linked is None and not os.path.isabs(h5file.filename):
+        what += (f" (or, opened by the relative name {h5file.filename}, the working "
+                 "directory changed since)")
+    raise FileNotFoundError(
+        f"HDF5 file {name} was {what} while it was open: emgmm reads the "
+        "file again by its name (in every worker process), which no longer "
+        "leads to the data of this dataset. Pass np.asarray(dataset) to fit "
+        "it in memory, or keep the file in place while fitting."
+    )
 
 
 def is_npy(path):

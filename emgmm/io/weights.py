@@ -162,9 +162,10 @@ class ArrayWeights(WeightSource):
 class MemmapWeights(WeightSource):
     """A 1-D raw memory map or ``.npy`` file of weights, reopened read-only.
 
-    Each range is read (``os.preadv``, the file opened for the read), not taken from
-    a memory map: a map's pages fault with SIGBUS when the file is truncated under
-    them, a read reports it as an ``OSError`` that names the file.
+    Each range is read (:func:`~.sources.read_exactly`, the file opened for the
+    read), not taken from a memory map: a map's pages fault with SIGBUS when the
+    file is truncated under them, a read reports it as an ``OSError`` that names
+    the file.
     """
 
     def __init__(self, filename, dtype, n_samples, offset, description):
@@ -195,7 +196,7 @@ class MemmapWeights(WeightSource):
         _check_file_unchanged(self.filename, self._state, self.description)
         block = np.empty(stop - start, dtype=self.dtype)
         with open(self.filename, "rb", buffering=0) as fh:
-            read_exactly(fh.fileno(), block, self.offset + start * self.dtype.itemsize,
+            read_exactly(fh, block, self.offset + start * self.dtype.itemsize,
                          self.filename, self.description)
             # the bytes read may mix the old and the new contents
             _check_descriptor_unchanged(fh.fileno(), self._state, self.filename,

@@ -87,15 +87,27 @@ def _local_processes(backend):
     return any(cls.__name__ in _LOCAL_PROCESS_BACKENDS for cls in type(backend).__mro__)
 
 
+#: Linux's boot id and this process's PID namespace, which :func:`process_space`
+#: adds to the host name where they exist; tests point them elsewhere.
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+PID_NAMESPACE = "/proc/self/ns/pid"
+
+
 @functools.lru_cache(maxsize=1)
 def process_space():
     """8 hex digits naming this host (its name and, on Linux, its boot id) and PID
     namespace: a process id means a process only within them (containers sharing a
     temporary folder, or hosts sharing one over the network, see other processes'
-    ids)."""
+    ids).
+
+    Without ``/proc`` (macOS, Windows) the host name alone names the space: no
+    containers share a PID namespace there, but two hosts of the same name sharing
+    a folder over the network are not told apart. (Not the boot time: psutil's
+    differs by a second between processes on Windows, psutil issue 1007, and moves
+    when the clock is set; each process would be a space of its own.)
+    """
     parts = [socket.gethostname()]
-    for link, read in (("/proc/sys/kernel/random/boot_id", _read_text),
-                       ("/proc/self/ns/pid", os.readlink)):
+    for link, read in ((BOOT_ID, _read_text), (PID_NAMESPACE, os.readlink)):
         try:
             parts.append(read(link))
         except OSError:
@@ -109,7 +121,33 @@ def _read_text(path):
         return f.read().strip()
 
 
+#: Whether ``os.kill(pid, 0)`` probes a process without signalling it (POSIX). On
+#: Windows signal 0 is ``CTRL_C_EVENT``: it would interrupt the process group
+#: ``pid``.
+_PROBE_BY_SIGNAL = os.name == "posix"
+
+
 def pid_alive(pid):
+    """Whether a process of id ``pid`` runs in this host's PID namespace.
+
+    On POSIX systems, by ``os.kill(pid, 0)``; elsewhere (Windows) by
+    ``psutil.pid_exists`` (psutil is a dependency there), and ``True`` without
+    psutil: an unknown process counts as alive, so nothing of it is removed.
+
+    Parameters
+    ----------
+    pid : int
+
+    Returns
+    -------
+    bool
+    """
+    if not _PROBE_BY_SIGNAL:
+        try:
+            import psutil
+        except ImportError:
+            return True
+        return psutil.pid_exists(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

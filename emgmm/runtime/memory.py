@@ -25,6 +25,7 @@ the covariance types, which use the runtime's kernels.
 """
 
 import ctypes
+import math
 import os
 import sys
 import warnings
@@ -76,16 +77,56 @@ def model_nbytes(n_components, n_features, covariance_type):
 MEMINFO = "/proc/meminfo"
 
 
-def available_memory():
-    """Physical memory available to new allocations, in bytes (Linux MemAvailable)."""
+def _meminfo_available():
+    """``MemAvailable`` of ``MEMINFO`` in bytes, or ``None`` where it cannot be read."""
     try:
         with open(MEMINFO) as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return None
+
+
+def _sysconf_pages(name):
+    """``os.sysconf(name)`` pages in bytes, or ``None`` where the system lacks it."""
+    try:
+        pages, size = os.sysconf(name), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no os.sysconf (Windows), no name
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
+def available_memory():
+    """Physical memory available to new allocations, in bytes.
+
+    The first of: ``MemAvailable`` of ``MEMINFO`` (Linux); ``available`` of
+    ``psutil.virtual_memory()`` where psutil is installed (a dependency on macOS
+    and Windows); the free pages of ``os.sysconf`` (``SC_AVPHYS_PAGES``, other
+    Unix systems); all physical pages (``SC_PHYS_PAGES``: an upper bound of what is
+    available, where the free ones are not told). Where none is known, ``inf``:
+    the budget then refuses nothing (set ``memory_limit``).
+
+    Returns
+    -------
+    int or float
+        Bytes; ``math.inf`` when unknown.
+    """
+    available = _meminfo_available()
+    if available is not None:
+        return available
+    try:
+        import psutil
+    except ImportError:
+        pass
+    else:
+        return int(psutil.virtual_memory().available)
+    for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        available = _sysconf_pages(name)
+        if available is not None:
+            return available
+    return math.inf
 
 
 def _mib(nbytes):

@@ -1,5 +1,6 @@
 """The death of a worker process, explained as the memory error it most often is."""
 
+import math
 from concurrent.futures import BrokenExecutor
 from contextlib import contextmanager
 
@@ -56,17 +57,24 @@ def explain_worker_loss(model_nbytes, block_nbytes, n_workers, source=None):
         available = memory.available_memory()
         # (the dead workers' memory is free again: what is available now is an upper
         # bound of what was when they died)
-        cause = ("The likely cause is the operating system's out-of-memory killer."
-                 if 4 * total > available else
-                 "The fit's estimate is far below the memory available now: a signal "
-                 "(e.g. kill), a crash in a native library, or other processes' memory "
-                 "use are likelier causes than this fit's.")
+        if not math.isfinite(available):  # the system does not tell it
+            cause = ("The memory available is unknown here (install psutil): the "
+                     "operating system's out-of-memory killer, a signal (e.g. kill) "
+                     "or a crash in a native library may be the cause.")
+            now = ""
+        else:
+            cause = ("The likely cause is the operating system's out-of-memory killer."
+                     if 4 * total > available else
+                     "The fit's estimate is far below the memory available now: a "
+                     "signal (e.g. kill), a crash in a native library, or other "
+                     "processes' memory use are likelier causes than this fit's.")
+            now = f"; {available / _MIB:,.0f} MiB are available now"
         raise MemoryError(
             f"A worker process died during the fit ({type(exc).__name__}). {cause} "
             f"The fit needs about {total / _MIB:,.1f} MiB: "
             f"{model_nbytes / _MIB:,.1f} MiB for the model (parent and {n_workers} "
             f"worker(s)) and {block_nbytes / _MIB:,.1f} MiB of block working memory "
-            f"per worker; {available / _MIB:,.0f} MiB are available now. If memory "
-            "ran out, lower n_jobs, working_memory or block_size, use a cheaper "
-            "covariance_type, or set memory_limit to what this machine can spare."
+            f"per worker{now}. If memory ran out, lower n_jobs, working_memory or "
+            "block_size, use a cheaper covariance_type, or set memory_limit to what "
+            "this machine can spare."
         ) from exc
