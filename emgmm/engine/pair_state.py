@@ -35,6 +35,24 @@ class PairState:
         self.covariance_type = covariance_type
         self.p = p
 
+    @staticmethod
+    def shapes(n_components, n_features, p=SCREEN_DIRECTIONS):
+        """The state's arrays, ``{name: (shape, dtype)}``."""
+        K, d = n_components, n_features
+        shapes = {"weights": ((K,), np.float64), "means": ((K, d), np.float64),
+                  "covariances": ((K, d, d), np.float64),
+                  "factors": ((K, d, d), np.float64),
+                  "nk": ((K,), np.float64), "sum_x": ((K, d), np.float64)}
+        shapes.update({name: (shape, np.float64) for name, shape
+                       in ProjectionScreen.shapes(K, d, p).items()})
+        return shapes
+
+    @staticmethod
+    def nbytes(n_components, n_features, p=SCREEN_DIRECTIONS):
+        """Bytes of the state's arrays."""
+        return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype
+                   in PairState.shapes(n_components, n_features, p).values())
+
     @classmethod
     def allocate(cls, model, folder=None, p=SCREEN_DIRECTIONS, adopt=True):
         """The state of a run from ``model``, in memory or in files of ``folder``
@@ -42,12 +60,7 @@ class PairState:
         covariances and factors are used, not copied, when they live in this
         process and can be written (never a fitted estimator's attributes)."""
         K, d = model.means.shape
-        shapes = {"weights": ((K,), np.float64), "means": ((K, d), np.float64),
-                  "covariances": ((K, d, d), np.float64),
-                  "factors": ((K, d, d), np.float64),
-                  "nk": ((K,), np.float64), "sum_x": ((K, d), np.float64)}
-        shapes.update({name: (shape, np.float64) for name, shape
-                       in ProjectionScreen.shapes(K, d, p).items()})
+        shapes = cls.shapes(K, d, p)
         arrays = SharedArrays.allocate(shapes, folder, {
             "covariances": model.covariances,
             "factors": model.precisions_cholesky} if adopt else None)

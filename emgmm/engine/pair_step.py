@@ -122,7 +122,7 @@ class PairStep:
 
     def _start(self, model):
         K, d = model.means.shape
-        self.folder = self.executor.shared_folder(8 * (2 * K * d * d + 8 * K * d),
+        self.folder = self.executor.shared_folder(PairState.nbytes(K, d),
                                                   "the model that the workers share")
         self.state = PairState.allocate(model, self.folder, adopt=self.owns_start)
         self.ranges = contiguous_ranges(K, self.units)
