@@ -158,8 +158,12 @@ default='kmeans'
         iterations. A fit of the same data and parameters resumes from it to the
         model of an uninterrupted fit; other data or parameters raise
         ``ValueError``, an unwritable folder ``OSError``, a concurrent fit on the
-        same path ``RuntimeError``. Removed when ``fit`` completes (user guide,
-        "Checkpoints").
+        same path ``RuntimeError``. ``{fingerprint}`` in the path is replaced by
+        16 hex digits of the SHA-256 of the data and parameters the checkpoint is
+        matched on (``checkpoint='ck-{fingerprint}.npz'``): each fit of other data
+        or parameters, such as the clones of a parallel ``GridSearchCV``, then has a
+        file of its own, and a fit started again finds its own. Removed when
+        ``fit`` completes (user guide, "Checkpoints").
     checkpoint_interval : float, default=0.0
         Minimum seconds between two checkpoint writes; 0 writes after every
         iteration; :meth:`partial_fit` writes after every call.
