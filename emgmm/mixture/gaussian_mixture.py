@@ -59,7 +59,7 @@ class GaussianMixture(BaseMixture):
         matrix; 'diag': each its own diagonal; 'spherical': each its own variance;
         'factor': each ``W_k W_k^T + diag(psi_k)`` with ``n_factors`` factors (a
         mixture of factor analysers, Ghahramani & Hinton 1996; see
-        :mod:`emgmm.covariance.factor_kernels`).
+        the user guide page :doc:`/factor`).
     n_factors : int, default=10
         Factors per component for 'factor' (``0 <= n_factors <= n_features``; 0 is
         'diag'); ignored by the other types.
