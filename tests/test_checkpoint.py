@@ -455,6 +455,44 @@ def test_a_path_used_by_a_running_fit_is_refused(tmp_path, X):
     fit_quietly(GaussianMixture(**kwargs(n_components=4), checkpoint=path), X)
 
 
+def test_a_fingerprint_field_gives_each_running_fit_its_own_file(tmp_path, X):
+    """checkpoint='ck-{fingerprint}.npz' set once for fits of other parameters
+    running at the same time (the clones of GridSearchCV(n_jobs=2)): each writes
+    a file of its own, none is refused, each ends with the model of a fit without a
+    checkpoint, and nothing is left. A fit stopped and started again resumes from
+    its own file."""
+    path = str(tmp_path / "ck-{fingerprint}.npz")
+    inner = []
+
+    def start_another(record):
+        if record["n_iter"] == 2 and not inner:
+            inner.append(fit_quietly(GaussianMixture(
+                **kwargs(n_components=4), checkpoint=path, callback=stop_files), X))
+
+    files = []
+
+    def stop_files(record):
+        files.append(sorted(p.name for p in tmp_path.glob("ck-*.npz")))
+
+    got = fit_quietly(GaussianMixture(**kwargs(), checkpoint=path,
+                                      callback=start_another), X)
+    assert inner and len(files[-1]) == 2  # the outer fit's and the inner one's
+    assert all(len(name) == len("ck-.npz") + 16 for name in files[-1])
+    assert_same_model(got, fit_quietly(GaussianMixture(**kwargs()), X))
+    assert_same_model(inner[0], fit_quietly(GaussianMixture(**kwargs(n_components=4)),
+                                            X))
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(Stop):
+        GaussianMixture(**kwargs(), checkpoint=path, callback=stop_at(0, 3)).fit(X)
+    (written,) = tmp_path.glob("ck-*.npz")
+    assert read_state(written, json.loads(
+        str(np.load(written)["meta"]))["fingerprint"]).run.n_iter == 3
+    resumed = []
+    fit_quietly(GaussianMixture(**kwargs(), checkpoint=path,
+                                callback=resumed.append), X)
+    assert [r["n_iter"] for r in resumed] == [4, 5, 6, 7, 8]
+
+
 @pytest.mark.parametrize("locks", [True, False])
 def test_a_failed_fit_frees_the_path(tmp_path, X, monkeypatch, locks):
     """A fit that raises keeps its checkpoint for a resume and frees the path: the

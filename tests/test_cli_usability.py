@@ -205,3 +205,103 @@ def test_a_lock_held_by_a_live_fit_is_kept(tmp_path):
         assert held.exists()
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------- issue 36.9: what happens
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_after(n_iter):
+    def callback(record):
+        if record["n_iter"] == n_iter:
+            raise _Stop
+
+    return callback
+
+
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)
+def test_a_resumed_fit_says_where_it_resumes_from(npy, tmp_path, capsys):
+    """The command line (on stderr) and the estimator with verbose > 0 (on stdout)
+    name the checkpoint and the iterations it holds; the first iteration reported
+    after it is the next one."""
+    checkpoint = str(tmp_path / "ck.npz")
+    params = dict(n_components=2, random_state=0, max_iter=6, tol=0.0,
+                  checkpoint=checkpoint)
+    with pytest.raises(_Stop):
+        emgmm.GaussianMixture(**params, callback=_stop_after(4)).fit(npy)
+    capsys.readouterr()
+    assert cli.main(["fit", npy, "-k", "2", "--random-state", "0", "--max-iter", "6",
+                     "--tol", "0", "--checkpoint", checkpoint,
+                     "-o", str(tmp_path / "m.h5")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"resuming from {checkpoint} after 4 iterations ...\n"), err
+    assert re.search(r"^iter 5/6", err, re.M) and not re.search(r"^iter 4/6", err,
+                                                                  re.M), err
+    with pytest.raises(_Stop):
+        emgmm.GaussianMixture(**params, callback=_stop_after(1)).fit(npy)
+    emgmm.GaussianMixture(**params, verbose=1).fit(npy)
+    out = capsys.readouterr().out
+    assert (f"Resuming from {checkpoint} after 1 iteration of initialization 0."
+            in out.splitlines()), out
+
+
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)
+def test_fit_announces_its_start_before_the_initialisation(npy, tmp_path, capsys):
+    """Without a terminal (capsys), the first line on stderr says what the fit
+    starts with, before the initialisation and the first iteration."""
+    assert cli.main(["fit", npy, "-k", "2", "--random-state", "0", "--max-iter", "2",
+                     "-o", str(tmp_path / "m.h5")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "initialising 2 components (k-means on 300 rows) ...", lines
+    assert lines[1].startswith("iter 1/2"), lines
+
+
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)
+def test_the_summary_says_1_iteration(npy, tmp_path, capsys):
+    assert cli.main(["fit", npy, "-k", "2", "--random-state", "0", "--max-iter", "1",
+                     "--tol", "0", "-o", str(tmp_path / "m.h5")]) == 0
+    err = capsys.readouterr().err
+    assert "did not converge after 1 iteration;" in err, err
+    assert "1 iterations" not in err
+
+
+@pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)
+def test_the_bayesian_summary_counts_the_components_that_carry_weight(npy, tmp_path,
+                                                                      capsys):
+    """--bayesian's summary (and its JSON) counts the components whose weight is
+    above 1/(100 K), as its help says."""
+    output = str(tmp_path / "m.h5")
+    assert cli.main(["fit", npy, "-k", "6", "--bayesian", "--random-state", "0",
+                     "--max-iter", "20", "--json", "-o", output]) == 0
+    captured = capsys.readouterr()
+    import json
+
+    summary = json.loads(captured.out)
+    weights = emgmm.load_model(output).weights_
+    expected = int((weights > 1 / (100 * 6)).sum())
+    assert summary["n_weighted_components"] == expected
+    assert f"6 full components ({expected} of 6 carry weight > 1/(100 K))" in (
+        captured.err), captured.err
+    assert "1/(100 K)" in _subparsers(cli.build_parser())["fit"].format_help()
+
+
+def test_fit_has_no_flags_of_partial_fit(npy, tmp_path, capsys):
+    """--learning-decay and --learning-offset only change partial_fit, which the
+    command line does not run: fit neither lists nor takes them."""
+    text = _subparsers(cli.build_parser())["fit"].format_help()
+    assert "--learning" not in text
+    with pytest.raises(SystemExit) as info:
+        cli.main(["fit", npy, "--learning-decay", "0.7", "-o", str(tmp_path / "m.h5")])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --learning-decay" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["fit", "score", "predict", "sample", "info",
+                                     "demo"])
+def test_help_texts_are_plain_text(command):
+    """No reStructuredText markup (``literal``, :role:`target`) in a command's -h."""
+    text = _subparsers(cli.build_parser())[command].format_help()
+    assert "``" not in text and not re.search(r":[a-z]+:`", text), text

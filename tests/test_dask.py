@@ -6,6 +6,7 @@ model of the local fit.
 """
 
 import os
+import tempfile
 import warnings
 
 import h5py
@@ -35,14 +36,17 @@ def client(tmp_path_factory):
     # LocalCluster leaves its workers' settings in os.environ (OPENBLAS_NUM_THREADS=1,
     # MALLOC_TRIM_THRESHOLD_, ...): the tests after this module must not inherit them
     environ = dict(os.environ)
-    # dask's scratch space in the test's folder, not /tmp/dask-scratch-space
-    scratch = dask.config.set(
-        {"temporary-directory": str(tmp_path_factory.mktemp("dask-scratch"))})
+    # dask's scratch space in the test's folder, not <tmp>/dask-scratch-space: the
+    # workers' local_directory, and the configuration for anything else that makes one
+    folder = str(tmp_path_factory.mktemp("dask-scratch"))
+    scratch = dask.config.set({"temporary-directory": folder})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dashboard port, etc.
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1,
-                                           processes=True, dashboard_address=None)
+                                           processes=True, dashboard_address=None,
+                                           local_directory=folder)
         client = distributed.Client(cluster)
+    client.scratch_folder = folder
     try:
         yield client
     finally:
@@ -95,3 +99,14 @@ def test_fit_on_local_cluster_equals_local_fit(client, files, schedule):
             assert_array_equal(getattr(got, name), getattr(local, name), err_msg=name)
         assert_allclose(got.lower_bounds_, local.lower_bounds_, rtol=0)
         assert_array_equal(got.predict(X), local.predict(X))
+
+
+def test_the_cluster_leaves_no_scratch_space_in_the_temporary_folder(client):
+    """Every worker's scratch space is in the test's folder: nothing named
+    dask-scratch-space is created in the temporary folder (it was left there)."""
+    folders = client.run(lambda dask_worker: dask_worker.local_directory)
+    assert folders and all(path.startswith(client.scratch_folder + os.sep)
+                           for path in folders.values()), folders
+    assert not any(path.startswith(os.path.join(tempfile.gettempdir(),
+                                                "dask-scratch-space"))
+                   for path in folders.values())

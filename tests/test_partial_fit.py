@@ -363,6 +363,18 @@ def test_checkpoint_of_other_parameters_is_refused(X, tmp_path):
                         checkpoint=checkpoint).partial_fit(X[:100])
 
 
+def test_a_fingerprint_field_gives_each_stream_its_own_checkpoint(X, tmp_path):
+    """checkpoint='stream-{fingerprint}.npz': streams of other parameters write
+    files of their own, and a new estimator of the same parameters resumes its
+    stream from its file."""
+    path = str(tmp_path / "stream-{fingerprint}.npz")
+    first = GaussianMixture(K, random_state=0, checkpoint=path).partial_fit(X[:100])
+    GaussianMixture(K + 1, random_state=0, checkpoint=path).partial_fit(X[:100])
+    assert len(list(tmp_path.glob("stream-*.npz"))) == 2
+    resumed = GaussianMixture(K, random_state=0, checkpoint=path).partial_fit(X[:100])
+    assert resumed.n_steps_ == first.n_steps_ + 1
+
+
 def test_a_checkpoint_of_fit_is_not_a_stream(X, tmp_path):
     checkpoint = tmp_path / "fit.npz"
 

@@ -36,7 +36,7 @@ from ..mixture.loading import load_model
 from ..runtime.disk import reserve
 from . import demo
 from .errors import CommandError, UsageError
-from .progress import ProgressReporter, format_summary
+from .progress import ProgressReporter, format_summary, plural
 
 
 #: (flag, estimator parameter, argparse keywords) for every parameter of
@@ -128,8 +128,6 @@ _ESTIMATOR_FLAGS = [
     (("--checkpoint",), "checkpoint", dict(metavar="NPZ")),
     (("--checkpoint-interval",), "checkpoint_interval",
      dict(type=at_least(float, 0.0), metavar="SECONDS")),
-    (("--learning-decay",), "learning_decay", dict(type=float)),
-    (("--learning-offset",), "learning_offset", dict(type=float)),
 ]
 _INIT_ARRAYS = ("weights_init", "means_init", "precisions_init")
 #: Flags of ``emgmm fit --bayesian`` only: the priors of ``BayesianGaussianMixture``
@@ -144,8 +142,7 @@ _BAYESIAN_FLAGS = [
     (("--covariance-prior",), "covariance_prior", {"metavar": "NPY|FLOAT"}),
 ]
 #: GaussianMixture's parameters that BayesianGaussianMixture has not.
-_GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate", "n_factors", "learning_decay",
-                                 "learning_offset")
+_GAUSSIAN_ONLY = _INIT_ARRAYS + ("on_degenerate", "n_factors")
 
 
 def _data_shape(spec, n_features=None):
@@ -542,7 +539,7 @@ def _cmd_info(args):
             for name in REGISTRY[header["covariance_type"]].parameters)),
         ("components", header["n_components"]),
         ("features", header["n_features_in"]),
-        ("fit", f"{state} after {header['n_iter']} iterations, "
+        ("fit", f"{state} after {plural(header['n_iter'], 'iteration')}, "
                 f"lower bound {header['lower_bound']:.6g}"),
         ("weights", f"min {model.weights_.min():.4g}, max {model.weights_.max():.4g}"),
         ("parameters", params),
@@ -596,7 +593,8 @@ def build_parser():
                               f"{defaults[name]!r}{notes.get(name, '')}", **kwargs)
     fit.add_argument("--bayesian", action="store_true",
                      help="fit a BayesianGaussianMixture (variational; the number "
-                          "of components used is inferred up to -k)")
+                          "of components used is inferred up to -k; the summary "
+                          "counts those whose weight is above 1/(100 K))")
     bayesian_defaults = BayesianGaussianMixture().get_params()
     for flags, name, kwargs in _BAYESIAN_FLAGS:
         fit.add_argument(*flags, dest=name, default=argparse.SUPPRESS,

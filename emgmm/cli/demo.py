@@ -1,14 +1,14 @@
 """A natural-image patch prior, fitted out of core and compared with scikit-learn.
 
-``emgmm demo`` cuts 8x8 grayscale patches, with their mean (DC) removed as
+emgmm demo cuts 8x8 grayscale patches, with their mean (DC) removed as
 patch priors for image restoration do, from the two photographs scikit-learn
 ships (china.jpg, flower.jpg). Patches from the top 80% of each image are for
 training, patches from the bottom 20% are held out. The training patches are
 written to a temporary HDF5 file (deleted at the end, also on errors) and
-emgmm fits a full-covariance mixture from ``tmp.h5:/patches`` with all cores.
+emgmm fits a full-covariance mixture from tmp.h5:/patches with all cores.
 Both are then compared on the same patches from the same initialisation:
 emgmm and scikit-learn's GaussianMixture (in memory) each run
-``--sklearn-max-iter`` EM iterations (default 5, ``tol=0``), a shorter fit
+--sklearn-max-iter EM iterations (default 5, tol=0), a shorter fit
 than the main one because scikit-learn is much slower. Every fit starts
 from the same initial weights, means and precisions (one k-means
 initialisation computed once and passed as weights_init/means_init/

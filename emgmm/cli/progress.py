@@ -5,6 +5,27 @@ import sys
 import time
 
 
+def plural(count, word):
+    """``"1 iteration"``, ``"2 iterations"``: ``count`` and ``word``, with an ``s``
+    unless ``count`` is 1.
+
+    Parameters
+    ----------
+    count : int
+    word : str
+
+    Returns
+    -------
+    text : str
+    """
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+#: How the start line names the initialisations of ``init_params``.
+_INIT_NAMES = {"kmeans": "k-means", "k-means++": "k-means++", "random": "random",
+               "random_from_data": "random rows"}
+
+
 def format_seconds(seconds):
     """Format a duration as ``"1h02m"``, ``"3m05s"`` or ``"4.2s"``.
 
@@ -22,6 +43,11 @@ def format_seconds(seconds):
     if seconds >= 60:
         return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
     return f"{seconds:.1f}s"
+
+
+#: A variational fit's summary counts the components whose weight is above this
+#: over ``n_components`` (a hundredth of an equal share): those that carry weight.
+WEIGHT_THRESHOLD = 0.01
 
 
 class ProgressReporter:
@@ -56,6 +82,8 @@ class ProgressReporter:
     bar_after = 2.0
     #: Ask the estimator for progress events within passes (see its ``callback``).
     wants_progress = True
+    #: Ask for the ``'plan'`` event before the first pass: the start line.
+    wants_plan = True
 
     def __init__(self, max_iter, n_init=1, *, stream=None, quiet=False):
         self.max_iter = max_iter
@@ -94,6 +122,9 @@ class ProgressReporter:
         if info.get("event") == "final_pass":
             self._announce_final_pass(info)
             return
+        if info.get("event") == "plan":
+            self._announce_start(info)
+            return
         self.history.append(dict(info))
         self._iteration_start = time.perf_counter()
         if self.quiet:
@@ -118,6 +149,29 @@ class ProgressReporter:
             file=self.stream or sys.stderr,
             flush=True,
         )
+
+    def _announce_start(self, info):
+        """Say, before the initialisation and the workers' start-up (which take a
+        while on large data, and show nothing else), how the fit starts: from a
+        checkpoint, an initialisation or the warm-start model."""
+        self._iteration_start = time.perf_counter()
+        if self.quiet:
+            return
+        resume = info.get("resume")
+        workers = info.get("n_workers", 1)
+        workers_text = f", {plural(workers, 'worker')}" if workers > 1 else ""
+        if resume is not None:
+            run_text = (f" of init {resume['init'] + 1}/{self.n_init}"
+                        if self.n_init > 1 else "")
+            text = (f"resuming from {resume['path']} after "
+                    f"{plural(resume['n_iter'], 'iteration')}{run_text}")
+        elif info.get("init_params") is not None:
+            method = _INIT_NAMES.get(info["init_params"], info["init_params"])
+            text = (f"initialising {plural(info['n_components'], 'component')} "
+                    f"({method} on {plural(info['init_rows'], 'row')})")
+        else:
+            text = "starting from the warm-start model"
+        print(f"{text}{workers_text} ...", file=self.stream or sys.stderr, flush=True)
 
     def _announce_final_pass(self, info):
         """Say that the run's parameters are scored in one more pass (its time is
@@ -161,10 +215,17 @@ class ProgressReporter:
             ``converged``, ``n_iter``, ``lower_bound``, ``seconds`` (wall
             time since this reporter was created) and ``seconds_per_iter``
             (mean over all reported iterations, ``None`` if none was
-            reported).
+            reported); for a variational fit (``weight_concentration_prior_type``)
+            also ``n_weighted_components``, the components whose weight is above
+            :data:`WEIGHT_THRESHOLD` ``/ n_components``.
         """
         self._clear_bar()
         seconds = [h["seconds"] for h in self.history]
+        extra = {}
+        if hasattr(estimator, "weight_concentration_prior_type"):
+            threshold = WEIGHT_THRESHOLD / estimator.n_components
+            extra["n_weighted_components"] = int(
+                (estimator.weights_ > threshold).sum())
         return {
             "n_components": int(estimator.n_components),
             "covariance_type": estimator.covariance_type,
@@ -174,6 +235,7 @@ class ProgressReporter:
             "lower_bound": float(estimator.lower_bound_),
             "seconds": time.perf_counter() - self._start,
             "seconds_per_iter": sum(seconds) / len(seconds) if seconds else None,
+            **extra,
         }
 
 
@@ -189,9 +251,13 @@ def format_summary(summary):
     text : str
     """
     state = "converged" if summary["converged"] else "did not converge"
+    weighted = ""
+    if "n_weighted_components" in summary:
+        weighted = (f" ({summary['n_weighted_components']} of "
+                    f"{summary['n_components']} carry weight > 1/(100 K))")
     return (
-        f"{state} after {summary['n_iter']} iterations; lower bound "
+        f"{state} after {plural(summary['n_iter'], 'iteration')}; lower bound "
         f"{summary['lower_bound']:.6g}; {summary['n_components']} "
-        f"{summary['covariance_type']} components on {summary['n_features']} "
-        f"features; {format_seconds(summary['seconds'])} total"
+        f"{summary['covariance_type']} components{weighted} on "
+        f"{summary['n_features']} features; {format_seconds(summary['seconds'])} total"
     )

@@ -47,6 +47,8 @@ _PRIOR_PARAMETERS = ("weight_concentration_prior_type", "weight_concentration_pr
                      "mean_precision_prior", "mean_prior", "degrees_of_freedom_prior",
                      "covariance_prior")
 _ABSENT = object()
+#: The field of a checkpoint path replaced by :func:`fingerprint_digest`.
+PLACEHOLDER = "{fingerprint}"
 
 
 def _sha256(*arrays):
@@ -56,6 +58,45 @@ def _sha256(*arrays):
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def fingerprint_digest(fingerprint):
+    """16 hex digits of the SHA-256 of ``fingerprint`` (JSON with sorted keys).
+
+    Parameters
+    ----------
+    fingerprint : dict
+        JSON-serialisable.
+
+    Returns
+    -------
+    str
+    """
+    text = json.dumps(fingerprint, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def checkpoint_path(path, fingerprint):
+    """``path`` with every ``{fingerprint}`` replaced by the digest of
+    ``fingerprint``: one file per problem, so that fits of other data or parameters
+    that share the ``checkpoint`` parameter (the clones of a ``GridSearchCV``) never
+    share a file, and a fit started again finds its own.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    fingerprint : dict
+        What the checkpoint is matched on.
+
+    Returns
+    -------
+    str or bytes
+        ``os.fspath(path)``, unchanged without the field.
+    """
+    path = os.fspath(path)
+    if isinstance(path, str) and PLACEHOLDER in path:
+        path = path.replace(PLACEHOLDER, fingerprint_digest(fingerprint))
+    return path
 
 
 def data_fingerprint(source):
@@ -441,7 +482,9 @@ def _acquire_lock(path):
                 f"Checkpoint {path} is in use by another fit running now (process "
                 f"{holder}). Fits that run at the same time need a checkpoint path "
                 "each (clones share it: GridSearchCV(n_jobs=2) or cross_validate with "
-                "n_jobs fit several at once); use checkpoint=None there."
+                "n_jobs fit several at once): put {fingerprint} in the path (e.g. "
+                "checkpoint='ck-{fingerprint}.npz') to give each fit of other data or "
+                "parameters its own file, or use checkpoint=None."
             ) from None
         except OSError as exc:
             _release_lock(fd, path)
@@ -537,20 +580,16 @@ def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model
         If ``estimator.checkpoint`` is the data file, or an existing checkpoint
         there was written for other data or parameters, or is not a checkpoint.
     RuntimeError
-        If another fit running now uses the same checkpoint path.
+        If another fit running now uses the same checkpoint path (with
+        ``{fingerprint}`` in it, only a fit of the same data and parameters).
     OSError
         If the checkpoint cannot be written there (:func:`check_writable`), before
         any pass.
     """
     if estimator.checkpoint is None:
         return None
-    data_file = getattr(source, "filename", None)
-    if (data_file is not None and os.path.exists(estimator.checkpoint)
-            and os.path.samefile(estimator.checkpoint, data_file)):
-        raise ValueError(f"checkpoint {os.fspath(estimator.checkpoint)} is the data "
-                         f"file ({source.description}): give the checkpoint a path "
-                         "of its own")
-    check_writable(estimator.checkpoint, "checkpoint")
+    _refuse_data_file(estimator.checkpoint, source)
+    check_writable(estimator.checkpoint, "checkpoint")  # (before any pass)
     data = data_fingerprint(source)
     data["sample_weight"] = weights_fingerprint(sample_weights)
     fingerprint = {
@@ -558,5 +597,18 @@ def open_checkpointer(estimator, source, compute_dtype, random_state, warm_model
         "params": params_fingerprint(estimator, compute_dtype, random_state,
                                      warm_model),
     }
-    return Checkpointer(estimator.checkpoint, estimator.checkpoint_interval,
-                        fingerprint)
+    path = checkpoint_path(estimator.checkpoint, fingerprint)
+    if path != os.fspath(estimator.checkpoint):  # ({fingerprint} replaced)
+        _refuse_data_file(path, source)
+        check_writable(path, "checkpoint")
+    return Checkpointer(path, estimator.checkpoint_interval, fingerprint)
+
+
+def _refuse_data_file(path, source):
+    """Raise ``ValueError`` if checkpoint ``path`` is the file ``source`` reads."""
+    data_file = getattr(source, "filename", None)
+    if (data_file is not None and os.path.exists(path)
+            and os.path.samefile(path, data_file)):
+        raise ValueError(f"checkpoint {os.fsdecode(path)} is the data file "
+                         f"({source.description}): give the checkpoint a path of "
+                         "its own")

@@ -548,6 +548,8 @@ h5py.Dataset or None, default=None
         """Call a callback whose attribute ``wants_plan`` is true with the fit's plan
         (the ``'plan'`` event of ``callback``)."""
         if getattr(self.callback, "wants_plan", False):
+            resume = None if plan.checkpointer is None else plan.checkpointer.resume
+            initialises = plan.do_init and resume is None
             self.callback({
                 "event": "plan",
                 "schedule": plan.schedule,
@@ -555,6 +557,14 @@ h5py.Dataset or None, default=None
                 "n_tasks": len(plan.tasks),
                 "n_workers": plan.executor.n_workers,
                 "row_threads": plan.executor.row_threads,
+                "n_samples": plan.n_samples,
+                "n_components": self.n_components,
+                "init_params": self.init_params if initialises else None,
+                "init_rows": (min(plan.n_samples, self.init_max_samples)
+                              if initialises else 0),
+                "resume": None if resume is None else {
+                    "path": plan.checkpointer.path, "init": resume.init_index,
+                    "n_iter": resume.run.n_iter},
             })
 
     def _best_run(self, plan, source, want_labels):
@@ -568,6 +578,11 @@ h5py.Dataset or None, default=None
             first = resume.init_index
             if resume.best_run is not None:
                 best = (resume.best_score, resume.best_run, None)
+            if self.verbose:
+                done = resume.run.n_iter
+                print(f"Resuming from {checkpointer.path} after {done} "
+                      f"iteration{'' if done == 1 else 's'} of initialization "
+                      f"{first}.")
         for init in range(first, plan.n_init):
             if self.verbose:
                 print(f"Initialization {init}")

@@ -59,7 +59,7 @@ class GaussianMixture(BaseMixture):
         matrix; 'diag': each its own diagonal; 'spherical': each its own variance;
         'factor': each ``W_k W_k^T + diag(psi_k)`` with ``n_factors`` factors (a
         mixture of factor analysers, Ghahramani & Hinton 1996; see
-        :mod:`emgmm.covariance.factor_kernels`).
+        the user guide page :doc:`/factor`).
     n_factors : int, default=10
         Factors per component for 'factor' (``0 <= n_factors <= n_features``; 0 is
         'diag'); ignored by the other types.
@@ -158,8 +158,12 @@ default='kmeans'
         iterations. A fit of the same data and parameters resumes from it to the
         model of an uninterrupted fit; other data or parameters raise
         ``ValueError``, an unwritable folder ``OSError``, a concurrent fit on the
-        same path ``RuntimeError``. Removed when ``fit`` completes (user guide,
-        "Checkpoints").
+        same path ``RuntimeError``. ``{fingerprint}`` in the path is replaced by
+        16 hex digits of the SHA-256 of the data and parameters the checkpoint is
+        matched on (``checkpoint='ck-{fingerprint}.npz'``): each fit of other data
+        or parameters, such as the clones of a parallel ``GridSearchCV``, then has a
+        file of its own, and a fit started again finds its own. Removed when
+        ``fit`` completes (user guide, "Checkpoints").
     checkpoint_interval : float, default=0.0
         Minimum seconds between two checkpoint writes; 0 writes after every
         iteration; :meth:`partial_fit` writes after every call.

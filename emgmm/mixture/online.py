@@ -26,6 +26,7 @@ from ..engine import online
 from ..engine.degenerate import initial_factors
 from ..engine.model import Model
 from ..engine.update import MaximumLikelihood
+from ..io.checkpoint import checkpoint_path
 from ..io.stream_checkpoint import read_stream, stream_fingerprint, write_stream
 from ..io.weights import ArrayWeights, dump_weights
 from ..runtime.executor import joblib_temp_folder, make_temp_folder
@@ -159,7 +160,7 @@ class OnlineMixin:
     def _partial_fit_unsafe(self, X, sample_weight):
         online.online_covariance_type(self.covariance_type)  # before reading X
         if (not hasattr(self, "means_") and self.checkpoint is not None
-                and os.path.exists(self.checkpoint)):
+                and os.path.exists(self._stream_checkpoint())):
             self._resume_stream()
         first = not hasattr(self, "means_")
         source = self._source(X, reset=first)
@@ -315,12 +316,18 @@ class OnlineMixin:
         self.lower_bounds_ = [self.lower_bound_]
         self.n_iter_, self.converged_, self.history_ = 1, False, []
 
+    def _stream_checkpoint(self):
+        """The stream's checkpoint file: ``checkpoint`` with ``{fingerprint}``
+        replaced by the digest of the stream's parameters."""
+        return checkpoint_path(self.checkpoint,
+                               stream_fingerprint(self.get_params(deep=False)))
+
     def _save_stream(self):
         arrays, meta = self._stream_state()
-        write_stream(self.checkpoint, arrays, meta,
+        write_stream(self._stream_checkpoint(), arrays, meta,
                      stream_fingerprint(self.get_params(deep=False)))
 
     def _resume_stream(self):
-        arrays, meta = read_stream(self.checkpoint,
+        arrays, meta = read_stream(self._stream_checkpoint(),
                                    stream_fingerprint(self.get_params(deep=False)))
         self._set_stream_state(arrays, meta)
