@@ -141,16 +141,24 @@ class PairStep:
         K = state.means.shape[0]
         n_worst = min(K + len(used_rows), 2 * K)
         self.phase_seconds = {}
+        # (each per-row array is let go once its phase is done: the parent holds
+        # O(n) bytes, a few tens per row and per kept pair, never an n x K array)
         with self._phase("screen"):
             screened = self._screen_rows()
             tops = self._tops(screened)
+            row_weights = screened.weights
+            del screened
         with self._phase("top_pairs"):
             log_likelihood, worst, others, singles = self._top_pairs(tops, n_worst)
+            del tops
         with self._phase("rescreen"):
             triples, rows_log_likelihood, rows_worst = self._rescreen(
-                others, screened, n_worst)
+                others, row_weights, n_worst)
+            del others, row_weights
         with self._phase("statistics"):
-            bad = self._statistics(Triples.joined([singles, triples]), settings)
+            parts = [singles, triples]
+            del singles, triples
+            bad = self._statistics(parts, settings)
         log_likelihood += rows_log_likelihood
         worst = worst.merge(rows_worst)
         with self._phase("repair"):
@@ -207,15 +215,14 @@ class PairStep:
         return (log_likelihood, worst, others,
                 Triples.joined([p.singles for p in parts]))
 
-    def _rescreen(self, others, screened, n_worst):
+    def _rescreen(self, others, row_weights, n_worst):
         """The rescreened rows' triples (sorted by component), log-likelihood and
         worst rows, gathered block by block."""
         edges = np.searchsorted(others, [s for s, _ in self.blocks] + [self.n_samples])
         groups = []
         for a, b in zip(edges[:-1], edges[1:], strict=True):
             rows = others[a:b]
-            groups.append((rows, None if screened.weights is None
-                           else screened.weights[rows]))
+            groups.append((rows, None if row_weights is None else row_weights[rows]))
         tasks = [[g for g in groups[a:b] if g[0].size]
                  for a, b in contiguous_ranges(len(groups), self.units)]
         parts = self._map(rescreen_task, [
@@ -232,12 +239,16 @@ class PairStep:
                               + sum(p[3] for p in parts)) / max(self.n_samples, 1)
         return triples, log_likelihood, worst
 
-    def _statistics(self, triples, settings):
-        """Phase 4: each component's statistics, M step, factor and screen terms;
-        the new model's screen is around the mixture mean of the previous model,
-        its directions started from the previous ones and the clusters where they
+    def _statistics(self, parts, settings):
+        """Phase 4: each component's statistics, M step, factor and screen terms
+        from the kept pairs of the :class:`Triples` in ``parts`` (emptied: the
+        parts, then the joined triples, go as soon as they are copied); the new
+        model's screen is around the mixture mean of the previous model, its
+        directions started from the previous ones and the clusters where they
         were (any shift and directions give a valid screen; these a tight one)."""
         state = self.state
+        triples = Triples.joined(parts)
+        parts.clear()
         triples = triples.sorted(self.n_samples)
         kept = ComponentRows.split(triples.comps, triples.rows, triples.wr, None,
                                    self.ranges)
