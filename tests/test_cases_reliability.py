@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import tracemalloc
 import warnings
 import weakref
@@ -447,6 +448,130 @@ def test_case_c20_killed_fit_leaves_identifiable_folder(tmp_path):
             proc.wait()
         if kids_file.exists():
             _reap(json.loads(kids_file.read_text()))
+
+
+KILLED_PARALLEL_FIT = textwrap.dedent("""
+    import json, os, signal, sys, warnings
+    import psutil
+    from emgmm import GaussianMixture
+    from sklearn.exceptions import ConvergenceWarning
+
+    data, checkpoint, kids = sys.argv[1:4]
+
+    def callback(record):
+        # the killed run: its processes, once its workers exist, then SIGKILL
+        if record["n_iter"] == 2 and not os.path.exists(kids):
+            kids_now = {p.pid: [" ".join(p.cmdline()), p.create_time()]
+                        for p in psutil.Process().children(recursive=True)}
+            with open(kids, "w") as fh:
+                json.dump(kids_now, fh)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    warnings.simplefilter("ignore", ConvergenceWarning)
+    gm = GaussianMixture(3, n_jobs=2, max_iter=5, tol=0.0, random_state=0,
+                         checkpoint=checkpoint, callback=callback).fit(data)
+    print(f"resumed fit: {gm.n_iter_} iterations", file=sys.stderr)
+""")
+
+
+def _alive(kids):
+    """The processes of ``kids`` (``{pid: (command line, start time)}``) that still
+    run: zombies have ended, and a process of a recorded id but another start time
+    is another process."""
+    alive = []
+    for pid, (_, started) in kids.items():
+        try:
+            proc = psutil.Process(pid)
+            if (proc.create_time() == started
+                    and proc.status() != psutil.STATUS_ZOMBIE):
+                alive.append(proc)
+        except psutil.Error:
+            pass
+    return alive
+
+
+def _wait_gone(kids, seconds):
+    """The processes of ``kids`` (:func:`_alive`) still running after up to
+    ``seconds``."""
+    alive = _alive(kids)
+    for _ in range(int(seconds * 10)):
+        if not alive:
+            break
+        time.sleep(0.1)
+        alive = _alive(kids)
+    return alive
+
+
+def _end(procs):
+    """Kill the processes ``procs`` (of :func:`_alive`) and wait for them."""
+    for proc in procs:
+        try:
+            proc.kill()
+            proc.wait(5)
+        except psutil.Error:
+            pass
+
+
+def _run_killed_parallel_fit(tmp_path, stderr):
+    """Run a fit with two loky workers, SIGKILLed in its third iteration; its
+    processes (workers, resource trackers) as the fit saw them, ``{pid: (command
+    line, start time)}``."""
+    data = tmp_path / "X.npy"
+    np.save(data, np.random.default_rng(0).normal(size=(2000, 5)))
+    script = tmp_path / "fit.py"
+    script.write_text(KILLED_PARALLEL_FIT)
+    args = [sys.executable, str(script), str(data), str(tmp_path / "fit.ckpt"),
+            str(tmp_path / "kids.json")]
+    proc = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=stderr,
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    kids = {int(pid): tuple(seen) for pid, seen in
+            json.loads((tmp_path / "kids.json").read_text()).items()}
+    names = " ".join(cmdline for cmdline, _ in kids.values())
+    assert "popen_loky" in names and "resource_tracker" in names  # it had workers
+    return args, kids
+
+
+def test_case_c20_killed_parallel_fit_takes_its_workers_along(tmp_path):
+    """Issue 36.3: after SIGKILL of a fit, its loky workers and resource trackers
+    end within 10 seconds (they stayed, orphaned, until loky's idle timeout of
+    5 minutes and longer, each holding its memory)."""
+    kids = {}
+    try:
+        with open(tmp_path / "stderr.txt", "w") as err:
+            _, kids = _run_killed_parallel_fit(tmp_path, err)
+        left = _wait_gone(kids, 10)
+        assert not left, [kids[p.pid][0] for p in left]
+    finally:
+        _end(_alive(kids))
+
+
+def test_case_c20_run_after_a_killed_fit_prints_only_its_own_lines(tmp_path):
+    """Issue 36.3: the stderr shared by a killed fit and its resumed run (a
+    terminal) gets, from the resumed run's start on, nothing but that run's own
+    lines: the killed fit's processes have ended and said what they had to say
+    before, not loky's resource tracker warnings about the killed fit's folders
+    at some point of the resumed run (when its orphaned workers timed out; ended
+    here once the resumed run is done, in the place of loky's 5 minutes)."""
+    kids = {}
+    log = tmp_path / "stderr.txt"
+    try:
+        with open(log, "w") as err:
+            args, kids = _run_killed_parallel_fit(tmp_path, err)
+        _wait_gone(kids, 10)
+        start = log.stat().st_size
+        with open(log, "a") as err:
+            resumed = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=err,
+                                     timeout=300)
+        _end(p for p in _alive(kids) if "popen_loky" in kids[p.pid][0])
+        _wait_gone(kids, 10)
+        with open(log) as fh:
+            fh.seek(start)
+            lines = fh.read()
+        assert resumed.returncode == 0, lines
+        assert lines == "resumed fit: 5 iterations\n"
+    finally:
+        _end(_alive(kids))
 
 
 # ---------------------------------------------------------------------------- C21

@@ -25,6 +25,7 @@ from joblib.parallel import get_active_backend
 from threadpoolctl import threadpool_info
 
 from .blas import hold_process_limit, release_process_limit
+from .parent_watch import run_watched
 from .workspace import per_thread
 
 TEMP_PREFIX = "emgmm-"
@@ -466,8 +467,15 @@ class Executor:
             if self._shares_files:
                 task_args = self._share_large_arguments(task_args)
             # (worker processes allocate afresh: a process's one thread keeps its
-            # freed blocks in one arena, where the next block finds them)
-            run = per_thread(func) if self.uses_threads else func
+            # freed blocks in one arena, where the next block finds them). Worker
+            # processes of this host end with this process, also when it is killed
+            # (loky's would stay until their idle timeout, with their memory).
+            if self.uses_threads:
+                run = per_thread(func)
+            elif self._shares_files:
+                run = functools.partial(run_watched, func)
+            else:
+                run = func
             # One joblib call per map (the loky workers are reused between calls).
             # joblib's memmapping folders go into this fit's own (removed when it
             # ends): left to joblib, every call with a reused pool creates one in
