@@ -184,3 +184,13 @@ def test_imports_are_resolved(source, module, expected):
     node = next(n for n in ast.walk(ast.parse(source))
                 if isinstance(n, (ast.Import, ast.ImportFrom)))
     assert _targets(module, MODULES[module][1], node) == [expected]
+
+
+def test_the_module_map_of_contributing_names_every_module():
+    """CONTRIBUTING.md's map of the tree names each module of the package."""
+    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    section = text[text.index("## Where things live"):]
+    missing = [str(path.relative_to(PACKAGE))
+               for path in sorted(PACKAGE.rglob("*.py"))
+               if path.name != "__init__.py" and path.name not in section]
+    assert not missing, missing

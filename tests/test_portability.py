@@ -27,6 +27,7 @@ from emgmm.io import sources as _sources
 from emgmm.io.weights import as_weight_source
 from emgmm.runtime import executor as _executor
 from emgmm.runtime import memory as _memory
+from emgmm.runtime import processes as _processes
 from emgmm.runtime.worker_loss import explain_worker_loss
 
 N, D, K = 600, 5, 3
@@ -430,7 +431,7 @@ def test_stray_folders_judged_without_signals(tmp_path, monkeypatch):
     """Where os.kill(pid, 0) would signal (Windows), psutil says which processes
     exist: a dead process's folder is removed, a live one's kept."""
     psutil = pytest.importorskip("psutil")
-    monkeypatch.setattr(_executor, "_PROBE_BY_SIGNAL", False)
+    monkeypatch.setattr(_processes, "_PROBE_BY_SIGNAL", False)
     exists = Counter(psutil.pid_exists)
     monkeypatch.setattr(psutil, "pid_exists", exists)
     names = _strays(tmp_path, _executor.process_space())
@@ -442,7 +443,7 @@ def test_stray_folders_judged_without_signals(tmp_path, monkeypatch):
 def test_stray_folders_kept_without_signals_nor_psutil(tmp_path, monkeypatch):
     """Without either, no process is known dead: every folder is kept, and no
     signal is sent."""
-    monkeypatch.setattr(_executor, "_PROBE_BY_SIGNAL", False)
+    monkeypatch.setattr(_processes, "_PROBE_BY_SIGNAL", False)
     monkeypatch.setitem(sys.modules, "psutil", None)
     kill = Counter(os.kill)
     monkeypatch.setattr(os, "kill", kill)
@@ -482,7 +483,7 @@ def test_fit_with_every_linux_call_taken_away(tmp_path, data, monkeypatch, kind,
     monkeypatch.setattr(_memory, "MEMINFO", str(tmp_path / "no-meminfo"))
     monkeypatch.setitem(sys.modules, "psutil", None)
     monkeypatch.delattr(os, "sysconf")
-    monkeypatch.setattr(_executor, "_PROBE_BY_SIGNAL", False)
+    monkeypatch.setattr(_processes, "_PROBE_BY_SIGNAL", False)
     got = fitted()
     assert _memory.available_memory() == math.inf  # the budget refused nothing
     # the fallbacks of the readers that this source uses (an HDF5 path uses none)

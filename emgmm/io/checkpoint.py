@@ -25,7 +25,8 @@ import numpy as np
 
 from ..engine.model import Model, RunResult
 from ..engine.variational import VariationalModel
-from ..runtime.executor import pid_alive, process_space
+from ..runtime.executor import process_space
+from ..runtime.processes import pid_alive
 from .atomic import atomic_output, check_writable, reserved_file
 from .weights import weights_fingerprint
 

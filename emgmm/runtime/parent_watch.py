@@ -18,6 +18,8 @@ import os
 import threading
 import time
 
+from .processes import pid_alive
+
 #: Seconds between a worker's checks that its parent lives.
 POLL_SECONDS = 1.0
 #: Exit status of a worker whose parent has gone.
@@ -39,8 +41,6 @@ def _parent_gone(parent):
     """
     if os.name == "posix":
         return os.getppid() != parent
-    from .executor import pid_alive  # (the executor imports this module)
-
     return not pid_alive(parent)
 
 
