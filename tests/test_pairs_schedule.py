@@ -347,3 +347,22 @@ def test_iteration_records_carry_the_pairs_and_the_phase_seconds(patches14):
         assert 0 < sum(phases.values()) <= record["seconds"]
         assert 1 <= record["pairs_per_row"] <= 8
     assert plan.pairs == [r["pairs_per_row"] for r in gm.history_]
+
+
+@pytest.mark.parametrize("parts", [1, 3, 8, 500])
+def test_component_ranges_cover_every_component_with_balanced_work(parts):
+    """Tasks by work, not by component count: contiguous, non-empty, covering;
+    no range above its share by more than one component's cost."""
+    from emgmm.engine.pair_step import balanced_ranges
+
+    rng = np.random.default_rng(0)
+    costs = np.concatenate([[5000], rng.integers(1, 50, size=199)])
+    ranges = balanced_ranges(costs, parts)
+    assert ranges[0][0] == 0 and ranges[-1][1] == costs.size
+    assert all(a < b for a, b in ranges)
+    assert all(b == c for (_, b), (c, _) in zip(ranges[:-1], ranges[1:], strict=True))
+    assert len(ranges) <= parts
+    share = costs.sum() / min(parts, costs.size)
+    assert max(costs[a:b].sum() for a, b in ranges) <= share + costs.max()
+    if parts > 1:
+        assert ranges[0] == (0, 1)  # the heavy component alone

@@ -73,6 +73,19 @@ def contiguous_ranges(n, parts):
     return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
+def balanced_ranges(costs, parts):
+    """At most ``parts`` consecutive, non-empty ``(a, b)`` ranges covering the
+    ``costs`` (K,) of the components, cut where the running cost crosses each
+    multiple of the total over ``parts``: a task per range, of about equal work
+    (a component with many rows does not hold up the phase's other tasks)."""
+    K = len(costs)
+    total = np.cumsum(np.asarray(costs, dtype=np.float64))
+    targets = total[-1] * np.arange(1, max(1, min(parts, K))) / max(1, min(parts, K))
+    cuts = np.searchsorted(total, targets, side="left") + 1
+    edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, K), [K]]))
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
 class PairStep:
     """:func:`~emgmm.engine.em.em_step` of the pairs schedule, for ``run_em``.
 
@@ -125,12 +138,12 @@ class PairStep:
         self.folder = self.executor.shared_folder(PairState.nbytes(K, d),
                                                   "the model that the workers share")
         self.state = PairState.allocate(model, self.folder, adopt=self.owns_start)
-        self.ranges = contiguous_ranges(K, self.units)
         if not self.state.has_screen:  # (a resumed run has its model's)
             screen = self.state.screen()
             screen.g[:] = _shift(self.state.means, self.state.weights)
             self._map(screen_terms_task, [(k0, k1, self.state, _SUBSPACE_STEPS)
-                                          for k0, k1 in self.ranges])
+                                          for k0, k1 in contiguous_ranges(
+                                              K, self.units)])
             screen.set_offsets(self.state.weights)
 
     def __call__(self, take_model, settings, policy, seeds, used_rows, n_iter,
@@ -197,16 +210,21 @@ class PairStep:
                          else np.concatenate([p.weights for p in parts]))
 
     def _tops(self, screened):
+        """The rows by their top component, in component ranges of about equal
+        numbers of rows (the phase's work)."""
         order = np.argsort(screened.top, kind="stable")
-        return ComponentRows.split(
+        K = self.state.means.shape[0]
+        ranges = balanced_ranges(np.bincount(screened.top, minlength=K) + 1,
+                                 self.units)
+        return ranges, ComponentRows.split(
             screened.top[order], order, screened.second[order],
-            None if screened.weights is None else screened.weights[order],
-            self.ranges)
+            None if screened.weights is None else screened.weights[order], ranges)
 
     def _top_pairs(self, tops, n_worst):
+        ranges, tops = tops
         parts = self._map(top_pairs_task, [
             (k0, k1, part, self.state, self.compute_dtype, self.margin, n_worst)
-            for (k0, k1), part in zip(self.ranges, tops, strict=True)])
+            for (k0, k1), part in zip(ranges, tops, strict=True)])
         log_likelihood = float(sum(float(s) for p in parts for s in p.log_likelihoods))
         worst = Worst(n_worst)
         for p in parts:
@@ -250,8 +268,13 @@ class PairStep:
         triples = Triples.joined(parts)
         parts.clear()
         triples = triples.sorted(self.n_samples)
+        K, d = state.means.shape
+        # a component's work: its factorisation and M step (~2 d rows' worth of
+        # syrk) and its kept rows
+        ranges = balanced_ranges(np.bincount(triples.comps, minlength=K) + 2 * d,
+                                 self.units)
         kept = ComponentRows.split(triples.comps, triples.rows, triples.wr, None,
-                                   self.ranges)
+                                   ranges)
         limit = state.model().kind.factor_limit(state.means.shape[1],
                                                 settings.compute_dtype)
         self.centres = np.array(state.means)
@@ -259,7 +282,7 @@ class PairStep:
         parts = self._map(statistics_task, [
             (k0, k1, part, state, self.compute_dtype, settings.reg_covar, limit,
              self.centres, WARM_STEPS)
-            for (k0, k1), part in zip(self.ranges, kept, strict=True)])
+            for (k0, k1), part in zip(ranges, kept, strict=True)])
         return [k for p in parts for k in p]
 
     def _repair(self, settings, policy, seeds, streaks, bad, worst, used_rows,
