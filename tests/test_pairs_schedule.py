@@ -366,3 +366,21 @@ def test_component_ranges_cover_every_component_with_balanced_work(parts):
     assert max(costs[a:b].sum() for a, b in ranges) <= share + costs.max()
     if parts > 1:
         assert ranges[0] == (0, 1)  # the heavy component alone
+
+
+def test_the_final_pass_scores_with_the_runs_screen(patches14, monkeypatch):
+    """The pass that scores a run's final parameters takes the screen the run kept
+    for them (building one costs K d^2 p (steps + 1) flops); its score is score(X),
+    which builds its own screen, to rounding."""
+    built = []
+    original = screen.ProjectionScreen.build.__func__
+
+    def counted(cls, *args, **kwargs):
+        built.append(1)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(screen.ProjectionScreen, "build", classmethod(counted))
+    gm, _ = pairs_fit(patches14, 8, max_iter=3)
+    assert not built
+    assert_allclose(gm.lower_bound_, gm.score(patches14), rtol=1e-14)
+    assert built

@@ -278,8 +278,12 @@ class CovarianceType(ABC):
 
     # ----------------------------------------------------------- the kernels
 
-    def prepare_log_prob(self, weights, means, precisions_cholesky, dtype):
-        """Work on the parameters that every block of a pass shares, or ``None``."""
+    def prepare_log_prob(self, weights, means, precisions_cholesky, dtype,
+                         screen=None):
+        """Work on the parameters that every block of a pass shares, or ``None``;
+        ``screen``: the arrays of a screen of these parameters that a run kept
+        (:class:`~emgmm.covariance.screen.ProjectionScreen`), used instead of a
+        new one by the types that screen."""
         return None
 
     @abstractmethod

@@ -60,8 +60,10 @@ class FullCovariance(CovarianceType):
     def feature_variances(self, a):
         return np.diagonal(a, axis1=1, axis2=2)
 
-    def prepare_log_prob(self, weights, means, precisions_cholesky, dtype):
-        return prepare_full_log_prob(weights, means, precisions_cholesky, dtype)
+    def prepare_log_prob(self, weights, means, precisions_cholesky, dtype,
+                         screen=None):
+        return prepare_full_log_prob(weights, means, precisions_cholesky, dtype,
+                                     screen)
 
     def log_prob(self, X, means, precisions_cholesky, g, offset, margin=None,
                  products=None, out=None):

@@ -470,15 +470,16 @@ class BeyondRange(Exception):
     products (its ``y_limit``)."""
 
 
-def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype):
+def prepare_log_prob(weights, means, precisions_cholesky, covariance_type, dtype,
+                     screen=None):
     """Work on the model that every block of a pass shares, or ``None``: the
     covariance type's (for 'full', :func:`prepare_full_log_prob`; the others have
     none)."""
     return get_covariance_type(covariance_type).prepare_log_prob(
-        weights, means, precisions_cholesky, dtype)
+        weights, means, precisions_cholesky, dtype, screen)
 
 
-def prepare_full_log_prob(weights, means, precisions_cholesky, dtype):
+def prepare_full_log_prob(weights, means, precisions_cholesky, dtype, screen=None):
     """The estimates (:class:`RefinedEstimate`) that
     :func:`~emgmm.engine.estep.weighted_log_prob` tries in this order, each refined
     where it matters, before its plain path:
@@ -492,7 +493,8 @@ def prepare_full_log_prob(weights, means, precisions_cholesky, dtype):
     * larger ``d``: the certified screen
       (:class:`~emgmm.covariance.screen.ProjectionScreen`, ``K d^2 p`` flops here),
       which computes only the pairs that may lie within the margin and refuses
-      blocks where too many do (broad components); then, for float32 data, the
+      blocks where too many do (broad components; ``screen``: the arrays of one a
+      run kept for these parameters); then, for float32 data, the
       float32 :class:`TriangularEstimate` (``K d^2`` flops here), unless float32
       cannot hold the factors. Float64 data have no estimate: their plain path is
       exact.
@@ -511,7 +513,12 @@ def prepare_full_log_prob(weights, means, precisions_cholesky, dtype):
                 weights, means, precisions_cholesky,
                 (np.float32, np.float64) if float32 else (np.float64,))
             return None if built is None else tuple(built)
-        screen = (ProjectionScreen.build(weights, means, precisions_cholesky),)
+        # (a run's kept screen of these parameters, else a new one: any valid
+        # screen is exact, and building one costs K d^2 p (steps + 1) flops)
+        screen = (ProjectionScreen.build(weights, means, precisions_cholesky)
+                  if screen is None else ProjectionScreen.from_arrays(
+                      np.asarray(means, dtype=np.float64),
+                      np.asarray(precisions_cholesky, dtype=np.float64), screen),)
         if float32:
             built = TriangularEstimate.build(weights, means, precisions_cholesky)
             return screen if built is None else screen + (built,)

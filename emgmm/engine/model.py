@@ -39,7 +39,8 @@ class Model:
         if self.prepared_for != key:
             self.prepared = prepare_log_prob(self.weights, self.means,
                                              self.precisions_cholesky,
-                                             self.covariance_type, compute_dtype)
+                                             self.covariance_type, compute_dtype,
+                                             self.screen)
             self.prepared_for = key
         return self.prepared
 
