@@ -194,3 +194,20 @@ def test_a_covariance_that_is_not_positive_definite_gives_a_nan_factor():
     assert not full_component.factor_in_place(np.diag([1.0, -1.0, 1.0]), U, 1e300)
     assert np.isnan(U).all()
     assert not full_component.factor_in_place(np.eye(3) * 1e-40, U, limit=1e10)
+
+
+def test_a_process_held_to_one_thread_runs_the_component_loop_in_it(monkeypatch):
+    """n_jobs=1 holds the process to one BLAS thread: the loops over components
+    then run in the calling thread, not in threads of their own."""
+    import threading
+
+    from emgmm.runtime.blas import hold_process_limit, release_process_limit
+
+    monkeypatch.setattr(cholesky, "THREADED_FLOPS", 0)
+    seen = set()
+    hold_process_limit(1)
+    try:
+        cholesky.each_component(lambda k: seen.add(threading.get_ident()), 8, 4)
+    finally:
+        release_process_limit()
+    assert seen == {threading.get_ident()}

@@ -11,13 +11,12 @@ matrix (scikit-learn's ``precisions_cholesky_``); 'tied' has one ``(d, d)`` fact
 
 import functools
 import itertools
-import os
 
 import numpy as np
 from joblib import Parallel, delayed
 from scipy import linalg
 
-from ..runtime.blas import hold_process_limit, release_process_limit
+from ..runtime.blas import held_threads, hold_process_limit, release_process_limit
 from ..runtime.lapack import potrf_lower, potri_lower
 from .base import get_covariance_type
 
@@ -249,11 +248,12 @@ THREADED_FLOPS = 2**30
 
 
 def each_component(func, n_components, n_features):
-    """``func(k)`` for every component: in threads (as many as cores, one BLAS
-    thread each) when the loop does more than ``THREADED_FLOPS`` (``K d^3``), else
-    one after the other. ``func`` runs GIL-free LAPACK calls
+    """``func(k)`` for every component: in threads (as many as the process's BLAS
+    may use, :func:`~emgmm.runtime.blas.held_threads`: one under ``n_jobs=1``; one
+    BLAS thread each) when the loop does more than ``THREADED_FLOPS`` (``K d^3``),
+    else one after the other. ``func`` runs GIL-free LAPACK calls
     (:mod:`emgmm.runtime.lapack`) on its own component's arrays."""
-    threads = min(n_components, os.cpu_count() or 1)
+    threads = min(n_components, held_threads())
     if threads < 2 or n_components * n_features**3 < THREADED_FLOPS:
         for k in range(n_components):
             func(k)

@@ -65,6 +65,13 @@ def hold_process_limit(threads, cached=False):
         _LIMIT["holders"] += 1
 
 
+def held_threads():
+    """The BLAS threads this process is held to (:func:`hold_process_limit`), or
+    ``os.cpu_count()`` without a hold: how many threads a loop of one-thread LAPACK
+    calls may run (``n_jobs=1`` holds one)."""
+    return _LIMIT["threads"] or os.cpu_count() or 1
+
+
 def release_process_limit():
     """Release one hold; the last restores the limits found by the first."""
     with _LIMIT_LOCK:
