@@ -786,3 +786,14 @@ def test_help_lists_the_exit_statuses(capsys, argv):
     assert info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "Exit status: 0 success, 1 failure while running, 2 usage error" in out
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="no sysfs")
+def test_an_output_folder_that_refuses_files_is_refused_before_the_fit(tmp_path):
+    """os.access says yes to root on sysfs, where no file can be created: the
+    output is tried before any work, not found unwritable after the fit."""
+    from emgmm.io.atomic import check_writable
+
+    with pytest.raises(PermissionError, match="directory is not writable: /sys"):
+        check_writable("/sys/m.h5")
+    check_writable(tmp_path / "m.h5")  # (a folder that takes files passes)

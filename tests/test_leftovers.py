@@ -38,3 +38,28 @@ def test_fits_with_workers_leave_no_folders(tmp_path, source):
     gm.predict(data)
     gm.score_samples(data)
     assert _folders() - before == set()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_any_fit_removes_what_a_killed_fit_left_in_shared_memory():
+    """A killed pairs fit leaves its shared model in /dev/shm (gigabytes at the
+    workload's size): the next fit, of any schedule and without workers, removes
+    it."""
+    import subprocess
+    import sys
+
+    from emgmm.runtime import executor
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    name = (f"{executor.TEMP_PREFIX}{int(dead.stdout)}-{executor.process_space()}"
+            "-0123456789ab")
+    stray = os.path.join(executor.SHARED_MEMORY, name)
+    os.makedirs(stray)
+    try:
+        X = np.random.default_rng(0).normal(size=(200, 3))
+        emgmm.GaussianMixture(2, random_state=0).fit(X)
+        assert not os.path.exists(stray)
+    finally:
+        if os.path.exists(stray):
+            os.rmdir(stray)

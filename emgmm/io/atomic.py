@@ -42,10 +42,20 @@ def check_writable(path, what="output"):
     if os.path.exists(path) and not os.path.isfile(path):
         raise ValueError(f"{what} path {path} is not a regular file (a device, pipe "
                          "or socket): give the path of a file")
-    if not os.access(directory, os.W_OK | os.X_OK):
+    if not (os.access(directory, os.W_OK | os.X_OK) and _can_create_in(directory)):
         raise PermissionError(f"{what} directory is not writable: {directory} "
                               f"(permissions or a read-only file system; {what} "
                               f"{path})")
+
+
+def _can_create_in(directory):
+    """Whether a file can be created in ``directory``: tried, as ``os.access``
+    answers by permission bits alone (yes to root on sysfs or procfs)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".emgmm-probe-"):
+            return True
+    except OSError:
+        return False
 
 
 @contextmanager

@@ -210,7 +210,7 @@ def check_variances_fit(model, dtype):
     variances = model.kind.feature_variances(model.covariances)
     if np.all(variances < np.finfo(dtype).max):
         return
-    raise ValueError(_attributes_message(dtype, variances, "the starting model"))
+    raise ValueError(_attributes_message(dtype, variances, "starting model"))
 
 
 def _attributes_message(dtype, variances, which):

@@ -359,6 +359,10 @@ class Executor:
         self.on_task = None
 
     def __enter__(self):
+        # every fit sweeps what killed fits left where fits keep their folders
+        # (a killed pairs fit's shared model may hold gigabytes of memory there)
+        for parent in {joblib_temp_folder(), SHARED_MEMORY}:
+            remove_stray_folders(parent)
         self.uses_threads = self.row_threads > 0
         if self.n_workers > 1:
             backend, _ = get_active_backend()
