@@ -103,7 +103,7 @@ class PairStep:
         start's: the estimator's attributes stay as they are until the fit ends).
 
     The state lives in this process, or, when the executor's tasks run in worker
-    processes, in memory-mapped files of a folder of
+    processes, in one memory-mapped file in a folder of
     :meth:`~emgmm.runtime.executor.Executor.shared_folder`, which :meth:`close`
     removes.
     """
