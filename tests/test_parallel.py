@@ -599,7 +599,7 @@ def test_block_rows_within_budget(covariance_type):
     """Blocks fit working_memory; 'diag'/'spherical' blocks also fit the streaming
     working set, and the others keep the larger blocks their per-block work needs."""
     n, d, K = 1_000_000, 64, 64
-    per_row = memory.bytes_per_row(d, K, 8, KINDS["full"])
+    per_row = KINDS["full"].bytes_per_row(d, K, 8)
     rows = memory.block_rows(n, d, K, 8, 1024, covariance_type=KINDS[covariance_type])
     assert rows * per_row <= 1024 * 2**20
     n_blocks = -(-n // rows)
@@ -622,7 +622,7 @@ def test_block_rows_follow_the_chunks(covariance_type):
     import warnings
 
     n, d, K = 200_000, 50, 4
-    per_row = memory.bytes_per_row(d, K, 4, KINDS["full"])
+    per_row = KINDS["full"].bytes_per_row(d, K, 4)
     plain = memory.block_rows(n, d, K, 4, 1024, covariance_type=KINDS[covariance_type])
     for chunk in (max(1, plain // 3), plain + 1, 2 * plain + 7):
         if chunk * per_row > 1024 * 2**20:

@@ -14,7 +14,7 @@ from emgmm.runtime import memory
 @pytest.mark.parametrize("covariance_type", ["full", "diag"])
 def test_chunk_warning_names_the_limiting_row_count_and_the_init_read(covariance_type):
     n, d, K = 200_000, 50, 4
-    per_row = memory.bytes_per_row(d, K, 4, KINDS["full"])
+    per_row = KINDS["full"].bytes_per_row(d, K, 4)
     budget = int(8 * 2**20 // per_row)
     chunk = 2 * budget
     with pytest.warns(UserWarning) as record:

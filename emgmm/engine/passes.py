@@ -15,7 +15,7 @@ import numpy as np
 from ..covariance.log_density import relevance_margin
 from ..covariance.statistics import block_statistics
 from ..runtime.blas import limit_blas
-from ..runtime.memory import RELEASE_MIN_BYTES, bytes_per_row, release_free_memory
+from ..runtime.memory import RELEASE_MIN_BYTES, release_free_memory
 from ..runtime.workspace import borrow
 from .estep import SCORE_MARGIN, estimate_log_prob_resp, estimate_resp
 
@@ -151,7 +151,7 @@ def release_after_pass(model, compute_dtype, block_rows):
     (``n_jobs >= 2``) run their tasks in one thread, and so in one arena each."""
     K, d = model.means.shape
     itemsize = np.dtype(compute_dtype).itemsize
-    if block_rows * bytes_per_row(d, K, itemsize, model.kind) >= RELEASE_MIN_BYTES:
+    if block_rows * model.kind.bytes_per_row(d, K, itemsize) >= RELEASE_MIN_BYTES:
         release_free_memory()
 
 

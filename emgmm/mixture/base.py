@@ -48,7 +48,6 @@ from ..runtime.blas import single_blas_thread
 from ..runtime.executor import Executor, means_one_core
 from ..runtime.memory import (
     block_rows,
-    bytes_per_row,
     choose_schedule,
     max_row_tasks,
     partition,
@@ -523,8 +522,8 @@ h5py.Dataset or None, default=None
         checkpointer = None if stream else open_checkpointer(
             self, source, compute_dtype, random_state,
             None if do_init else self._current_model(), sample_weights)
-        block_nbytes = block_size * bytes_per_row(
-            d, self.n_components, np.dtype(compute_dtype).itemsize, kind)
+        block_nbytes = block_size * kind.bytes_per_row(
+            d, self.n_components, np.dtype(compute_dtype).itemsize)
         return FitPlan(
             n, d, inits, compute_dtype, out_dtype, block_size, tasks, do_init,
             self.n_init if do_init else 1, random_state, executor,

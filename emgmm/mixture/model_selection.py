@@ -17,7 +17,6 @@ from ..io.sources import as_source, is_file_backed
 from ..runtime.executor import Executor
 from ..runtime.memory import (
     available_memory,
-    bytes_per_row,
     partition,
     row_threads_worthwhile,
     schedule_nbytes,
@@ -487,8 +486,8 @@ def fit_side_by_side(candidates, X):
                                       widest._kind()):
             executor.row_threads = 0
         estimate = _check_memory(candidates, d, executor.n_workers, first.memory_limit)
-        block_nbytes = block_size * sum(bytes_per_row(
-            d, c.n_components, np.dtype(compute_dtype).itemsize, REGISTRY["full"])
+        block_nbytes = block_size * sum(REGISTRY["full"].bytes_per_row(
+            d, c.n_components, np.dtype(compute_dtype).itemsize)
             for c in candidates)
         plan = FitPlan(n, d, (None, None, None), compute_dtype, out_dtype, block_size,
                        tasks, True, None, None, executor, None, estimate, block_nbytes,

@@ -123,8 +123,6 @@ def _read_text(path):
         return f.read().strip()
 
 
-
-
 def remove_stray_folders(parent):
     """Remove ``emgmm-<pid>-<space>-*`` folders left by processes of this host and
     PID namespace (:func:`process_space`) that no longer exist (a fit killed with

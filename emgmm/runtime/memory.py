@@ -35,25 +35,6 @@ import numpy as np
 _MIB = 2**20
 
 
-def bytes_per_row(n_features, n_components, itemsize, covariance_type):
-    """Bytes of working memory one row of a block needs during a pass (the
-    covariance type's :meth:`~emgmm.covariance.CovarianceType.bytes_per_row`).
-
-    Parameters
-    ----------
-    n_features, n_components : int
-    itemsize : int
-        Bytes per value of the compute dtype (4 or 8).
-    covariance_type : CovarianceType
-
-    Returns
-    -------
-    int
-    """
-    return covariance_type.bytes_per_row(n_features, n_components,
-                                                             itemsize)
-
-
 def model_nbytes(n_components, n_features, covariance_type):
     """Bytes of one copy of the parameters (means, factors, statistics), float64.
 
@@ -230,13 +211,7 @@ def statistics_nbytes(n_components, n_features, covariance_type):
     -------
     int
     """
-    return 8 * covariance_type.statistics_values(n_components,
-                                                                      n_features)
-
-
-def _work_per_row(n_features, covariance_type):
-    """Multiply-adds per row and component of one E step plus statistics."""
-    return covariance_type.work_per_row(n_features)
+    return 8 * covariance_type.statistics_values(n_components, n_features)
 
 
 #: Multiply-adds a task of rows must do before a pass runs its tasks in threads of
@@ -284,8 +259,8 @@ def tasks_are_tiny(n_samples, n_tasks, n_components, n_features, covariance_type
     -------
     bool
     """
-    work = (n_samples / max(n_tasks, 1)) * n_components * _work_per_row(
-        n_features, covariance_type)
+    work = ((n_samples / max(n_tasks, 1)) * n_components
+            * covariance_type.work_per_row(n_features))
     return work < ROW_THREAD_MIN_WORK
 
 
@@ -339,7 +314,7 @@ def range_pieces(n_rows, block_size, n_components, n_features, covariance_type,
     list of (start, stop)
         Relative to the start of the range.
     """
-    work = n_rows * n_components * _work_per_row(n_features, covariance_type)
+    work = n_rows * n_components * covariance_type.work_per_row(n_features)
     wanted = -(-work // (n_slices * TASK_WORK))
     max_tasks = int(max(1, min(wanted, 64 // n_slices)))
     return partition(n_rows, block_size, max_tasks=max_tasks)
@@ -470,7 +445,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     int
         At least 1, at most ``n_samples``.
     """
-    per_row = bytes_per_row(n_features, n_components, itemsize, covariance_type)
+    per_row = covariance_type.bytes_per_row(n_features, n_components, itemsize)
     working_memory = working_memory_mib  # (the user's, before the streaming cap)
     # a block of whole chunks may take all of working_memory
     chunk_budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
