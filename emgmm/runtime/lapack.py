@@ -91,6 +91,20 @@ def _lda(a):
     return max(1, a.shape[0])
 
 
+def _in_place(name, a, flags, fallback):
+    """LAPACK ``name`` on the lower triangle of ``a`` in place, its ``info``:
+    through scipy's capsule (GIL-free) with ``flags`` before ``(n, a, lda,
+    info)``, or scipy's wrapper with ``lower=1`` and the ``fallback`` keywords."""
+    _check(a, "a")
+    run = _routine(name, a.dtype)
+    if run is None:
+        _, info = _lapack.get_lapack_funcs(name, (a,))(a, lower=1, **fallback)
+        return int(info)
+    info = ctypes.c_int(0)
+    run(*flags, _int(a.shape[0]), a.ctypes.data, _int(_lda(a)), ctypes.byref(info))
+    return info.value
+
+
 def potrf_lower(a):
     """Cholesky factor ``L`` of the symmetric positive definite ``a`` in place:
     ``a = L L^T`` in the lower triangle (the strict upper triangle is left as it
@@ -106,15 +120,7 @@ def potrf_lower(a):
         LAPACK's ``info``: 0 on success, ``j > 0`` when the leading minor of order
         ``j`` is not positive definite.
     """
-    _check(a, "a")
-    run = _routine("potrf", a.dtype)
-    if run is None:
-        _, info = _lapack.get_lapack_funcs("potrf", (a,))(a, lower=1, overwrite_a=1,
-                                                           clean=0)
-        return int(info)
-    info = ctypes.c_int(0)
-    run(b"L", _int(a.shape[0]), a.ctypes.data, _int(_lda(a)), ctypes.byref(info))
-    return info.value
+    return _in_place("potrf", a, (b"L",), dict(overwrite_a=1, clean=0))
 
 
 def potri_lower(a):
@@ -126,14 +132,7 @@ def potri_lower(a):
     int
         LAPACK's ``info``: 0, or ``j > 0`` when ``a[j-1, j-1]`` is zero.
     """
-    _check(a, "a")
-    run = _routine("potri", a.dtype)
-    if run is None:
-        _, info = _lapack.get_lapack_funcs("potri", (a,))(a, lower=1, overwrite_c=1)
-        return int(info)
-    info = ctypes.c_int(0)
-    run(b"L", _int(a.shape[0]), a.ctypes.data, _int(_lda(a)), ctypes.byref(info))
-    return info.value
+    return _in_place("potri", a, (b"L",), dict(overwrite_c=1))
 
 
 def trtri_lower(a):
@@ -144,15 +143,7 @@ def trtri_lower(a):
     int
         LAPACK's ``info``: 0, or ``j > 0`` when ``a[j-1, j-1]`` is zero.
     """
-    _check(a, "a")
-    run = _routine("trtri", a.dtype)
-    if run is None:
-        _, info = _lapack.get_lapack_funcs("trtri", (a,))(a, lower=1, overwrite_c=1)
-        return int(info)
-    info = ctypes.c_int(0)
-    run(b"L", b"N", _int(a.shape[0]), a.ctypes.data, _int(_lda(a)),
-        ctypes.byref(info))
-    return info.value
+    return _in_place("trtri", a, (b"L", b"N"), dict(overwrite_c=1))
 
 
 def trmm_left_lower(a, b, transpose=False):
