@@ -271,6 +271,18 @@ class CovarianceType(ABC):
         hw = weights[healthy] / weights[healthy].sum()
         return np.tensordot(hw, covariances[healthy], axes=1)
 
+    def widest_axis(self, covariance, n_features):
+        """One standard deviation along the widest axis of one component's
+        ``covariance``, as a vector (d,) along that axis; here for covariances
+        given by their diagonal or one variance (every axis is widest then: the
+        first is taken). Types with dense covariances override it."""
+        variances = np.broadcast_to(np.asarray(covariance, dtype=np.float64),
+                                    (n_features,))
+        j = int(np.argmax(variances))
+        axis = np.zeros(n_features)
+        axis[j] = np.sqrt(variances[j])
+        return axis
+
     def first_failure(self, bad):
         """The component to name in an error for the failed components ``bad``
         (``None`` when shared)."""
@@ -463,3 +475,10 @@ class CovarianceType(ABC):
         """``sum_xx`` with what the M step does not read filled from what it
         reads (in place; 'full': the lower triangles from the upper)."""
         return sum_xx
+
+
+def widest_axis_of_matrix(covariance):
+    """One standard deviation along the leading eigenvector of the (d, d)
+    ``covariance`` (:meth:`CovarianceType.widest_axis` of the dense types)."""
+    values, vectors = np.linalg.eigh(np.asarray(covariance, dtype=np.float64))
+    return np.sqrt(max(values[-1], 0.0)) * vectors[:, -1]

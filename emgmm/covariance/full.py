@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .base import CovarianceType, check_shape
+from .base import CovarianceType, check_shape, widest_axis_of_matrix
 from .cholesky import (
     check_precision_matrix,
     check_symmetric_positive_definite,
@@ -56,6 +56,9 @@ class FullCovariance(CovarianceType):
     def log_det_cholesky(self, precisions_cholesky, n_features):
         u = np.asarray(precisions_cholesky, dtype=np.float64)
         return np.log(np.diagonal(u, axis1=1, axis2=2)).sum(axis=1)
+
+    def widest_axis(self, covariance, n_features):
+        return widest_axis_of_matrix(covariance)
 
     def feature_variances(self, a):
         return np.diagonal(a, axis1=1, axis2=2)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .base import CovarianceType, check_shape
+from .base import CovarianceType, check_shape, widest_axis_of_matrix
 from .cholesky import (
     check_precision_matrix,
     check_symmetric_positive_definite,
@@ -56,6 +56,9 @@ class TiedCovariance(CovarianceType):
     def log_det_cholesky(self, precisions_cholesky, n_features):
         u = np.asarray(precisions_cholesky, dtype=np.float64)
         return np.log(np.diag(u)).sum()
+
+    def widest_axis(self, covariance, n_features):
+        return widest_axis_of_matrix(covariance)
 
     def feature_variances(self, a):
         return np.diagonal(a)[None, :]

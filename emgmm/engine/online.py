@@ -307,7 +307,6 @@ def from_arrays(arrays, covariance_type, prefix="online_"):
                            covariance_type)
 
 
-
 #: A component whose running weight ``N_k`` falls below this fraction of the mean
 #: weight ``1 / K`` is starved (:func:`split_starved`). Batch fits of natural-image
 #: patches (K=6) keep components of 0.02 to 0.05 (above 0.1 / 6); a stream that
@@ -317,23 +316,6 @@ STARVED_FRACTION = 0.1
 #: How far apart the two halves of a split start, in standard deviations along
 #: the widest axis of the split component (each moves half of it).
 SPLIT_SEPARATION = 1.0
-
-
-def _widest_axis(covariance, covariance_type, n_features):
-    """One standard deviation along the widest axis of one component's covariance,
-    as a vector (d,) along that axis ('spherical': every axis is widest, the first
-    is taken)."""
-    covariance = np.asarray(covariance, dtype=np.float64)
-    axis = np.zeros(n_features)
-    if covariance_type in ("full", "tied"):
-        values, vectors = np.linalg.eigh(covariance)
-        return np.sqrt(max(values[-1], 0.0)) * vectors[:, -1]
-    if covariance_type == "diag":
-        j = int(np.argmax(covariance))
-        axis[j] = np.sqrt(covariance[j])
-    else:
-        axis[0] = np.sqrt(covariance)
-    return axis
 
 
 def split_starved(stats, covariances, reg_covar, fraction=STARVED_FRACTION):
@@ -389,7 +371,7 @@ def split_starved(stats, covariances, reg_covar, fraction=STARVED_FRACTION):
     for k in starved:
         h = int(np.argmax(nk))
         covariance = covariances if kind.shared else covariances[h]
-        shift = 0.5 * SPLIT_SEPARATION * _widest_axis(covariance, kind.name, d)
+        shift = 0.5 * SPLIT_SEPARATION * kind.widest_axis(covariance, d)
         half = nk[h] / 2.0
         pair = [h, k]
         nk[pair] = half
