@@ -28,6 +28,7 @@ _SIGNATURES = {
     "potri": (_CHAR, _INT, _PTR, _INT, _INT),
     "trtri": (_CHAR, _CHAR, _INT, _PTR, _INT, _INT),
     "trmm": (_CHAR, _CHAR, _CHAR, _CHAR, _INT, _INT, _PTR, _PTR, _INT, _PTR, _INT),
+    "trsm": (_CHAR, _CHAR, _CHAR, _CHAR, _INT, _INT, _PTR, _PTR, _INT, _PTR, _INT),
     "syrk": (_CHAR, _CHAR, _INT, _INT, _PTR, _PTR, _INT, _PTR, _PTR, _INT),
 }
 _PREFIX = {np.dtype(np.float64): "d", np.dtype(np.float32): "s"}
@@ -164,6 +165,29 @@ def trmm_left_lower(a, b, transpose=False):
     run(b"L", b"L", b"T" if transpose else b"N", b"N", _int(d), _int(m),
         _scalar(1.0, a.dtype), a.ctypes.data, _int(_lda(a)), b.ctypes.data,
         _int(_lda(b)))
+    return b
+
+
+def trsm_right_lower(a, b):
+    """``b := b @ inv(a)`` in place, ``a`` (d, d) lower triangular (its strict upper
+    triangle is not read), ``b`` (m, d); both Fortran-ordered and of one dtype.
+
+    The computed rows ``x_j`` satisfy ``x_j (a + E_j) = b_j`` with ``|E_j| <=
+    gamma_d |a|`` for substitution (Higham 2002, Thm. 8.5), and a normwise bound
+    with a constant linear in ``d`` for the blocked solve (Higham 2002, Sec. 13.1).
+    """
+    _check(a, "a", writable=False)
+    _check(b, "b")
+    _check_pair(a, (b.shape[1], b.shape[1]), b.dtype)
+    m, d = b.shape
+    if m == 0 or d == 0:
+        return b
+    run = _routine("trsm", a.dtype)
+    if run is None:
+        b[...] = _blas.get_blas_funcs("trsm", (a, b))(1.0, a, b, side=1, lower=1)
+        return b
+    run(b"R", b"L", b"N", b"N", _int(m), _int(d), _scalar(1.0, a.dtype),
+        a.ctypes.data, _int(_lda(a)), b.ctypes.data, _int(_lda(b)))
     return b
 
 
