@@ -1,0 +1,108 @@
+"""'full': how far one component moved between two models, as the terms that carry a
+lower bound of its Mahalanobis distances from one model to the next.
+
+With the old mean and upper precision factor ``(mu, U)``, the new ``(mu', U')``,
+``Ahat = fl(U^-1 U')`` and ``F = U' - U Ahat`` (exactly), for every row ``x``::
+
+    ||(x - mu') U'|| >= ||(x - mu) U'|| - ||(mu' - mu) U'||
+    ||(x - mu) U'||  >= ||(x - mu) U|| sigma_min(Ahat) - ||x - mu|| ||F||_2
+
+so ``sqrt(m'_x) >= s sqrt(m_x) - e (||x|| + ||mu||) - t`` with ``s <=
+sigma_min(Ahat)``, ``e >= ||F||_2`` and ``t >= ||(mu' - mu) U'||``. Since
+``Ahat^T Ahat = I + E + E^T + E^T E`` for ``E = Ahat - I``, ``sigma_min(Ahat)^2 >= 1
++ lambda_min(E + E^T)``: tight when the metric changes little, as it does from one
+EM iteration to the next. Every term is rounded so that the inequality holds for the
+stored arrays (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002: eq.
+3.5 for products, Thm. 8.5 and Sec. 13.1 for the triangular solve).
+
+Pure functions of one component's arrays; the solve releases the GIL
+(:mod:`emgmm.runtime.lapack`).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import eigvalsh
+
+from ..runtime.lapack import trsm_right_lower
+from .log_density import _gamma
+
+#: Up to this many features ``lambda_min(E + E^T)`` comes from a symmetric
+#: eigensolver (``~4 d^3 / 3`` flops, close to exact); beyond, from a norm of ``E +
+#: E^T`` (``O(d^2)``, looser), so that the terms cost about the solve's ``d^3 / 3``.
+EIGEN_FEATURES = 256
+_U64 = np.finfo(np.float64).eps / 2
+#: Relative slack for the rounding of the norms and sums below (each far below it
+#: for any ``d`` up to ~10^5).
+_SLACK = 1e-6
+
+
+@dataclass
+class Drift:
+    """The terms of one component's move: ``scale`` ``s`` (in ``[0, 1]``, 0 when
+    nothing can be carried), ``error`` ``e`` and ``shift`` ``e ||mu|| + t``, so that
+    ``sqrt(m'_x) >= s sqrt(m_x) - e ||x|| - shift``."""
+
+    scale: float
+    error: float
+    shift: float
+
+
+def drift_flops(d):
+    """Flops of :func:`metric_drift` at ``d`` features."""
+    return d ** 3 / 3 + (4 * d ** 3 / 3 if d <= EIGEN_FEATURES else 0.0)
+
+
+def metric_drift(u_old, u_new, mean_old, mean_new, u_norm_old, u_norm_new):
+    """:class:`Drift` of a component from ``(mean_old, u_old)`` to ``(mean_new,
+    u_new)``.
+
+    Parameters
+    ----------
+    u_old, u_new : ndarray of shape (d, d), float64
+        Upper precision factors (their strict lower triangles are zero).
+    mean_old, mean_new : ndarray of shape (d,), float64
+    u_norm_old, u_norm_new : float
+        Upper bounds of ``||U||_F`` and ``||U'||_F``.
+
+    Returns
+    -------
+    Drift
+    """
+    d = u_old.shape[0]
+    a_hat = np.array(u_new.T, order="F")  # U'^T, solved from the right by U^T
+    trsm_right_lower(np.asfortranarray(u_old.T), a_hat)
+    a_hat = a_hat.T  # Ahat = U^-1 U'
+    a_norm = np.sqrt(np.einsum("ij,ij->", a_hat, a_hat)) * (1.0 + _SLACK)
+    error = _gamma(4 * d, np.float64) * u_norm_old * a_norm * (1.0 + _SLACK)
+    step = np.subtract(mean_new, mean_old)
+    z = step @ u_new
+    step_norm = np.sqrt(step @ step) * (1.0 + _SLACK)
+    shift = (np.sqrt(z @ z) * (1.0 + _SLACK)
+             + _gamma(d + 2, np.float64) * step_norm * u_norm_new)
+    mean_norm = np.sqrt(mean_old @ mean_old) * (1.0 + _SLACK)
+    return Drift(scale=_scale(a_hat), error=float(error),
+                 shift=float((error * mean_norm + shift) * (1.0 + _SLACK)))
+
+
+def _scale(a_hat):
+    """A lower bound of ``sigma_min(a_hat)`` from ``1 + lambda_min(E + E^T)``.
+
+    ``fl(E + E^T)`` is within ``2u |S|`` of ``S = E + E^T`` entrywise; the
+    eigensolver's smallest eigenvalue is within ``p(d) u ||S||_2`` of the exact
+    one (a backward-stable solver: Demmel, *Applied Numerical Linear Algebra*,
+    1997, Sec. 5.2), taken here with the generous ``p(d) = d^2``.
+    """
+    d = a_hat.shape[0]
+    s = a_hat + a_hat.T
+    s.flat[::d + 1] -= 2.0
+    s_norm = np.sqrt(np.einsum("ij,ij->", s, s)) * (1.0 + _SLACK)
+    if not np.isfinite(s_norm):
+        return 0.0
+    if d <= EIGEN_FEATURES:
+        low = eigvalsh(s, subset_by_index=[0, 0])[0] - (d * d + 3) * _U64 * s_norm
+    else:
+        inf_norm = np.abs(s).sum(axis=1).max() * (1.0 + _SLACK)
+        low = -(min(s_norm, inf_norm) + 3 * _U64 * s_norm)
+    square = (1.0 + low) * (1.0 - 4 * _U64)
+    return float(np.sqrt(square) * (1.0 - 4 * _U64)) if square > 0.0 else 0.0
