@@ -268,10 +268,26 @@ class ProjectionScreen:
         mu_k, Lambda_k)``, ``offset_k - 1/2 L_ik`` with ``L_ik`` a lower bound of
         ``m_ik`` (NaN where the data overflow; never too low otherwise).
 
-        ``L_ik = ((sqrt(l (1 - gamma_{p+1})) - err_coef_k (||y_i|| + ||m_k||))_+ /
-        q_norm_k)^2 (1 - 8u)`` with ``l = fl(sum_j t_j^2)``. Row chunks of
-        ``_PROJECTION_BYTES``.
+        ``L_ik = r_ik^2 (1 - 8u)`` with ``r_ik = (sqrt(l (1 - gamma_{p+1})) -
+        err_coef_k (||y_i|| + ||m_k||))_+ / q_norm_k`` and ``l = fl(sum_j t_j^2)``.
+        Row chunks of ``_PROJECTION_BYTES``.
         """
+        for lo in self._roots(X, out):
+            np.square(lo, out=lo)
+            lo *= -0.5 * (1.0 - 8 * _U64)
+            lo += self.offset[:, None]
+        return out
+
+    def root_bounds(self, X, out):
+        """Into ``out`` (n, K): per pair a lower bound of the Mahalanobis distance
+        ``sqrt(m_ik)``, ``r_ik (1 - 8u)`` (:meth:`upper_bounds`)."""
+        for lo in self._roots(X, out):
+            lo *= 1.0 - 8 * _U64
+        return out
+
+    def _roots(self, X, out):
+        """Fill ``out`` (n, K) with the ``r_ik`` of :meth:`upper_bounds` chunk by
+        chunk, yielding each chunk's (K, rows) view of ``out.T`` once written."""
         n, d = X.shape
         K, p = self.offset.size, self.p
         rows = chunk_rows(K * p, 8, n, _PROJECTION_BYTES)
@@ -299,10 +315,22 @@ class ProjectionScreen:
                 lo -= err * (y_norm + self.m_norm[:, None])
                 np.maximum(lo, 0.0, out=lo)
                 lo /= self.q_norm[:, None]
-                np.square(lo, out=lo)
-                lo *= -0.5 * (1.0 - 8 * _U64)
-                lo += self.offset[:, None]
-        return out
+                yield lo
+
+    def subset(self, comps):
+        """The screen of components ``comps`` only (copies), for
+        :meth:`upper_bounds` and :meth:`root_bounds` (not for exact pairs)."""
+        d, K = self.B.shape[0], self.offset.size
+        comps = np.asarray(comps, dtype=np.intp)
+        per_component = {name: getattr(self, name)[comps] for name in (
+            "offset", "err_coef", "q_norm", "m_norm", "u_norm", "offset_err",
+            "log_det", "log_det_err")}
+        return ProjectionScreen(
+            means=np.asarray(self.means[comps]), u=None, g=np.array(self.g),
+            B=np.ascontiguousarray(self.B.reshape(d, self.p, K)[:, :, comps]
+                                   .reshape(d, self.p * comps.size)),
+            c=np.ascontiguousarray(self.c.reshape(self.p, K)[:, comps].ravel()),
+            p=self.p, **per_component)
 
     def weighted_refined(self, X, margin, out=None, max_density=_MAX_DENSITY):
         """``log w_k + log N(x | mu_k, Lambda_k)``: exact for every pair that may lie
