@@ -4,6 +4,8 @@ pairs, components own their statistics, M step and factor (emgmm/engine/pair_*.p
 Oracles: the same schedule with the screen switched off (every pair computed, the
 same resp_threshold) and the rows schedule, from the same start; the same fit with
 other workers, blocks and sources (bitwise); repeated rows for integer weights.
+Every test runs with the rows' bounds projected afresh each iteration and carried
+across iterations (emgmm/engine/carried_bounds.py).
 """
 
 import os
@@ -17,7 +19,7 @@ from numpy.testing import assert_allclose
 from emgmm import GaussianMixture
 from emgmm.cli.demo import extract_patches, gray_images, remove_dc
 from emgmm.covariance import screen
-from emgmm.engine import pair_components
+from emgmm.engine import carried_bounds, pair_components
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_cholesky_")
 
@@ -45,6 +47,13 @@ DATA = {
     "patches14": lambda: patches(14, 1500),
     "patches30": lambda: patches(30, 700),
 }
+
+
+@pytest.fixture(autouse=True, params=["projected", "carried"])
+def bounds(request, monkeypatch):
+    """Each test with the rows' bounds projected afresh and carried."""
+    monkeypatch.setattr(carried_bounds, "CARRY", request.param == "carried")
+    return request.param
 
 
 class Plan:

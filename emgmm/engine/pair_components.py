@@ -21,10 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..covariance.drift import metric_drift
 from ..covariance.full_component import add_moments, factor_in_place, m_step_in_place
 from ..covariance.m_step import _RECENTRE_RATIO
 from ..covariance.screen import component_screen, factor_norms, pair_values
 from ..runtime.blas import limit_blas
+from .carried_bounds import FRESH_SCALE
 from .pair_rows import Triples, worst_of
 from .passes import Worst, worst_candidates
 
@@ -122,7 +124,7 @@ def _joined(parts, dtype):
 
 
 def statistics_task(source, k0, k1, kept, state, compute_dtype, reg_covar, limit,
-                    centres, steps, *, blas_threads):
+                    centres, steps, carry=False, *, blas_threads):
     """For components ``k0:k1``: the statistics of the ``kept`` pairs
     (:class:`ComponentRows`, values ``w_i r_ik``), centred on the component's
     mean, then the M step (new mean, covariance in the memory of the sums; summed
@@ -130,7 +132,9 @@ def statistics_task(source, k0, k1, kept, state, compute_dtype, reg_covar, limit
     factor (:func:`~emgmm.covariance.full_component.factor_in_place`, entries below
     ``limit``) and the screen's terms (:func:`~emgmm.covariance.screen.
     component_screen` from the previous directions, ``steps`` steps; ``centres``
-    where the clusters lie, the previous means).
+    where the clusters lie, the previous means); with ``carry``, each component's
+    :func:`~emgmm.covariance.drift.metric_drift` into ``state.drift`` (a component
+    whose scale falls below ``FRESH_SCALE``, or whose factor fails, is fresh).
 
     Returns
     -------
@@ -142,6 +146,9 @@ def statistics_task(source, k0, k1, kept, state, compute_dtype, reg_covar, limit
     with limit_blas(blas_threads):
         for j, k in enumerate(range(k0, k1)):
             rows, wr, _ = kept.of(j)
+            state.fresh[k] = True
+            before = (state.means[k].copy(), state.factors[k].copy(),
+                      screen.u_norm[k]) if carry else None
             centre = state.means[k].copy()
             delta = _summed_m_step(source, rows, wr, centre, state, k, compute_dtype,
                                    reg_covar)
@@ -153,8 +160,21 @@ def statistics_task(source, k0, k1, kept, state, compute_dtype, reg_covar, limit
             if not factor_in_place(state.covariances[k], state.factors[k], limit):
                 bad.append(k)
                 continue
-            set_screen(screen, state, k, centres, screen.directions[k], steps)
+            norms = factor_norms(state.factors[k])
+            if before is not None:
+                _set_drift(state, k, before, norms[0])
+            set_screen(screen, state, k, centres, screen.directions[k], steps, norms)
     return bad
+
+
+def _set_drift(state, k, before, u_norm):
+    """Component ``k``'s drift from ``before`` (its mean, factor and factor norm
+    bound in the last E step's model) to the state's."""
+    mean_old, u_old, u_norm_old = before
+    drift = metric_drift(u_old, state.factors[k], mean_old, state.means[k],
+                         u_norm_old, u_norm)
+    state.drift[k] = (drift.scale, drift.error, drift.shift)
+    state.fresh[k] = not drift.scale >= FRESH_SCALE
 
 
 def _summed_m_step(source, rows, weights, centre, state, k, compute_dtype,
@@ -172,12 +192,14 @@ def _summed_m_step(source, rows, weights, centre, state, k, compute_dtype,
                            reg_covar)
 
 
-def set_screen(screen, state, k, centres, start, steps):
-    """Component ``k``'s screen terms from its factor and mean in the state."""
+def set_screen(screen, state, k, centres, start, steps, norms=None):
+    """Component ``k``'s screen terms from its factor and mean in the state
+    (``norms``: :func:`~emgmm.covariance.screen.factor_norms` of its factor, when
+    the caller has them)."""
     uk = state.factors[k]
-    screen.set_component(k, component_screen(uk, centres, state.means[k], screen.g,
-                                             screen.p, start, steps,
-                                             norms=factor_norms(uk)))
+    screen.set_component(k, component_screen(
+        uk, centres, state.means[k], screen.g, screen.p, start, steps,
+        norms=factor_norms(uk) if norms is None else norms))
 
 
 def _cancelled(delta, centre, covariance, nk):

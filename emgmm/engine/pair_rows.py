@@ -21,6 +21,14 @@ import numpy as np
 
 from ..runtime.blas import limit_blas
 from ..runtime.workspace import borrow
+from .carried_bounds import (
+    group_minima,
+    moved_bounds,
+    pair_bounds,
+    rounded_down,
+    row_norms_up,
+    second_bound,
+)
 from .estep import normalize_rows, weighted_log_prob
 from .passes import Worst, check_explained, smallest, worst_candidates
 
@@ -29,11 +37,32 @@ from .passes import Worst, check_explained, smallest, worst_candidates
 class RowScreen:
     """What :func:`screen_task` gives per row: ``top`` (int32) the component of
     largest bound, ``second`` the second largest bound (NaN where a bound is NaN),
-    ``weights`` the rows' sample weights (``None`` without)."""
+    ``weights`` the rows' sample weights (``None`` without); ``carried`` the rows
+    screened by their carried bounds."""
 
     top: np.ndarray
     second: np.ndarray
     weights: np.ndarray = None
+    carried: int = 0
+
+
+@dataclass
+class CarryPlan:
+    """What the row tasks of one iteration need of the carried bounds
+    (:mod:`.carried_bounds`): the rows' :class:`~emgmm.engine.pair_state.RowBounds`,
+    the components' ``groups`` (K,) and the iteration's
+    :class:`~emgmm.engine.carried_bounds.GroupTerms`; the ``fresh`` components
+    (int array) and their screen (:meth:`~emgmm.covariance.screen.ProjectionScreen.
+    subset`, ``None`` when there are none), or ``reset``: every row screened
+    afresh."""
+
+    rows: object
+    groups: np.ndarray
+    n_groups: int
+    terms: object
+    fresh: np.ndarray
+    fresh_screen: object = None
+    reset: bool = False
 
 
 def top_two(ub):
@@ -53,25 +82,92 @@ def top_two(ub):
 
 
 def screen_task(source, start, stop, block_size, state, compute_dtype, weights=None,
-                *, blas_threads):
+                carry=None, *, blas_threads):
     """:class:`RowScreen` of rows ``start:stop`` (whole blocks of ``block_size``)
-    under the state's screen."""
+    under the state's screen, or, with a :class:`CarryPlan`, under the rows'
+    carried bounds where they have them (whose new values it writes)."""
     screen = state.screen()
-    K = state.means.shape[0]
     n = stop - start
     top, second = np.empty(n, dtype=np.int32), np.empty(n)
     w = None if weights is None else np.empty(n)
+    carried = 0
     with limit_blas(blas_threads):
         for b0 in range(start, stop, block_size):
             b1 = min(b0 + block_size, stop)
-            X = source.read(b0, b1, compute_dtype)
-            with borrow("resp", (b1 - b0, K), order="F") as ub:
-                screen.upper_bounds(X, ub)
-                top[b0 - start:b1 - start], second[b0 - start:b1 - start] = top_two(ub)
+            out = slice(b0 - start, b1 - start)
+            if carry is None:
+                top[out], second[out] = _projected(source.read(b0, b1, compute_dtype),
+                                                   screen)
+            else:
+                carried += _carried_block(source, b0, b1, screen, state,
+                                          compute_dtype, carry, top[out], second[out])
             if w is not None:
-                w[b0 - start:b1 - start] = weights.read(b0, b1)
-            del X
-    return RowScreen(top, second, w)
+                w[out] = weights.read(b0, b1)
+    return RowScreen(top, second, w, carried)
+
+
+def _projected(X, screen):
+    """``(top, second)`` of the rows ``X`` under the projection screen."""
+    with borrow("resp", (X.shape[0], screen.offset.size), order="F") as ub:
+        screen.upper_bounds(X, ub)
+        return top_two(ub)
+
+
+def _carried_block(source, b0, b1, screen, state, compute_dtype, carry, top,
+                   second):
+    """Rows ``b0:b1`` screened under ``carry`` into ``top`` and ``second``; the
+    rows' bounds moved to the current model (or built afresh where a row has none,
+    or its top is fresh) and written back. Returns the rows screened by their
+    carried bounds (and the fresh components' projections)."""
+    rows = carry.rows
+    top[:] = rows.top[b0:b1]
+    afresh = np.ones(b1 - b0, bool) if carry.reset else top < 0
+    afresh[~afresh] = state.fresh[top[~afresh]]
+    kept = ~afresh
+    X = None
+    if afresh.any() or carry.fresh_screen is not None:
+        X = source.read(b0, b1, compute_dtype)
+    bounds = np.empty((b1 - b0, carry.n_groups))
+    if afresh.any():
+        part = np.asarray(X[afresh])
+        t, second[afresh], bounds[afresh] = _fresh_rows(part, screen, carry)
+        top[afresh] = t
+        rows.norms[b0:b1][afresh] = row_norms_up(part)
+    if kept.any():
+        moved = moved_bounds(rows.bounds[b0:b1][kept], rows.norms[b0:b1][kept],
+                             carry.terms)
+        second[kept] = second_bound(moved, carry.terms.offset)
+        if carry.fresh_screen is not None:
+            extra = _fresh_components(np.asarray(X[kept]), carry, moved)
+            np.maximum(second[kept], extra, out=extra)
+            second[kept] = extra
+        bounds[kept] = moved
+    rows.top[b0:b1] = top
+    rows.bounds[b0:b1] = rounded_down(bounds)
+    return int(np.count_nonzero(kept))
+
+
+def _fresh_rows(X, screen, carry):
+    """``(top, second, bounds)`` of rows screened afresh: every pair's projection
+    bound, and per group the smallest distance bound of its other components."""
+    shape = (X.shape[0], screen.offset.size)
+    with borrow("roots", shape, order="F") as roots, \
+            borrow("resp", shape, order="F") as ub:
+        screen.root_bounds(X, roots)
+        top, second = top_two(pair_bounds(roots, screen.offset, out=ub))
+        return top, second, group_minima(roots, carry.groups, carry.n_groups, top)
+
+
+def _fresh_components(X, carry, moved):
+    """The largest projection bound of each row over the fresh components; their
+    distance bounds folded into the rows' group bounds ``moved`` (in place)."""
+    sub = carry.fresh_screen
+    with borrow("fresh_roots", (X.shape[0], carry.fresh.size), order="F") as roots:
+        sub.root_bounds(X, roots)
+        for j, k in enumerate(carry.fresh):
+            g = carry.groups[k]
+            np.minimum(moved[:, g], roots[:, j], out=moved[:, g])
+        return second_bound(roots, sub.offset)
 
 
 @dataclass
@@ -112,6 +208,20 @@ def worst_of(size, values, rows, X):
     return Worst(size, values[keep], rows[keep], np.asarray(X[keep]))
 
 
+def _roots(X, screen):
+    return screen.root_bounds(X, np.empty((X.shape[0], screen.offset.size),
+                                          order="F"))
+
+
+def _rebuild(carry, rows, X, roots, top):
+    """Write the carried bounds of gathered ``rows`` afresh: their ``top``, per
+    group the smallest of the ``roots`` of its other components, their norms."""
+    bounds = group_minima(roots, carry.groups, carry.n_groups, top)
+    carry.rows.top[rows] = top
+    carry.rows.bounds[rows] = rounded_down(bounds)
+    carry.rows.norms[rows] = row_norms_up(X)
+
+
 def check_rows_explained(log_prob_norm, rows, source, dtype, means):
     """:func:`~emgmm.engine.passes.check_explained` of gathered rows ``rows``."""
     bad = np.flatnonzero(~np.isfinite(log_prob_norm))
@@ -121,10 +231,12 @@ def check_rows_explained(log_prob_norm, rows, source, dtype, means):
 
 
 def rescreen_task(source, groups, state, compute_dtype, margin, resp_threshold,
-                  n_worst, *, blas_threads):
+                  n_worst, carry=None, *, blas_threads):
     """The screened E step of gathered rows: for each of ``groups`` (the rows of
     one block, ``(rows, weights or None)``), every pair that may lie within
-    ``margin`` of its row's best computed exactly.
+    ``margin`` of its row's best computed exactly. With a :class:`CarryPlan`,
+    the rows' carried bounds are built afresh (top, and the projection bounds of
+    every other pair).
 
     Returns
     -------
@@ -143,6 +255,7 @@ def rescreen_task(source, groups, state, compute_dtype, margin, resp_threshold,
     with limit_blas(blas_threads):
         for rows, w in groups:
             X = source.take_rows(rows, compute_dtype)
+            roots = None if carry is None else _roots(X, prepared[0])
             with borrow("resp", (rows.size, K), order="F") as out:
                 resp = weighted_log_prob(
                     X, model.weights, model.means, model.precisions_cholesky, "full",
@@ -153,6 +266,8 @@ def rescreen_task(source, groups, state, compute_dtype, margin, resp_threshold,
                                      model.means)
                 comps, idx = np.nonzero(resp.T > resp_threshold)
                 r = resp[idx, comps]
+                if carry is not None:
+                    _rebuild(carry, rows, X, roots, np.argmax(resp, axis=1))
             triples.append(Triples(rows[idx], comps.astype(np.int32),
                                    r if w is None else w[idx] * r))
             sums.append(float(log_prob_norm.sum() if w is None

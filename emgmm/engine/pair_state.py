@@ -28,6 +28,11 @@ class PairState:
         The upper precision Cholesky factors ``U_k`` (``precisions_cholesky``).
     nk, sum_x : ndarray of shape (K,) and (K, d)
         The statistics being summed.
+    drift : ndarray of shape (K, 3)
+        Each component's :class:`~emgmm.covariance.drift.Drift` (scale, error,
+        shift) from the model of the last E step to the current one.
+    fresh : ndarray of shape (K,), bool
+        The components whose drift carries no bound (:mod:`.carried_bounds`).
     """
 
     def __init__(self, arrays, covariance_type, p):
@@ -42,7 +47,8 @@ class PairState:
         shapes = {"weights": ((K,), np.float64), "means": ((K, d), np.float64),
                   "covariances": ((K, d, d), np.float64),
                   "factors": ((K, d, d), np.float64),
-                  "nk": ((K,), np.float64), "sum_x": ((K, d), np.float64)}
+                  "nk": ((K,), np.float64), "sum_x": ((K, d), np.float64),
+                  "drift": ((K, 3), np.float64), "fresh": ((K,), np.bool_)}
         shapes.update({name: (shape, np.float64) for name, shape
                        in ProjectionScreen.shapes(K, d, p).items()})
         return shapes
@@ -65,6 +71,7 @@ class PairState:
             "covariances": model.covariances,
             "factors": model.precisions_cholesky} if adopt else None)
         state = cls(arrays, model.covariance_type, min(p, d))
+        arrays["fresh"][:] = True
         for name, value in (("weights", model.weights), ("means", model.means),
                             ("covariances", model.covariances),
                             ("factors", model.precisions_cholesky)):
@@ -88,6 +95,8 @@ class PairState:
     factors = property(lambda self: self.arrays["factors"])
     nk = property(lambda self: self.arrays["nk"])
     sum_x = property(lambda self: self.arrays["sum_x"])
+    drift = property(lambda self: self.arrays["drift"])
+    fresh = property(lambda self: self.arrays["fresh"])
 
     def screen(self):
         """The :class:`~emgmm.covariance.screen.ProjectionScreen` over the state's
@@ -104,6 +113,49 @@ class PairState:
         return Model(self.weights, self.means, self.covariances, self.factors,
                      self.covariance_type,
                      screen={name: self.arrays[name] for name in names})
+
+    def close(self):
+        self.arrays.close()
+
+
+class RowBounds:
+    """The bounds each row carries (:mod:`.carried_bounds`), in memory or in one
+    file of a folder (:class:`~emgmm.runtime.shared_arrays.SharedArrays`); row
+    tasks write only their own rows.
+
+    Attributes
+    ----------
+    top : ndarray of shape (n,), int32
+        The row's top component in the last E step, ``-1`` before it has one.
+    bounds : ndarray of shape (n, G), float32
+        Lower bounds of the row's Mahalanobis distances to each group's other
+        components (rounded down).
+    norms : ndarray of shape (n,), float32
+        Upper bounds of ``||x_i||``.
+    """
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    @staticmethod
+    def shapes(n_samples, n_groups):
+        return {"top": ((n_samples,), np.int32),
+                "bounds": ((n_samples, n_groups), np.float32),
+                "norms": ((n_samples,), np.float32)}
+
+    @staticmethod
+    def nbytes(n_samples, n_groups):
+        return n_samples * (8 + 4 * n_groups)
+
+    @classmethod
+    def allocate(cls, n_samples, n_groups, folder=None):
+        arrays = SharedArrays.allocate(cls.shapes(n_samples, n_groups), folder)
+        arrays["top"][:] = -1
+        return cls(arrays)
+
+    top = property(lambda self: self.arrays["top"])
+    bounds = property(lambda self: self.arrays["bounds"])
+    norms = property(lambda self: self.arrays["norms"])
 
     def close(self):
         self.arrays.close()

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..covariance.log_density import _shift, _use_packed, relevance_margin
 from ..covariance.screen import _SUBSPACE_STEPS
+from .carried_bounds import carry_pays, component_groups, group_terms
 from .pair_components import (
     ComponentRows,
     screen_terms_task,
@@ -45,8 +46,8 @@ from .pair_components import (
     statistics_task,
     top_pairs_task,
 )
-from .pair_rows import RowScreen, Triples, rescreen_task, screen_task
-from .pair_state import PairState
+from .pair_rows import CarryPlan, RowScreen, Triples, rescreen_task, screen_task
+from .pair_state import PairState, RowBounds
 from .passes import Worst
 
 #: Steps of subspace iteration for the screen's directions started from those of
@@ -118,8 +119,13 @@ class PairStep:
         self.weights = weights
         self.total_weight = n_samples if total_weight is None else total_weight
         self.owns_start = owns_start
-        self.folder = None
-        self.state = None
+        self.folder = self.rows_folder = None
+        self.state = self.rows = None
+        self.groups = None
+        #: Share of the rows screened by their carried bounds in the last iteration
+        #: (``None`` when the run carries none: :func:`~emgmm.engine.
+        #: carried_bounds.carry_pays`).
+        self.rows_carried = None
         #: Pairs computed per row in the last iteration (the others were proven
         #: negligible without touching their rows).
         self.pairs_per_row = None
@@ -145,6 +151,28 @@ class PairStep:
                                           for k0, k1 in contiguous_ranges(
                                               K, self.units)])
             screen.set_offsets(self.state.weights)
+        if carry_pays(self.n_samples, d, self.state.p):
+            self.groups = component_groups(np.asarray(self.state.means))
+            n_groups = int(self.groups.max()) + 1
+            self.rows_folder = self.executor.shared_folder(
+                RowBounds.nbytes(self.n_samples, n_groups),
+                "the bounds the rows carry")
+            self.rows = RowBounds.allocate(self.n_samples, n_groups, self.rows_folder)
+
+    def _carry_plan(self):
+        """The :class:`~emgmm.engine.pair_rows.CarryPlan` of this iteration, or
+        ``None`` when the run carries no bounds."""
+        if self.rows is None:
+            return None
+        state, screen = self.state, self.state.screen()
+        n_groups = self.rows.bounds.shape[1]
+        fresh = np.flatnonzero(state.fresh)
+        terms = group_terms(self.groups, n_groups, np.array(state.drift),
+                            np.array(state.fresh), np.array(screen.offset))
+        reset = 2 * fresh.size > state.fresh.size
+        return CarryPlan(self.rows, self.groups, n_groups, terms, fresh,
+                         screen.subset(fresh) if fresh.size and not reset else None,
+                         reset)
 
     def __call__(self, take_model, settings, policy, seeds, used_rows, n_iter,
                  streaks=None):
@@ -156,8 +184,9 @@ class PairStep:
         self.phase_seconds = {}
         # (each per-row array is let go once its phase is done: the parent holds
         # O(n) bytes, a few tens per row and per kept pair, never an n x K array)
+        carry = self._carry_plan()
         with self._phase("screen"):
-            screened = self._screen_rows()
+            screened = self._screen_rows(carry)
             tops = self._tops(screened)
             row_weights = screened.weights
             del screened
@@ -166,7 +195,7 @@ class PairStep:
             del tops
         with self._phase("rescreen"):
             triples, rows_log_likelihood, rows_worst = self._rescreen(
-                others, row_weights, n_worst)
+                others, row_weights, n_worst, carry)
             del others, row_weights
         with self._phase("statistics"):
             parts = [singles, triples]
@@ -193,17 +222,23 @@ class PairStep:
         if self.state is not None:
             self.state.close()
             self.state = None
-        if self.folder is not None:
-            self.executor.remove_folder(self.folder)
-            self.folder = None
+        if self.rows is not None:
+            self.rows.close()
+            self.rows = None
+        for name in ("folder", "rows_folder"):
+            if getattr(self, name) is not None:
+                self.executor.remove_folder(getattr(self, name))
+                setattr(self, name, None)
 
     def _map(self, func, args):
         return list(self.executor.map(func, args))
 
-    def _screen_rows(self):
+    def _screen_rows(self, carry):
         parts = self._map(screen_task, [
-            (s, e, self.block_size, self.state, self.compute_dtype, self.weights)
-            for s, e in self.row_tasks])
+            (s, e, self.block_size, self.state, self.compute_dtype, self.weights,
+             carry) for s, e in self.row_tasks])
+        if carry is not None:
+            self.rows_carried = sum(p.carried for p in parts) / max(self.n_samples, 1)
         return RowScreen(np.concatenate([p.top for p in parts]),
                          np.concatenate([p.second for p in parts]),
                          None if self.weights is None
@@ -233,7 +268,7 @@ class PairStep:
         return (log_likelihood, worst, others,
                 Triples.joined([p.singles for p in parts]))
 
-    def _rescreen(self, others, row_weights, n_worst):
+    def _rescreen(self, others, row_weights, n_worst, carry):
         """The rescreened rows' triples (sorted by component), log-likelihood and
         worst rows, gathered block by block."""
         edges = np.searchsorted(others, [s for s, _ in self.blocks] + [self.n_samples])
@@ -245,7 +280,7 @@ class PairStep:
                  for a, b in contiguous_ranges(len(groups), self.units)]
         parts = self._map(rescreen_task, [
             (task, self.state, self.compute_dtype, self.margin, self.resp_threshold,
-             n_worst) for task in tasks if task])
+             n_worst, carry) for task in tasks if task])
         triples = Triples.joined([t for p in parts for t in p[0]])
         log_likelihood = float(sum(s for p in parts for s in p[1]))
         worst = Worst(n_worst)
@@ -281,7 +316,7 @@ class PairStep:
         state.screen().g[:] = _shift(self.centres, state.weights)
         parts = self._map(statistics_task, [
             (k0, k1, part, state, self.compute_dtype, settings.reg_covar, limit,
-             self.centres, WARM_STEPS)
+             self.centres, WARM_STEPS, self.rows is not None)
             for (k0, k1), part in zip(ranges, kept, strict=True)])
         return [k for p in parts for k in p]
 
@@ -300,6 +335,7 @@ class PairStep:
                                     used_rows, n_iter)
         screen = state.screen()
         for k in reseeded:
+            state.fresh[k] = True
             set_screen(screen, state, k, self.centres, screen.directions[k],
                        _SUBSPACE_STEPS)
         screen.set_offsets(state.weights)
