@@ -10,6 +10,7 @@ of the candidate pairs' indices), read at every call like those of
 :mod:`~emgmm.covariance.log_density`.
 """
 
+import abc
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,7 +86,7 @@ def _abs_spectral_bound(A):
 
 
 @dataclass
-class RefinedEstimate:
+class RefinedEstimate(abc.ABC):
     """An estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` for every pair, with a
     rigorous bound of each pair's rounding error, and its refinement: the pairs that
     may matter and whose bound exceeds ``_REFINE_TOL`` are recomputed exactly.
@@ -105,10 +106,10 @@ class RefinedEstimate:
     offset: np.ndarray
     y_limit: float
 
+    @abc.abstractmethod
     def weighted(self, X, out, y_norm=None):
         """The estimate into ``out``, ``(n, K)`` float64; returns ``out``.
         ``y_norm``, if given, receives ``||x - g||`` per row (for the bounds)."""
-        raise NotImplementedError
 
     def row_norms(self, X):
         """``||x - g||`` per row of ``X`` (n,), float64 (``x - g`` in float64), in

@@ -12,12 +12,13 @@ never over an ``n x K`` array:
   :class:`~emgmm.engine.update.MaximumLikelihood` or another rule with its own
   E-step parameters (per-component log offsets), parameters from statistics and
   lower bound (a variational posterior);
-- :meth:`BaseMixture._set_model`, :meth:`BaseMixture._fitted_model` and
-  :meth:`BaseMixture._n_parameters`: the fitted attributes and their count.
+- :meth:`BaseMixture._set_model` and :meth:`BaseMixture._fitted_model`: the fitted
+  attributes.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 import warnings
@@ -177,11 +178,12 @@ class FitPlan:
     schedule: str = "rows"
 
 
-class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
+class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMeta):
     """Base class of the mixture estimators fitted by blocked EM over a source.
 
     Subclasses define ``__init__`` (scikit-learn's conventions), the
-    ``_parameter_constraints`` dict, and the hooks of the module notes; they
+    ``_parameter_constraints`` dict, and the abstract hooks of the module notes
+    (``abc.abstractmethod``, as in scikit-learn's ``BaseMixture``); they
     must have the parameters ``n_components``, ``covariance_type``, ``tol``,
     ``reg_covar``, ``max_iter``, ``n_init``, ``random_state``, ``warm_start``,
     ``verbose``, ``verbose_interval``, ``n_jobs``, ``working_memory``,
@@ -261,17 +263,17 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ hooks
 
+    @abc.abstractmethod
     def _check_initial_parameters(self, n_features):
         """Validated copies of the user-given initial parameters (never stored on
         self), handed to :meth:`_initial_model`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _initial_model(self, source, random_state, inits, block_size,
                        sample_weights=None):
         """The starting :class:`~emgmm.engine.model.Model` of one initialisation
         (``sample_weights``: a :class:`~emgmm.io.weights.WeightSource` of the
         rows' weights, or ``None``)."""
-        raise NotImplementedError
 
     def _init_sample(self, source, random_state, block_size, sample_weights=None):
         """``(rows, their weights or None)`` the initialisation sees: all rows, or
@@ -305,13 +307,13 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         and the lower bound (default: maximum likelihood)."""
         return MaximumLikelihood()
 
+    @abc.abstractmethod
     def _fitted_model(self):
         """The fitted attributes as a float64 :class:`~emgmm.engine.model.Model`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _set_model(self, model, dtype, precisions):
         """Store the fitted ``model`` as attributes of ``dtype``."""
-        raise NotImplementedError
 
     #: Whether float64 ``precisions_`` are formed on first access: then
     #: :meth:`_set_model` gets ``precisions=None`` for them.
@@ -321,10 +323,6 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         """The precisions of the factors ``precisions_cholesky`` (attributes'
         dtype), as :meth:`_set_model` stores them."""
         return self._kind().precisions_from_cholesky(np.asarray(precisions_cholesky))
-
-    def _n_parameters(self):
-        """Free parameters of the fitted model."""
-        raise NotImplementedError
 
     def _current_model(self):
         """The fitted parameters to warm-start from, checked against the parameters.
