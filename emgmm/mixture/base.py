@@ -24,6 +24,7 @@ import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import TYPE_CHECKING, TypeVar, Union
 
 import numpy as np
@@ -58,7 +59,13 @@ from ..runtime.memory import (
 from ..runtime.worker_loss import explain_worker_loss
 from .initialization import init_sample, subsample_indices
 from .online import OnlineMixin, initial_model, shared_weights
-from .validation import check_attributes_hold, check_variances_fit, validate_params
+from .validation import (
+    Interval,
+    StrOptions,
+    check_attributes_hold,
+    check_variances_fit,
+    validate_params,
+)
 
 if TYPE_CHECKING:
     import h5py
@@ -184,15 +191,41 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMet
     Subclasses define ``__init__`` (scikit-learn's conventions), the
     ``_parameter_constraints`` dict, and the abstract hooks of the module notes
     (``abc.abstractmethod``, as in scikit-learn's ``BaseMixture``); they
-    must have the parameters ``n_components``, ``covariance_type``, ``tol``,
-    ``reg_covar``, ``max_iter``, ``n_init``, ``random_state``, ``warm_start``,
-    ``verbose``, ``verbose_interval``, ``n_jobs``, ``working_memory``,
-    ``block_size``, ``memory_limit``, ``schedule``, ``compute_dtype``,
-    ``resp_threshold``, ``on_degenerate``, ``callback``, ``checkpoint`` and
-    ``checkpoint_interval`` (see :class:`~emgmm.GaussianMixture`).
+    must have the parameters of the base's ``_parameter_constraints``, which they
+    extend, and ``covariance_type`` and ``on_degenerate`` (a parameter or a class
+    attribute; see :class:`~emgmm.GaussianMixture`).
     """
 
-    _parameter_constraints: dict = {}
+    #: The constraints of the parameters every subclass has (scikit-learn's
+    #: convention); a subclass extends the dict with those of its own parameters
+    #: (``covariance_type`` among them: the types it fits).
+    _parameter_constraints: dict = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0.0, None, closed="left")],
+        "reg_covar": [Interval(Real, 0.0, None, closed="left")],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
+        "n_init": [Interval(Integral, 1, None, closed="left")],
+        "init_params": [
+            StrOptions({"kmeans", "random", "random_from_data", "k-means++"})
+        ],
+        "random_state": ["random_state"],
+        "warm_start": ["boolean"],
+        "verbose": ["verbose"],
+        "verbose_interval": [Interval(Integral, 1, None, closed="left")],
+        # joblib gives 0 no meaning ("n_jobs == 0 in Parallel has no meaning")
+        "n_jobs": [Interval(Integral, None, -1, closed="right"),
+                   Interval(Integral, 1, None, closed="left"), None],
+        "working_memory": [Interval(Real, 0, None, closed="neither"), None],
+        "block_size": [Interval(Integral, 1, None, closed="left"), None],
+        "memory_limit": [Interval(Real, 0, None, closed="neither"), None],
+        "schedule": [StrOptions({"auto", "rows", "components", "pairs"})],
+        "init_max_samples": [Interval(Integral, 1, None, closed="left")],
+        "compute_dtype": [StrOptions({"float32", "float64"}), None],
+        "resp_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
+        "callback": [callable, None],
+        "checkpoint": [str, os.PathLike, None],
+        "checkpoint_interval": [Interval(Real, 0.0, None, closed="left")],
+    }
     #: scikit-learn's estimator keeps float32 data's dtype in its outputs.
     _keeps_float32 = True
     # ``out=`` is where a method writes, not metadata for scikit-learn's routing

@@ -19,21 +19,12 @@ from ..engine.variational import (
     update_posterior,
 )
 from .base import BaseMixture, DataLike
-from .gaussian_mixture import GaussianMixture
 from .initialization import (
     initial_responsibilities,
     parameters_from_responsibilities,
 )
 from .validation import Interval, StrOptions
 
-#: GaussianMixture's parameters that this estimator shares, validated the same way.
-_SHARED = (
-    "n_components", "covariance_type", "tol", "reg_covar", "max_iter", "n_init",
-    "init_params", "random_state", "warm_start", "verbose", "verbose_interval",
-    "n_jobs", "working_memory", "block_size", "memory_limit", "schedule",
-    "init_max_samples", "compute_dtype", "resp_threshold", "callback", "checkpoint",
-    "checkpoint_interval",
-)
 _POSITIVE = Interval(Real, 0.0, None, closed="neither")
 
 
@@ -159,7 +150,7 @@ default='dirichlet_process'
     #: scikit-learn's BayesianGaussianMixture returns float64 for float32 data.
     _keeps_float32 = False
     _parameter_constraints: dict = {  # noqa: RUF012 (scikit-learn's convention)
-        **{name: GaussianMixture._parameter_constraints[name] for name in _SHARED},
+        **BaseMixture._parameter_constraints,
         "covariance_type": [StrOptions({name for name, kind in REGISTRY.items()
                                         if kind.variational})],
         "weight_concentration_prior_type": [StrOptions(set(PRIOR_TYPES))],

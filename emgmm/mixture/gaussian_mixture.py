@@ -262,37 +262,13 @@ default='kmeans'
     """
 
     _parameter_constraints: dict = {
-        "n_components": [Interval(Integral, 1, None, closed="left")],
+        **BaseMixture._parameter_constraints,
         "covariance_type": [StrOptions(REGISTRY)],
         "n_factors": [Interval(Integral, 0, None, closed="left")],
-        "tol": [Interval(Real, 0.0, None, closed="left")],
-        "reg_covar": [Interval(Real, 0.0, None, closed="left")],
-        "max_iter": [Interval(Integral, 0, None, closed="left")],
-        "n_init": [Interval(Integral, 1, None, closed="left")],
-        "init_params": [
-            StrOptions({"kmeans", "random", "random_from_data", "k-means++"})
-        ],
         "weights_init": ["array-like", None],
         "means_init": ["array-like", None],
         "precisions_init": ["array-like", None],
-        "random_state": ["random_state"],
-        "warm_start": ["boolean"],
-        "verbose": ["verbose"],
-        "verbose_interval": [Interval(Integral, 1, None, closed="left")],
-        # joblib gives 0 no meaning ("n_jobs == 0 in Parallel has no meaning")
-        "n_jobs": [Interval(Integral, None, -1, closed="right"),
-                   Interval(Integral, 1, None, closed="left"), None],
-        "working_memory": [Interval(Real, 0, None, closed="neither"), None],
-        "block_size": [Interval(Integral, 1, None, closed="left"), None],
-        "memory_limit": [Interval(Real, 0, None, closed="neither"), None],
-        "schedule": [StrOptions({"auto", "rows", "components", "pairs"})],
-        "init_max_samples": [Interval(Integral, 1, None, closed="left")],
-        "compute_dtype": [StrOptions({"float32", "float64"}), None],
-        "resp_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
         "on_degenerate": [StrOptions({"reinit", "raise"})],
-        "callback": [callable, None],
-        "checkpoint": [str, os.PathLike, None],
-        "checkpoint_interval": [Interval(Real, 0.0, None, closed="left")],
         "learning_decay": [Interval(Real, 0.5, 1.0, closed="right")],
         "learning_offset": [Interval(Real, 0.0, None, closed="left")],
     }
