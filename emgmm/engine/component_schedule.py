@@ -34,7 +34,7 @@ from ..covariance.log_density import relevance_margin
 from ..covariance.statistics import block_statistics
 from ..runtime.blas import limit_blas
 from ..runtime.disk import reserve
-from ..runtime.executor import joblib_temp_folder, make_temp_folder
+from ..runtime.executor import make_temp_folder
 from ..runtime.memory import buffer_rows, component_slices, range_pieces
 from .estep import exp_flushed, logsumexp_rows, weighted_log_prob
 from .model import Model
@@ -210,7 +210,7 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     if centers is None:
         centers = model.means
     range_rows = buffer_rows(n_samples, K, block_size)
-    folder = make_temp_folder(joblib_temp_folder(), 8 * range_rows * K,
+    folder = make_temp_folder(executor.temp_folder, 8 * range_rows * K,
                               "the log-responsibility buffer of the component schedule")
     try:
         buffer = SharedBuffer.create(folder, (range_rows, K))

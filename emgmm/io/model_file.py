@@ -37,8 +37,9 @@ has the same layout (``weights`` are its ``weights_``) plus::
 Constructor parameters that cannot be written without pickle (a ``callback``
 function, a ``numpy.random.RandomState`` as ``random_state``) are stored as
 ``None``; their names are listed in the ``params_dropped`` attribute. The
-``checkpoint`` path belongs to the fit that wrote the model, not to the model: it is
-stored as ``None`` (a warm start from the file checkpoints only where asked).
+``checkpoint`` path and the ``temp_folder`` belong to the fit that wrote the model,
+not to the model: they are stored as ``None`` (a warm start from the file
+checkpoints only where asked, in the folders of the machine it runs on).
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ def save_model(estimator: Any, path: str | os.PathLike[str]) -> None:
     if estimator.covariance_type not in COVARIANCE_TYPES:
         raise ValueError(f"unknown covariance_type {estimator.covariance_type!r}")
     params = estimator.get_params(deep=False)
-    params["checkpoint"] = None  # the fit's, not the model's (see the module docstring)
+    # the fit's, not the model's (see the module docstring)
+    params["checkpoint"] = params["temp_folder"] = None
     plain, arrays, dropped = _split_params(params)
     sizes = [np.asarray(a).nbytes for a in (weights, means, *components.values(),
                                             *arrays.values())]

@@ -215,6 +215,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMet
         # joblib gives 0 no meaning ("n_jobs == 0 in Parallel has no meaning")
         "n_jobs": [Interval(Integral, None, -1, closed="right"),
                    Interval(Integral, 1, None, closed="left"), None],
+        "temp_folder": [str, os.PathLike, None],
         "working_memory": [Interval(Real, 0, None, closed="neither"), None],
         "block_size": [Interval(Integral, 1, None, closed="left"), None],
         "memory_limit": [Interval(Real, 0, None, closed="neither"), None],
@@ -542,7 +543,7 @@ h5py.Dataset or None, default=None
         do_init = (first if stream
                    else not (self.warm_start and hasattr(self, "converged_")))
         random_state = check_random_state(self.random_state)
-        executor = Executor(source, self.n_jobs)
+        executor = Executor(source, self.n_jobs, self.temp_folder)
         if getattr(self.callback, "wants_progress", False):
             executor.on_task = self._task_callback
         kind = self._kind()

@@ -89,6 +89,9 @@ default='dirichlet_process'
         Iterations between two messages.
     n_jobs : int or None, default=None
         As :class:`emgmm.GaussianMixture`'s: joblib's meaning, ``1`` one core.
+    temp_folder : str, os.PathLike or None, default=None
+        Folder of the fit's temporary files with process workers, as
+        :class:`emgmm.GaussianMixture`'s.
     working_memory : float or None, default=None
         MiB per worker for one block, as :class:`emgmm.GaussianMixture`'s.
     block_size : int or None, default=None
@@ -170,10 +173,10 @@ default='dirichlet_process'
                  weight_concentration_prior=None, mean_precision_prior=None,
                  mean_prior=None, degrees_of_freedom_prior=None, covariance_prior=None,
                  random_state=None, warm_start=False, verbose=0, verbose_interval=10,
-                 n_jobs=None, working_memory=None, block_size=None, memory_limit=None,
-                 schedule="auto", init_max_samples=100_000, compute_dtype=None,
-                 resp_threshold=1e-20, callback=None, checkpoint=None,
-                 checkpoint_interval=0.0):
+                 n_jobs=None, temp_folder=None, working_memory=None, block_size=None,
+                 memory_limit=None, schedule="auto", init_max_samples=100_000,
+                 compute_dtype=None, resp_threshold=1e-20, callback=None,
+                 checkpoint=None, checkpoint_interval=0.0):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -192,6 +195,7 @@ default='dirichlet_process'
         self.verbose = verbose
         self.verbose_interval = verbose_interval
         self.n_jobs = n_jobs
+        self.temp_folder = temp_folder
         self.working_memory = working_memory
         self.block_size = block_size
         self.memory_limit = memory_limit

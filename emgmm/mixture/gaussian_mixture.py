@@ -103,6 +103,13 @@ default='kmeans'
         worker, the blocks of a pass run in threads of this process with one BLAS
         thread each (the same result bit for bit). ``1`` means one core: blocks one
         after the other, BLAS on one thread. See the user guide, "Parallelism".
+    temp_folder : str, os.PathLike or None, default=None
+        Folder of the fit's temporary files with process workers (a copy of
+        in-memory data, shared arrays); joblib's ``temp_folder`` of ``Parallel``,
+        whose memory-mapping folders go inside. ``None``: ``JOBLIB_TEMP_FOLDER``,
+        else the system temporary folder (the model shared under
+        ``schedule='pairs'``: ``/dev/shm`` where it has room). joblib offers no
+        public getter of ``parallel_config(temp_folder=...)``, so it is not read.
     working_memory : float or None, default=None
         Memory for one block's working set, in MiB, per worker. ``None`` uses
         ``sklearn.get_config()["working_memory"]`` (1024 by default).
@@ -292,6 +299,7 @@ default='kmeans'
         verbose: int = 0,
         verbose_interval: int = 10,
         n_jobs: int | None = None,
+        temp_folder: str | os.PathLike[str] | None = None,
         working_memory: float | None = None,
         block_size: int | None = None,
         memory_limit: float | None = None,
@@ -322,6 +330,7 @@ default='kmeans'
         self.verbose = verbose
         self.verbose_interval = verbose_interval
         self.n_jobs = n_jobs
+        self.temp_folder = temp_folder
         self.working_memory = working_memory
         self.block_size = block_size
         self.memory_limit = memory_limit
