@@ -11,6 +11,7 @@ names would otherwise always close a cycle.
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -194,6 +195,23 @@ def test_the_module_map_of_contributing_names_every_module():
                for path in sorted(PACKAGE.rglob("*.py"))
                if path.name != "__init__.py" and path.name not in section]
     assert not missing, missing
+
+
+def test_the_layout_of_the_design_notes_places_modules_where_they_are():
+    """docs/design.rst's layout block names only modules that exist, each under the
+    package (``name/`` line) it is listed in."""
+    text = (PACKAGE.parent / "docs" / "design.rst").read_text()
+    block = text[text.index("   emgmm/\n"):]
+    block = block[:block.index("\n\n")]
+    package, misplaced = PACKAGE, []
+    for line in block.splitlines()[1:]:
+        head = line.split()[0] if line.split() else ""
+        if head.endswith("/") and line.startswith("     ") and line[5] != " ":
+            package = PACKAGE / head.rstrip("/")
+        for name in re.findall(r"\b\w+\.py\b", line):
+            if not (package / name).is_file() and not (PACKAGE / name).is_file():
+                misplaced.append(f"{package.name}/{name}")
+    assert not misplaced, misplaced
 
 
 #: Modules of other projects whose private names (``_x``) the package must not use.

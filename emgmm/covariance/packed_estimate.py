@@ -41,12 +41,12 @@ _REFINE_PROBE_ROWS = 512
 _REFINE_MAX_DENSITY = 0.3
 # RefinedEstimate.to_refine: while every row's uniform bound (at least each of its
 # pairs' bounds) is at most _UNIFORM_BOUND nats, as in float64, one comparison with the
-# row's best estimate finds the candidates (d=64, K=200, one thread: 4 ms per block of
-# 12500 rows); beyond, every bound is evaluated, in row chunks of BOUND_CHUNK_BYTES
-# per work array (11-13 ms; 12-20 ms with the 4 MiB chunks and more passes of before).
+# row's best estimate finds the candidates, a fraction of the cost of every bound;
+# beyond, every bound is evaluated, in row chunks of BOUND_CHUNK_BYTES per work array.
 # The candidates are then taken a chunk of components at a time (BOUND_CHUNK_BYTES
-# per array of their indices and bounds): all at once, the first pass of A (broad
-# components, nearly every pair a candidate) took 96 MB per block for them.
+# per array of their indices and bounds): while the components are broad (the first
+# pass) nearly every pair is a candidate, and all at once their indices and bounds
+# would take several times the block's own (n, K) arrays.
 _UNIFORM_BOUND = 1.0
 BOUND_CHUNK_BYTES = 2**20
 # RefinedEstimate.beyond_range: relative room between the float64 norm of x - g and

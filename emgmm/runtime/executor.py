@@ -309,7 +309,7 @@ class Executor:
         ``n_jobs=1``, given or from ``joblib.parallel_config``, at the top level:
         the passes and this process's BLAS calls run on one thread while the
         executor is open (OpenBLAS's spare threads would otherwise contend for the
-        one core, 7.5x slower on a busy machine).
+        one core; user guide, "Parallelism").
     row_threads : int
         With ``n_jobs=None`` resolving to one worker at the top level, the threads
         of this process that run the tasks of a pass (one BLAS thread each):
