@@ -4,7 +4,6 @@
 
 import gc
 
-import joblib
 import pytest
 from helpers import COVARIANCE_TYPES, SourceFactory, make_blobs_data
 
@@ -62,9 +61,10 @@ def covariance_type(request):
 
 
 @pytest.fixture
-def temp_folder(tmp_path):
-    """joblib's temporary folder for the test (joblib's and emgmm's files)."""
+def temp_folder(tmp_path, monkeypatch):
+    """joblib's temporary folder for the test (joblib's and emgmm's files), set by
+    ``JOBLIB_TEMP_FOLDER`` as a user without a ``temp_folder`` parameter would."""
     folder = tmp_path / "joblib_tmp"
     folder.mkdir()
-    with joblib.parallel_config(temp_folder=str(folder)):
-        yield folder
+    monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(folder))
+    return folder

@@ -445,17 +445,16 @@ def test_temp_folder_short_of_space_gives_both_sizes_and_the_spare(tmp_path,
 
 
 def test_temp_folder_that_is_a_file_says_so(tmp_path):
-    """joblib's temp_folder naming a file: an OSError naming that folder and how to
-    choose another, not a bare errno on an internal path."""
-    import joblib
-
+    """temp_folder naming a file: an OSError naming that folder and how to choose
+    another, not a bare errno on an internal path."""
     not_a_folder = tmp_path / "afile"
     not_a_folder.write_text("")
-    with joblib.parallel_config(temp_folder=str(not_a_folder)):
-        with pytest.raises(OSError, match=r"Temporary folder .*afile is not usable "
-                                          r"\(Not a directory\)") as info:
-            GaussianMixture(3, n_jobs=2, random_state=0).fit(good_data(n=300))
+    with pytest.raises(OSError, match=r"Temporary folder .*afile is not usable "
+                                      r"\(Not a directory\)") as info:
+        GaussianMixture(3, n_jobs=2, temp_folder=str(not_a_folder),
+                        random_state=0).fit(good_data(n=300))
     assert "emgmm-" not in str(info.value)
+    assert "temp_folder parameter" in str(info.value)
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])

@@ -251,6 +251,14 @@ def _check_n_jobs(mp, capsys):
     assert spy["n_workers"] == [1, 2]
 
 
+def _check_temp_folder(mp, capsys, tmp_path):
+    seen = []
+    small_fit(n_jobs=2, temp_folder=tmp_path, callback=lambda r: seen.extend(
+        p.name for p in tmp_path.iterdir()))
+    assert seen and all(name.startswith("emgmm-") for name in seen)
+    assert list(tmp_path.iterdir()) == []
+
+
 def _check_working_memory(mp, capsys):
     spy = PlanSpy()
     small_fit(working_memory=1000, callback=spy)

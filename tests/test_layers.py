@@ -11,6 +11,7 @@ names would otherwise always close a cycle.
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -194,3 +195,66 @@ def test_the_module_map_of_contributing_names_every_module():
                for path in sorted(PACKAGE.rglob("*.py"))
                if path.name != "__init__.py" and path.name not in section]
     assert not missing, missing
+
+
+def test_the_layout_of_the_design_notes_places_modules_where_they_are():
+    """docs/design.rst's layout block names only modules that exist, each under the
+    package (``name/`` line) it is listed in."""
+    text = (PACKAGE.parent / "docs" / "design.rst").read_text()
+    block = text[text.index("   emgmm/\n"):]
+    block = block[:block.index("\n\n")]
+    package, misplaced = PACKAGE, []
+    for line in block.splitlines()[1:]:
+        head = line.split()[0] if line.split() else ""
+        if head.endswith("/") and line.startswith("     ") and line[5] != " ":
+            package = PACKAGE / head.rstrip("/")
+        for name in re.findall(r"\b\w+\.py\b", line):
+            if not (package / name).is_file() and not (PACKAGE / name).is_file():
+                misplaced.append(f"{package.name}/{name}")
+    assert not misplaced, misplaced
+
+
+#: Modules of other projects whose private names (``_x``) the package must not use.
+THIRD_PARTY = ("joblib", "sklearn", "threadpoolctl", "numpy", "scipy", "h5py")
+
+
+def _private_uses(tree):
+    """``module._name`` reads and ``from module._x import`` of :data:`THIRD_PARTY`
+    modules in ``tree`` (names bound by its imports at any depth)."""
+    def private(dotted):
+        return any(part.startswith("_") and not part.startswith("__")
+                   for part in dotted.split("."))
+
+    def foreign(dotted):
+        return dotted.split(".")[0] in THIRD_PARTY
+
+    bound, uses = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if foreign(alias.name):
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and foreign(
+                node.module or ""):
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                if private(name):
+                    uses.append(name)
+                bound[alias.asname or alias.name] = name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in bound and private(node.attr)):
+            uses.append(f"{bound[node.value.id]}.{node.attr}")
+    return uses
+
+
+def test_no_private_name_of_another_project():
+    """Only public API of joblib, scikit-learn and the rest: their private names
+    change without notice (``joblib.parallel._backend`` was read for the temporary
+    folder)."""
+    found = {module: uses for module, (path, _) in MODULES.items()
+             if (uses := _private_uses(ast.parse(path.read_text())))}
+    assert not found, found
+    assert _private_uses(ast.parse(
+        "from joblib import parallel as _jp\nx = _jp._backend")) == [
+        "joblib.parallel._backend"]

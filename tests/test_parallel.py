@@ -11,6 +11,7 @@ so they agree to 1e-12 relative, not bitwise.
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import warnings
 
@@ -240,6 +241,26 @@ def test_no_temp_folder_left_after_fit(X, schedule, temp_folder):
     # between iterations only the folder holding X (shared once) exists
     assert during and all(len(names) == 1 for names in during)
     assert os.listdir(temp_folder) == []
+
+
+def test_temp_folder_parameter_wins_over_the_environment(X, temp_folder, tmp_path,
+                                                         monkeypatch):
+    """The folder is the estimator's ``temp_folder``, else ``JOBLIB_TEMP_FOLDER``,
+    else the system's (joblib's documented choice): X and the component schedule's
+    buffer go into the parameter's folder, none into the environment's."""
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    assert parallel.joblib_temp_folder() == str(temp_folder)
+    assert parallel.joblib_temp_folder(chosen) == str(chosen)
+    assert parallel.shared_memory_folder(2**30, chosen) == str(chosen)
+    during = []
+    fit(X, n_jobs=2, schedule="components", temp_folder=chosen,
+        callback=lambda r: r["event"] == "iteration"
+        and during.append((emgmm_entries(chosen), emgmm_entries(temp_folder))))
+    assert during and all(len(mine) == 1 and not theirs for mine, theirs in during)
+    assert os.listdir(chosen) == [] and os.listdir(temp_folder) == []
+    monkeypatch.delenv("JOBLIB_TEMP_FOLDER")
+    assert parallel.joblib_temp_folder() == tempfile.gettempdir()
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])

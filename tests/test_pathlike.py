@@ -1,10 +1,9 @@
 """Issue 28.4: every path-like is taken where a ``str`` path is (data, model files,
-checkpoints, joblib's temp_folder)."""
+checkpoints, the temp_folder)."""
 
 import os
 import pathlib
 
-import joblib
 import numpy as np
 import pytest
 
@@ -25,13 +24,13 @@ class OtherPath(os.PathLike):
 
 
 @pytest.mark.parametrize("wrap", [pathlib.Path, OtherPath])
-def test_joblib_temp_folder_given_as_a_path(tmp_path, wrap):
+def test_joblib_temp_folder_given_as_a_path(tmp_path, wrap, monkeypatch):
     folder = tmp_path / "joblib-temp"
     folder.mkdir()
-    with joblib.parallel_config(temp_folder=wrap(folder)):
-        assert _parallel.joblib_temp_folder() == str(folder)
-    with joblib.parallel_config(temp_folder=str(folder)):
-        assert _parallel.joblib_temp_folder() == str(folder)
+    monkeypatch.delenv("JOBLIB_TEMP_FOLDER", raising=False)
+    assert _parallel.joblib_temp_folder(wrap(folder)) == str(folder)
+    assert _parallel.joblib_temp_folder(str(folder)) == str(folder)
+    assert _parallel.Executor(None, 2, wrap(folder)).temp_folder == str(folder)
 
 
 def test_fit_shares_x_in_a_path_temp_folder(tmp_path):
@@ -46,9 +45,8 @@ def test_fit_shares_x_in_a_path_temp_folder(tmp_path):
                     if path.is_file())
 
     X = np.random.default_rng(0).standard_normal((2000, 3))
-    with joblib.parallel_config(temp_folder=pathlib.Path(folder)):
-        emgmm.GaussianMixture(2, n_jobs=2, max_iter=3, tol=1e3, random_state=0,
-                              callback=in_folder).fit(X)
+    emgmm.GaussianMixture(2, n_jobs=2, max_iter=3, tol=1e3, random_state=0,
+                          temp_folder=pathlib.Path(folder), callback=in_folder).fit(X)
     assert seen and all(name.startswith(_parallel.TEMP_PREFIX) for name in seen), seen
     assert list(folder.iterdir()) == []
 

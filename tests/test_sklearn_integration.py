@@ -17,7 +17,8 @@ from sklearn.model_selection import GridSearchCV, KFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from emgmm import GaussianMixture
+from emgmm import BayesianGaussianMixture, GaussianMixture
+from emgmm.mixture.base import BaseMixture
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 
@@ -51,6 +52,16 @@ def test_constructor_matches_sklearn():
         assert em[name].default == default, name
         assert em[name].kind == inspect.Parameter.KEYWORD_ONLY, name
     assert set(SkGaussianMixture().get_params()) <= set(GaussianMixture().get_params())
+
+
+@pytest.mark.parametrize("estimator", [GaussianMixture, BayesianGaussianMixture])
+def test_constraints_cover_the_constructor_and_extend_the_base(estimator):
+    """Each parameter is validated; the base's constraints (the parameters both
+    estimators share) are the estimator's, not copied from its sibling."""
+    constraints = estimator._parameter_constraints
+    assert set(constraints) == set(inspect.signature(estimator).parameters)
+    for name, constraint in BaseMixture._parameter_constraints.items():
+        assert constraints[name] is constraint, name
 
 
 def test_pipeline_scaler_pca_gmm(X):

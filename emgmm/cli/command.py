@@ -114,6 +114,7 @@ _ESTIMATOR_FLAGS = [
     (("--verbose",), "verbose", dict(type=at_least(int, 0))),
     (("--verbose-interval",), "verbose_interval", dict(type=at_least(int, 1))),
     (("--n-jobs",), "n_jobs", dict(type=n_jobs_value)),
+    (("--temp-folder",), "temp_folder", dict(metavar="FOLDER")),
     (("--working-memory",), "working_memory",
      dict(type=at_least(float, 0, above=True), metavar="MIB")),
     (("--block-size",), "block_size", _BLOCK_SIZE),

@@ -53,22 +53,20 @@ def _gamma(m, dtype):
 
 # Every product of the passes is numpy's ``matmul``, which releases the GIL; scipy's
 # BLAS wrappers (``trmm``, ``syrk``) hold it while they run, so that row threads
-# calling them take turns (two threads doing ``trmm`` on [2000, 400] blocks took as
-# long as one doing both). numpy sends ``W.T @ W`` to ``syrk`` itself; the triangular
-# factor products of ``refine`` take twice the flops of ``trmm``. Alternating
-# 5-iteration fits (two pairs each, with two row threads; not in the results files):
-# float32 iterations of [100k, 64], K=200 'full' ~9% faster, the patch data ~13%,
-# float64 the same. The same products everywhere also keep results bitwise equal
-# across schedules and ``n_jobs`` (with one BLAS thread per task).
+# calling them take turns. numpy sends ``W.T @ W`` to ``syrk`` itself; the triangular
+# factor products of ``refine`` take twice the flops of ``trmm``, which the threads
+# running at once repay (benchmarks/README.md, "How the 'full' kernels get there").
+# The same products everywhere also keep results bitwise equal across schedules and
+# ``n_jobs`` (with one BLAS thread per task).
 
 # Sizes of the work buffers of the 'full' kernels. Row chunks are cut so that the
 # buffer a chunk's matrix product writes stays within a few MiB (cache-sized), and
 # products are batched over components so that every GEMM is wide enough to run near
-# the BLAS peak rate (measured on OpenBLAS 0.3, 2 cores).
+# the BLAS peak rate.
 _GEMM_COLUMNS = 1024      # columns of one batched product (components x features)
 # Width of the column blocks of the triangular factor in _full_maha_dense: narrower
-# blocks skip more of the zero triangle but make thinner GEMMs (d = 400 and 900 on one
-# thread: 32 and 64 fastest, 1.6-1.7x over dense products; 128: 1.4-1.7x).
+# blocks skip more of the zero triangle but make thinner GEMMs; 64 balances the two
+# at d = 400-900 (benchmarks/README.md, "Measurements behind the tuning constants").
 TRIANGLE_BLOCK = 64
 CHUNK_BYTES = 4 * 2**20  # bytes of one row chunk's product buffer
 # The packed formulation (below) is used while its packed model fits in this many bytes
@@ -79,9 +77,8 @@ _PACKED_MIN_ROWS = 128
 # Bytes of one row chunk of float64 packed products (float32 chunks have as many rows).
 # Larger than CHUNK_BYTES: the thin side of their GEMM is the K components, and more
 # rows per call amortise the packing of the (T, K) weights that each call repeats
-# (d=64, K=200: 244 -> 977 rows took a block's estimate from 300 to 260 ms on one
-# thread and 5-iteration fits from 1.62 to 1.38 s per iteration in float64; float32
-# gained ~3% on one thread, nothing in a fit). Each thread holds one such buffer
+# (benchmarks/README.md, "How the 'full' kernels get there"). Each thread holds one
+# such buffer
 # (16 MiB at d=64, beside its block's (n, K) arrays: not counted in working_memory).
 PACKED_CHUNK_BYTES = 16 * 2**20
 
@@ -170,7 +167,7 @@ def _packed_chunks(X, g, dtype=np.float64):
     buffers of ``dtype``, reused, borrowed from the thread's workspace: valid until
     the next chunk). The buffers are column-major, so that every product
     is formed over a contiguous column (row-major, each row's run is only ``d - j``
-    long: 2.5-3.5x slower at d = 64)."""
+    long)."""
     n, d = X.shape
     cols = d * (d + 1) // 2 + d + 1
     rows = packed_chunk_rows(n, d)
@@ -220,9 +217,9 @@ def _full_maha_dense(X, g, means_shifted, precisions_cholesky, components, out):
     components, the constant subtracted after it (so that each sum starts from the
     data's terms, not from ``m_k U_k``), then squares and row sums, added up over the
     blocks: ``n K d^2 (1 + h/d)`` flops for blocks of width ``h``, against
-    ``2 n K d^2`` for dense products that ignore the triangle (about 1.6x faster at
-    d = 400-900), and every product is numpy's (scipy's ``trmm`` holds the GIL, so
-    row threads would take turns on it). The GEMMs run in the dtype of ``X``
+    ``2 n K d^2`` for dense products that ignore the triangle, and every product
+    is numpy's (scipy's ``trmm`` holds the GIL, so row threads would take turns on
+    it). The GEMMs run in the dtype of ``X``
     (float32 mode runs float32 GEMMs; the rounding is relative to ``|x - g|`` and
     ``|m_k|``, linear in them; each block's row sums are float32 there, and are added
     up over the blocks in float64).

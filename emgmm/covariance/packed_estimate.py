@@ -10,6 +10,7 @@ of the candidate pairs' indices), read at every call like those of
 :mod:`~emgmm.covariance.log_density`.
 """
 
+import abc
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,12 +41,12 @@ _REFINE_PROBE_ROWS = 512
 _REFINE_MAX_DENSITY = 0.3
 # RefinedEstimate.to_refine: while every row's uniform bound (at least each of its
 # pairs' bounds) is at most _UNIFORM_BOUND nats, as in float64, one comparison with the
-# row's best estimate finds the candidates (d=64, K=200, one thread: 4 ms per block of
-# 12500 rows); beyond, every bound is evaluated, in row chunks of BOUND_CHUNK_BYTES
-# per work array (11-13 ms; 12-20 ms with the 4 MiB chunks and more passes of before).
+# row's best estimate finds the candidates, a fraction of the cost of every bound;
+# beyond, every bound is evaluated, in row chunks of BOUND_CHUNK_BYTES per work array.
 # The candidates are then taken a chunk of components at a time (BOUND_CHUNK_BYTES
-# per array of their indices and bounds): all at once, the first pass of A (broad
-# components, nearly every pair a candidate) took 96 MB per block for them.
+# per array of their indices and bounds): while the components are broad (the first
+# pass) nearly every pair is a candidate, and all at once their indices and bounds
+# would take several times the block's own (n, K) arrays.
 _UNIFORM_BOUND = 1.0
 BOUND_CHUNK_BYTES = 2**20
 # RefinedEstimate.beyond_range: relative room between the float64 norm of x - g and
@@ -85,7 +86,7 @@ def _abs_spectral_bound(A):
 
 
 @dataclass
-class RefinedEstimate:
+class RefinedEstimate(abc.ABC):
     """An estimate of ``log w_k + log N(x | mu_k, Lambda_k)`` for every pair, with a
     rigorous bound of each pair's rounding error, and its refinement: the pairs that
     may matter and whose bound exceeds ``_REFINE_TOL`` are recomputed exactly.
@@ -105,10 +106,10 @@ class RefinedEstimate:
     offset: np.ndarray
     y_limit: float
 
+    @abc.abstractmethod
     def weighted(self, X, out, y_norm=None):
         """The estimate into ``out``, ``(n, K)`` float64; returns ``out``.
         ``y_norm``, if given, receives ``||x - g||`` per row (for the bounds)."""
-        raise NotImplementedError
 
     def row_norms(self, X):
         """``||x - g||`` per row of ``X`` (n,), float64 (``x - g`` in float64), in

@@ -117,10 +117,9 @@ class SufficientStatistics:
 _GATHER_DENSITY = 0.25
 # 'diag'/'spherical' statistics leave out the pairs at or below the threshold from
 # SPARSE_MIN_FEATURES features on: below, the mask of the kept pairs costs more than
-# the product it saves (one thread, K=64, 2% of the pairs kept: 1.7x the plain
-# product at d=8, 1.1x at d=16, 0.8x at d=24, 0.4x at d=64). Their sparse product is
-# taken while the kept share is below _sparse_share (the measured crossovers: about
-# 2.5% at d=24, 3% at d=32, 4.5% at d=64).
+# the product it saves. Their sparse product is taken while the kept share is below
+# _sparse_share, which follows the crossovers measured at 24 to 64 features
+# (benchmarks/README.md, "Measurements behind the tuning constants").
 SPARSE_MIN_FEATURES = 24
 
 
@@ -170,10 +169,10 @@ def _kept_products(resp, Z, resp_threshold):
 # the float64 unit roundoff (~1e-10 relative), or while in every feature the expanded
 # terms are at most _PACKED_MAX_EXCESS times the centred ones: their rounding is then
 # at most that multiple of a centred sum's, however ill-conditioned S_k is (a centred
-# recomputation would gain nothing). Others are recomputed centred. (The patch data D,
-# first iteration: 191 of 200 components beyond 1e6, most with S_k numerically
-# singular, 139 of them within 2x of the centred terms; the recomputations took 70% of
-# the M step.)
+# recomputation would gain nothing). Others are recomputed centred. (On data whose
+# first S_k are numerically singular, the amplification test alone sends nearly every
+# component to a recomputation that gains nothing; the excess test keeps most of them
+# packed: benchmarks/README.md.)
 _PACKED_MAX_CANCELLATION = 1e6
 _PACKED_MAX_EXCESS = 2.0
 

@@ -34,7 +34,7 @@ from ..covariance.log_density import relevance_margin
 from ..covariance.statistics import block_statistics
 from ..runtime.blas import limit_blas
 from ..runtime.disk import reserve
-from ..runtime.executor import joblib_temp_folder, make_temp_folder
+from ..runtime.executor import make_temp_folder
 from ..runtime.memory import buffer_rows, component_slices, range_pieces
 from .estep import exp_flushed, logsumexp_rows, weighted_log_prob
 from .model import Model
@@ -174,6 +174,61 @@ def _concatenate(parts, n_samples, log_likelihood, kind):
     return stats
 
 
+def _slice_models(model, slices, compute_dtype, margin):
+    """The models of the component ``slices``, their estimates prepared once here
+    (shared with the workers) when there is a ``margin``, and the same models
+    without estimates for the statistics tasks, which do not use them."""
+    models = [_slice_model(model, k0, k1) for k0, k1 in slices]
+    if margin is not None:
+        for m in models:
+            m.prepare(compute_dtype)
+    bare = [dataclasses.replace(m, prepared=None, prepared_for=None) for m in models]
+    return models, bare
+
+
+def _normalize_range(executor, range_, n_worst, means, weights, running):
+    """Normalise the log-probabilities of one buffer range's ``pieces`` and fold
+    their log-likelihood and worst rows into ``running``.
+
+    Parameters
+    ----------
+    range_ : tuple
+        ``(r0, pieces, block_size, buffer, compute_dtype)``.
+    running : tuple
+        ``(log_likelihood, values, rows)`` so far: the sum is continued term by
+        term, in task order (a fixed reduction order).
+
+    Returns
+    -------
+    tuple
+        The updated ``(log_likelihood, values, rows)``.
+    """
+    r0, pieces, block_size, buffer, compute_dtype = range_
+    log_likelihood, values, rows = running
+    for sums, v, r in executor.map(normalize_task, [
+            (r0, a, b, block_size, buffer, n_worst, compute_dtype, means, weights)
+            for a, b in pieces]):
+        for s in sums:
+            log_likelihood += s
+        values = np.concatenate([values, v])
+        rows = np.concatenate([rows, r])
+        order = np.lexsort((rows, values))[:n_worst]
+        values, rows = values[order], rows[order]
+    return log_likelihood, values, rows
+
+
+def _add_statistics(parts, results, n_pieces):
+    """Add the statistics ``results`` (``n_pieces`` per slice, slice by slice) into
+    ``parts``, one entry per slice (``None`` until its first)."""
+    for j in range(len(parts)):
+        for _ in range(n_pieces):
+            stats = next(results)
+            if parts[j] is None:
+                parts[j] = stats
+            else:
+                parts[j] += stats
+
+
 def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                               resp_threshold, n_worst, centers=None, weights=None):
     """Component-sharded schedule of one statistics pass (see the module notes).
@@ -200,17 +255,12 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
     K, d = model.means.shape
     kind = model.kind
     slices = component_slices(K, d, kind)
-    models = [_slice_model(model, k0, k1) for k0, k1 in slices]
     margin = relevance_margin(resp_threshold)
-    if margin is not None:  # built once here, shared with the workers
-        for m in models:
-            m.prepare(compute_dtype)
-    # the statistics tasks do not use the estimates: not shipped to them
-    bare = [dataclasses.replace(m, prepared=None, prepared_for=None) for m in models]
+    models, bare = _slice_models(model, slices, compute_dtype, margin)
     if centers is None:
         centers = model.means
     range_rows = buffer_rows(n_samples, K, block_size)
-    folder = make_temp_folder(joblib_temp_folder(), 8 * range_rows * K,
+    folder = make_temp_folder(executor.temp_folder, 8 * range_rows * K,
                               "the log-responsibility buffer of the component schedule")
     try:
         buffer = SharedBuffer.create(folder, (range_rows, K))
@@ -226,27 +276,14 @@ def component_statistics_pass(executor, tasks, block_size, model, compute_dtype,
                     for (k0, _k1), m in zip(slices, models, strict=False)
                     for a, b in pieces]):
                 pass
-            for sums, v, r in executor.map(normalize_task, [
-                    (r0, a, b, block_size, buffer, n_worst, compute_dtype, model.means,
-                     weights)
-                    for a, b in pieces]):
-                for s in sums:
-                    log_likelihood += s
-                values = np.concatenate([values, v])
-                rows = np.concatenate([rows, r])
-                order = np.lexsort((rows, values))[:n_worst]
-                values, rows = values[order], rows[order]
+            log_likelihood, values, rows = _normalize_range(
+                executor, (r0, pieces, block_size, buffer, compute_dtype), n_worst,
+                model.means, weights, (log_likelihood, values, rows))
             results = executor.map(component_statistics_task, [
                 (r0, a, b, block_size, m, k0, buffer, compute_dtype, resp_threshold,
                  centers[k0:k1], weights)
                 for (k0, k1), m in zip(slices, bare, strict=False) for a, b in pieces])
-            for j in range(len(slices)):
-                for _ in pieces:
-                    stats = next(results)
-                    if parts[j] is None:
-                        parts[j] = stats
-                    else:
-                        parts[j] += stats
+            _add_statistics(parts, results, len(pieces))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     stats = _concatenate(parts, n_samples, log_likelihood, kind)

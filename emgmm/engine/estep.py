@@ -159,10 +159,10 @@ def normalize_rows(weighted):
 
 
 #: ``exp`` of anything below this (nats) is taken as exactly 0: ``exp(-700) ~ 1e-304``.
-#: numpy's vectorised ``exp`` runs ~3x slower on arguments whose result underflows to
-#: 0 and ~17x slower on those with a subnormal result (below ~-708; measured with
-#: AVX-512 on numpy 2.4), where most pairs of a mixture of separated clusters lie
-#: (85% of a block of A four iterations into the fit).
+#: numpy's vectorised ``exp`` is several times slower on arguments whose result
+#: underflows to 0, and more again on those with a subnormal result (below ~-708),
+#: where most pairs of a mixture of separated clusters lie (benchmarks/README.md,
+#: "How the 'full' kernels get there").
 EXP_FLOOR = -700.0
 
 

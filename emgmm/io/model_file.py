@@ -37,8 +37,9 @@ has the same layout (``weights`` are its ``weights_``) plus::
 Constructor parameters that cannot be written without pickle (a ``callback``
 function, a ``numpy.random.RandomState`` as ``random_state``) are stored as
 ``None``; their names are listed in the ``params_dropped`` attribute. The
-``checkpoint`` path belongs to the fit that wrote the model, not to the model: it is
-stored as ``None`` (a warm start from the file checkpoints only where asked).
+``checkpoint`` path and the ``temp_folder`` belong to the fit that wrote the model,
+not to the model: they are stored as ``None`` (a warm start from the file
+checkpoints only where asked, in the folders of the machine it runs on).
 """
 
 from __future__ import annotations
@@ -146,20 +147,11 @@ def save_model(estimator: Any, path: str | os.PathLike[str]) -> None:
     if estimator.covariance_type not in COVARIANCE_TYPES:
         raise ValueError(f"unknown covariance_type {estimator.covariance_type!r}")
     params = estimator.get_params(deep=False)
-    params["checkpoint"] = None  # the fit's, not the model's (see the module docstring)
+    # the fit's, not the model's (see the module docstring)
+    params["checkpoint"] = params["temp_folder"] = None
     plain, arrays, dropped = _split_params(params)
-    sizes = [np.asarray(a).nbytes for a in (weights, means, *components.values(),
-                                            *arrays.values())]
-    sizes += [len(str(name).encode()) + 16
-              for name in getattr(estimator, "feature_names_in_", [])]
-    sizes.append(lower_bounds.nbytes)
-    if bayesian:
-        sizes += [np.asarray(getattr(estimator, name + "_")).nbytes
-                  for name in _VARIATIONAL_ARRAYS + ("weight_concentration",)]
-    stats = getattr(estimator, "_online_statistics", None)
-    if stats is not None:
-        sizes += [a.nbytes for a in online.to_arrays(stats).values()]
-    nbytes = _RESERVE_SLACK_BYTES + 2 * sum(sizes)
+    nbytes = _reserved_bytes(estimator, (weights, means, *components.values(),
+                                         *arrays.values(), lower_bounds), bayesian)
     with atomic_output(path) as tmp_path:
         # Space first: HDF5 meeting a full file system mid-write crashed the process
         # (SIGSEGV) instead of raising. A file reserved beyond its end is cut back to
@@ -199,6 +191,22 @@ def save_model(estimator: Any, path: str | os.PathLike[str]) -> None:
                 _write_variational(f.create_group("variational"), estimator)
             if hasattr(estimator, "n_steps_"):
                 _write_online(f.create_group("online"), estimator)
+
+
+def _reserved_bytes(estimator, stored, bayesian):
+    """Bytes to reserve for a model file: ``_RESERVE_SLACK_BYTES`` and twice the
+    bytes of what it stores (the ``stored`` arrays, the feature names, the
+    posterior of a variational fit, the running statistics of a stream)."""
+    sizes = [np.asarray(a).nbytes for a in stored]
+    sizes += [len(str(name).encode()) + 16
+              for name in getattr(estimator, "feature_names_in_", [])]
+    if bayesian:
+        sizes += [np.asarray(getattr(estimator, name + "_")).nbytes
+                  for name in _VARIATIONAL_ARRAYS + ("weight_concentration",)]
+    stats = getattr(estimator, "_online_statistics", None)
+    if stats is not None:
+        sizes += [a.nbytes for a in online.to_arrays(stats).values()]
+    return _RESERVE_SLACK_BYTES + 2 * sum(sizes)
 
 
 def _write_variational(group, estimator):

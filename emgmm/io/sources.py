@@ -10,6 +10,7 @@ infinity raises a ``ValueError`` that names the first offending row and the file
 
 from __future__ import annotations
 
+import abc
 import os
 import threading
 from pathlib import Path
@@ -243,7 +244,7 @@ def _check_file_unchanged(path, state, description):
         )
 
 
-class Source:
+class Source(abc.ABC):
     """A 2-D data set read in row blocks.
 
     Attributes
@@ -297,8 +298,9 @@ class Source:
         """float32 for float32 data, float64 for everything else."""
         return np.float32 if self.dtype == np.float32 else np.float64
 
+    @abc.abstractmethod
     def _read(self, start, stop):
-        raise NotImplementedError
+        """The stored rows ``start:stop`` as an array of their own (unchecked)."""
 
     def read(self, start, stop, dtype=None):
         """Rows ``start:stop`` as a float array, checked for NaN and infinity.
@@ -427,7 +429,7 @@ class Source:
         if state is not None:
             _check_file_unchanged(self.filename, state, self.description)
 
-    def close(self):
+    def close(self):  # noqa: B027 (a no-op for sources without file handles)
         """Release open file handles (reopened on the next read)."""
 
     def __enter__(self):

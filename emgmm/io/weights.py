@@ -9,6 +9,7 @@ An in-memory array is written once to a ``.npy`` file for process workers
 (:func:`dump_weights`).
 """
 
+import abc
 import hashlib
 import os
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ def _check_length(shape, n_samples, description):
                          f"{n_samples} rows.")
 
 
-class WeightSource:
+class WeightSource(abc.ABC):
     """Weights of the rows of a data set, read by ranges of rows.
 
     Attributes
@@ -92,8 +93,9 @@ class WeightSource:
     shareable = True
     checked = False  # whether every value was checked already (then reads are not)
 
+    @abc.abstractmethod
     def _read(self, start, stop):
-        raise NotImplementedError
+        """The stored weights of rows ``start:stop`` (unchecked)."""
 
     def read(self, start, stop):
         """Weights of rows ``start:stop`` as float64, checked.
@@ -138,7 +140,7 @@ class WeightSource:
                 break
         return out
 
-    def close(self):
+    def close(self):  # noqa: B027 (a no-op for sources without file handles)
         """Release open file handles (reopened on the next read)."""
 
 

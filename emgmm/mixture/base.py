@@ -12,17 +12,19 @@ never over an ``n x K`` array:
   :class:`~emgmm.engine.update.MaximumLikelihood` or another rule with its own
   E-step parameters (per-component log offsets), parameters from statistics and
   lower bound (a variational posterior);
-- :meth:`BaseMixture._set_model`, :meth:`BaseMixture._fitted_model` and
-  :meth:`BaseMixture._n_parameters`: the fitted attributes and their count.
+- :meth:`BaseMixture._set_model` and :meth:`BaseMixture._fitted_model`: the fitted
+  attributes.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import TYPE_CHECKING, TypeVar, Union
 
 import numpy as np
@@ -57,7 +59,13 @@ from ..runtime.memory import (
 from ..runtime.worker_loss import explain_worker_loss
 from .initialization import init_sample, subsample_indices
 from .online import OnlineMixin, initial_model, shared_weights
-from .validation import check_attributes_hold, check_variances_fit, validate_params
+from .validation import (
+    Interval,
+    StrOptions,
+    check_attributes_hold,
+    check_variances_fit,
+    validate_params,
+)
 
 if TYPE_CHECKING:
     import h5py
@@ -177,20 +185,48 @@ class FitPlan:
     schedule: str = "rows"
 
 
-class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
+class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMeta):
     """Base class of the mixture estimators fitted by blocked EM over a source.
 
     Subclasses define ``__init__`` (scikit-learn's conventions), the
-    ``_parameter_constraints`` dict, and the hooks of the module notes; they
-    must have the parameters ``n_components``, ``covariance_type``, ``tol``,
-    ``reg_covar``, ``max_iter``, ``n_init``, ``random_state``, ``warm_start``,
-    ``verbose``, ``verbose_interval``, ``n_jobs``, ``working_memory``,
-    ``block_size``, ``memory_limit``, ``schedule``, ``compute_dtype``,
-    ``resp_threshold``, ``on_degenerate``, ``callback``, ``checkpoint`` and
-    ``checkpoint_interval`` (see :class:`~emgmm.GaussianMixture`).
+    ``_parameter_constraints`` dict, and the abstract hooks of the module notes
+    (``abc.abstractmethod``, as in scikit-learn's ``BaseMixture``); they
+    must have the parameters of the base's ``_parameter_constraints``, which they
+    extend, and ``covariance_type`` and ``on_degenerate`` (a parameter or a class
+    attribute; see :class:`~emgmm.GaussianMixture`).
     """
 
-    _parameter_constraints: dict = {}
+    #: The constraints of the parameters every subclass has (scikit-learn's
+    #: convention); a subclass extends the dict with those of its own parameters
+    #: (``covariance_type`` among them: the types it fits).
+    _parameter_constraints: dict = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0.0, None, closed="left")],
+        "reg_covar": [Interval(Real, 0.0, None, closed="left")],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
+        "n_init": [Interval(Integral, 1, None, closed="left")],
+        "init_params": [
+            StrOptions({"kmeans", "random", "random_from_data", "k-means++"})
+        ],
+        "random_state": ["random_state"],
+        "warm_start": ["boolean"],
+        "verbose": ["verbose"],
+        "verbose_interval": [Interval(Integral, 1, None, closed="left")],
+        # joblib gives 0 no meaning ("n_jobs == 0 in Parallel has no meaning")
+        "n_jobs": [Interval(Integral, None, -1, closed="right"),
+                   Interval(Integral, 1, None, closed="left"), None],
+        "temp_folder": [str, os.PathLike, None],
+        "working_memory": [Interval(Real, 0, None, closed="neither"), None],
+        "block_size": [Interval(Integral, 1, None, closed="left"), None],
+        "memory_limit": [Interval(Real, 0, None, closed="neither"), None],
+        "schedule": [StrOptions({"auto", "rows", "components", "pairs"})],
+        "init_max_samples": [Interval(Integral, 1, None, closed="left")],
+        "compute_dtype": [StrOptions({"float32", "float64"}), None],
+        "resp_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
+        "callback": [callable, None],
+        "checkpoint": [str, os.PathLike, None],
+        "checkpoint_interval": [Interval(Real, 0.0, None, closed="left")],
+    }
     #: scikit-learn's estimator keeps float32 data's dtype in its outputs.
     _keeps_float32 = True
     # ``out=`` is where a method writes, not metadata for scikit-learn's routing
@@ -261,17 +297,17 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ hooks
 
+    @abc.abstractmethod
     def _check_initial_parameters(self, n_features):
         """Validated copies of the user-given initial parameters (never stored on
         self), handed to :meth:`_initial_model`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _initial_model(self, source, random_state, inits, block_size,
                        sample_weights=None):
         """The starting :class:`~emgmm.engine.model.Model` of one initialisation
         (``sample_weights``: a :class:`~emgmm.io.weights.WeightSource` of the
         rows' weights, or ``None``)."""
-        raise NotImplementedError
 
     def _init_sample(self, source, random_state, block_size, sample_weights=None):
         """``(rows, their weights or None)`` the initialisation sees: all rows, or
@@ -305,13 +341,13 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         and the lower bound (default: maximum likelihood)."""
         return MaximumLikelihood()
 
+    @abc.abstractmethod
     def _fitted_model(self):
         """The fitted attributes as a float64 :class:`~emgmm.engine.model.Model`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _set_model(self, model, dtype, precisions):
         """Store the fitted ``model`` as attributes of ``dtype``."""
-        raise NotImplementedError
 
     #: Whether float64 ``precisions_`` are formed on first access: then
     #: :meth:`_set_model` gets ``precisions=None`` for them.
@@ -321,10 +357,6 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator):
         """The precisions of the factors ``precisions_cholesky`` (attributes'
         dtype), as :meth:`_set_model` stores them."""
         return self._kind().precisions_from_cholesky(np.asarray(precisions_cholesky))
-
-    def _n_parameters(self):
-        """Free parameters of the fitted model."""
-        raise NotImplementedError
 
     def _current_model(self):
         """The fitted parameters to warm-start from, checked against the parameters.
@@ -511,7 +543,7 @@ h5py.Dataset or None, default=None
         do_init = (first if stream
                    else not (self.warm_start and hasattr(self, "converged_")))
         random_state = check_random_state(self.random_state)
-        executor = Executor(source, self.n_jobs)
+        executor = Executor(source, self.n_jobs, self.temp_folder)
         if getattr(self.callback, "wants_progress", False):
             executor.on_task = self._task_callback
         kind = self._kind()

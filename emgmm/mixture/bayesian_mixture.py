@@ -19,21 +19,12 @@ from ..engine.variational import (
     update_posterior,
 )
 from .base import BaseMixture, DataLike
-from .gaussian_mixture import GaussianMixture
 from .initialization import (
     initial_responsibilities,
     parameters_from_responsibilities,
 )
 from .validation import Interval, StrOptions
 
-#: GaussianMixture's parameters that this estimator shares, validated the same way.
-_SHARED = (
-    "n_components", "covariance_type", "tol", "reg_covar", "max_iter", "n_init",
-    "init_params", "random_state", "warm_start", "verbose", "verbose_interval",
-    "n_jobs", "working_memory", "block_size", "memory_limit", "schedule",
-    "init_max_samples", "compute_dtype", "resp_threshold", "callback", "checkpoint",
-    "checkpoint_interval",
-)
 _POSITIVE = Interval(Real, 0.0, None, closed="neither")
 
 
@@ -98,6 +89,9 @@ default='dirichlet_process'
         Iterations between two messages.
     n_jobs : int or None, default=None
         As :class:`emgmm.GaussianMixture`'s: joblib's meaning, ``1`` one core.
+    temp_folder : str, os.PathLike or None, default=None
+        Folder of the fit's temporary files with process workers, as
+        :class:`emgmm.GaussianMixture`'s.
     working_memory : float or None, default=None
         MiB per worker for one block, as :class:`emgmm.GaussianMixture`'s.
     block_size : int or None, default=None
@@ -159,7 +153,7 @@ default='dirichlet_process'
     #: scikit-learn's BayesianGaussianMixture returns float64 for float32 data.
     _keeps_float32 = False
     _parameter_constraints: dict = {  # noqa: RUF012 (scikit-learn's convention)
-        **{name: GaussianMixture._parameter_constraints[name] for name in _SHARED},
+        **BaseMixture._parameter_constraints,
         "covariance_type": [StrOptions({name for name, kind in REGISTRY.items()
                                         if kind.variational})],
         "weight_concentration_prior_type": [StrOptions(set(PRIOR_TYPES))],
@@ -179,10 +173,10 @@ default='dirichlet_process'
                  weight_concentration_prior=None, mean_precision_prior=None,
                  mean_prior=None, degrees_of_freedom_prior=None, covariance_prior=None,
                  random_state=None, warm_start=False, verbose=0, verbose_interval=10,
-                 n_jobs=None, working_memory=None, block_size=None, memory_limit=None,
-                 schedule="auto", init_max_samples=100_000, compute_dtype=None,
-                 resp_threshold=1e-20, callback=None, checkpoint=None,
-                 checkpoint_interval=0.0):
+                 n_jobs=None, temp_folder=None, working_memory=None, block_size=None,
+                 memory_limit=None, schedule="auto", init_max_samples=100_000,
+                 compute_dtype=None, resp_threshold=1e-20, callback=None,
+                 checkpoint=None, checkpoint_interval=0.0):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -201,6 +195,7 @@ default='dirichlet_process'
         self.verbose = verbose
         self.verbose_interval = verbose_interval
         self.n_jobs = n_jobs
+        self.temp_folder = temp_folder
         self.working_memory = working_memory
         self.block_size = block_size
         self.memory_limit = memory_limit

@@ -103,6 +103,13 @@ default='kmeans'
         worker, the blocks of a pass run in threads of this process with one BLAS
         thread each (the same result bit for bit). ``1`` means one core: blocks one
         after the other, BLAS on one thread. See the user guide, "Parallelism".
+    temp_folder : str, os.PathLike or None, default=None
+        Folder of the fit's temporary files with process workers (a copy of
+        in-memory data, shared arrays); joblib's ``temp_folder`` of ``Parallel``,
+        whose memory-mapping folders go inside. ``None``: ``JOBLIB_TEMP_FOLDER``,
+        else the system temporary folder (the model shared under
+        ``schedule='pairs'``: ``/dev/shm`` where it has room). joblib offers no
+        public getter of ``parallel_config(temp_folder=...)``, so it is not read.
     working_memory : float or None, default=None
         Memory for one block's working set, in MiB, per worker. ``None`` uses
         ``sklearn.get_config()["working_memory"]`` (1024 by default).
@@ -262,37 +269,13 @@ default='kmeans'
     """
 
     _parameter_constraints: dict = {
-        "n_components": [Interval(Integral, 1, None, closed="left")],
+        **BaseMixture._parameter_constraints,
         "covariance_type": [StrOptions(REGISTRY)],
         "n_factors": [Interval(Integral, 0, None, closed="left")],
-        "tol": [Interval(Real, 0.0, None, closed="left")],
-        "reg_covar": [Interval(Real, 0.0, None, closed="left")],
-        "max_iter": [Interval(Integral, 0, None, closed="left")],
-        "n_init": [Interval(Integral, 1, None, closed="left")],
-        "init_params": [
-            StrOptions({"kmeans", "random", "random_from_data", "k-means++"})
-        ],
         "weights_init": ["array-like", None],
         "means_init": ["array-like", None],
         "precisions_init": ["array-like", None],
-        "random_state": ["random_state"],
-        "warm_start": ["boolean"],
-        "verbose": ["verbose"],
-        "verbose_interval": [Interval(Integral, 1, None, closed="left")],
-        # joblib gives 0 no meaning ("n_jobs == 0 in Parallel has no meaning")
-        "n_jobs": [Interval(Integral, None, -1, closed="right"),
-                   Interval(Integral, 1, None, closed="left"), None],
-        "working_memory": [Interval(Real, 0, None, closed="neither"), None],
-        "block_size": [Interval(Integral, 1, None, closed="left"), None],
-        "memory_limit": [Interval(Real, 0, None, closed="neither"), None],
-        "schedule": [StrOptions({"auto", "rows", "components", "pairs"})],
-        "init_max_samples": [Interval(Integral, 1, None, closed="left")],
-        "compute_dtype": [StrOptions({"float32", "float64"}), None],
-        "resp_threshold": [Interval(Real, 0.0, 1.0, closed="left")],
         "on_degenerate": [StrOptions({"reinit", "raise"})],
-        "callback": [callable, None],
-        "checkpoint": [str, os.PathLike, None],
-        "checkpoint_interval": [Interval(Real, 0.0, None, closed="left")],
         "learning_decay": [Interval(Real, 0.5, 1.0, closed="right")],
         "learning_offset": [Interval(Real, 0.0, None, closed="left")],
     }
@@ -316,6 +299,7 @@ default='kmeans'
         verbose: int = 0,
         verbose_interval: int = 10,
         n_jobs: int | None = None,
+        temp_folder: str | os.PathLike[str] | None = None,
         working_memory: float | None = None,
         block_size: int | None = None,
         memory_limit: float | None = None,
@@ -346,6 +330,7 @@ default='kmeans'
         self.verbose = verbose
         self.verbose_interval = verbose_interval
         self.n_jobs = n_jobs
+        self.temp_folder = temp_folder
         self.working_memory = working_memory
         self.block_size = block_size
         self.memory_limit = memory_limit

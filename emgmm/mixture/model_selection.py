@@ -33,8 +33,8 @@ CRITERIA = ("bic", "aic")
 #: GaussianMixture's parameters that every candidate shares (passed through as given).
 SHARED_PARAMETERS = (
     "tol", "reg_covar", "max_iter", "n_init", "init_params", "random_state",
-    "n_jobs", "working_memory", "block_size", "memory_limit", "init_max_samples",
-    "compute_dtype", "resp_threshold", "on_degenerate",
+    "n_jobs", "temp_folder", "working_memory", "block_size", "memory_limit",
+    "init_max_samples", "compute_dtype", "resp_threshold", "on_degenerate",
 )
 #: Fitted attributes of the chosen candidate that the selector exposes as its own.
 FITTED_ATTRIBUTES = (
@@ -103,6 +103,9 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
         An integer gives every candidate the fit it would have alone.
     n_jobs : int or None, default=None
         Workers for the shared passes, as :class:`emgmm.GaussianMixture`'s.
+    temp_folder : str, os.PathLike or None, default=None
+        Folder of the fit's temporary files with process workers, as
+        :class:`emgmm.GaussianMixture`'s.
     working_memory : float or None, default=None
         MiB per worker for one block, as :class:`emgmm.GaussianMixture`'s.
     block_size : int or None, default=None
@@ -162,7 +165,8 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
     def __init__(self, min_components=1, max_components=10, *, covariance_type="full",
                  criterion="bic", tol=1e-3, reg_covar=1e-6, max_iter=100, n_init=1,
                  init_params="kmeans", random_state=None, n_jobs=None,
-                 working_memory=None, block_size=None, memory_limit=None,
+                 temp_folder=None, working_memory=None, block_size=None,
+                 memory_limit=None,
                  init_max_samples=100_000, compute_dtype=None, resp_threshold=1e-20,
                  on_degenerate="reinit", verbose=0):
         self.min_components = min_components
@@ -176,6 +180,7 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
         self.init_params = init_params
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.temp_folder = temp_folder
         self.working_memory = working_memory
         self.block_size = block_size
         self.memory_limit = memory_limit
@@ -480,7 +485,7 @@ def fit_side_by_side(candidates, X):
         out_dtype = first._output_dtype(compute_dtype, source.dtype)
         block_size = min(c._block_size(source) for c in candidates)
         tasks = partition(n, block_size)
-        executor = Executor(source, first.n_jobs)
+        executor = Executor(source, first.n_jobs, first.temp_folder)
         widest = max(candidates, key=lambda c: c.n_components)
         if not row_threads_worthwhile(n, len(tasks), widest.n_components, d,
                                       widest._kind()):

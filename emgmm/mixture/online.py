@@ -29,7 +29,7 @@ from ..engine.update import MaximumLikelihood
 from ..io.checkpoint import checkpoint_path
 from ..io.stream_checkpoint import read_stream, stream_fingerprint, write_stream
 from ..io.weights import ArrayWeights, dump_weights
-from ..runtime.executor import joblib_temp_folder, make_temp_folder
+from ..runtime.executor import make_temp_folder
 from ..runtime.worker_loss import explain_worker_loss
 from .validation import check_attributes_hold
 
@@ -39,7 +39,7 @@ _MODEL_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
 @contextmanager
 def shared_weights(executor, weights):
     """``weights`` as the tasks of an entered ``executor`` read them: in-memory
-    weights are written once to a ``.npy`` file in joblib's temporary folder for
+    weights are written once to a ``.npy`` file in the fit's temporary folder for
     process workers (removed on exit), file-backed ones travel by reference.
 
     Raises
@@ -57,7 +57,7 @@ def shared_weights(executor, weights):
     if not isinstance(weights, ArrayWeights):
         yield weights
         return
-    folder = make_temp_folder(joblib_temp_folder(), 8 * weights.n_samples,
+    folder = make_temp_folder(executor.temp_folder, 8 * weights.n_samples,
                               "sharing sample_weight with the workers")
     try:
         yield dump_weights(weights, folder)

@@ -38,17 +38,27 @@ _STRAY = re.compile(rf"^{TEMP_PREFIX}(\d+)-([0-9a-f]{{8}})-[0-9a-f]+$")
 _STRAY_UNTAGGED = re.compile(rf"^{TEMP_PREFIX}(\d+)-[0-9a-f]{{12}}$")
 
 
-def joblib_temp_folder():
-    """The folder joblib would memory-map into: parallel_config(temp_folder=...),
-    else ``JOBLIB_TEMP_FOLDER``, else the system temporary folder (on disk, so the
-    copy of an in-memory array does not take memory). A path-like setting is taken
-    as its ``os.fspath``."""
-    from joblib import parallel as _jp
+def joblib_temp_folder(temp_folder=None):
+    """The folder a fit's temporary files go into: ``temp_folder`` (the estimators'
+    parameter, joblib's ``temp_folder`` of ``Parallel``) when given, else the
+    ``JOBLIB_TEMP_FOLDER`` environment variable, else the system temporary folder
+    (``tempfile.gettempdir()``: on disk, so the copy of an in-memory array does not
+    take memory), as joblib documents its own choice.
 
-    config = getattr(_jp._backend, "config", {})
-    folder = config.get("temp_folder")
-    if isinstance(folder, (str, os.PathLike)):
-        return os.fspath(folder)
+    joblib has no public getter of ``parallel_config(temp_folder=...)``, so that
+    setting is not read here; the estimators take the folder as a parameter.
+
+    Parameters
+    ----------
+    temp_folder : str, os.PathLike or None
+        A path-like folder is taken as its ``os.fspath``.
+
+    Returns
+    -------
+    str
+    """
+    if temp_folder is not None:
+        return os.fspath(temp_folder)
     return os.environ.get("JOBLIB_TEMP_FOLDER") or tempfile.gettempdir()
 
 
@@ -59,18 +69,15 @@ def joblib_temp_folder():
 SHARED_MEMORY = "/dev/shm"
 
 
-def shared_memory_folder(nbytes):
+def shared_memory_folder(nbytes, temp_folder=None):
     """The parent folder of files that worker processes map and write on every pass
-    (the model of a fit): joblib's temporary folder when one is set
-    (``parallel_config(temp_folder=...)`` or ``JOBLIB_TEMP_FOLDER``), else
-    ``SHARED_MEMORY`` where it exists with room for ``nbytes`` and a quarter more
-    (its pages are memory, written back to no disk; as joblib's own default for
-    its memory maps), else the system temporary folder."""
-    from joblib import parallel as _jp
-
-    config = getattr(_jp._backend, "config", {})
-    if config.get("temp_folder") is not None or os.environ.get("JOBLIB_TEMP_FOLDER"):
-        return joblib_temp_folder()
+    (the model of a fit): the temporary folder when one is set (``temp_folder`` or
+    ``JOBLIB_TEMP_FOLDER``, see :func:`joblib_temp_folder`), else ``SHARED_MEMORY``
+    where it exists with room for ``nbytes`` and a quarter more (its pages are
+    memory, written back to no disk; as joblib's own default for its memory maps),
+    else the system temporary folder."""
+    if temp_folder is not None or os.environ.get("JOBLIB_TEMP_FOLDER"):
+        return joblib_temp_folder(temp_folder)
     try:
         if (os.access(SHARED_MEMORY, os.W_OK)
                 and shutil.disk_usage(SHARED_MEMORY).free > 1.25 * nbytes + 2**20):
@@ -143,8 +150,8 @@ def remove_stray_folders(parent):
 
 
 _HOW_TO_MOVE = (
-    "Point joblib elsewhere with the JOBLIB_TEMP_FOLDER environment variable or "
-    "joblib.parallel_config(temp_folder=...), or use n_jobs=1."
+    "Choose another folder with the estimator's temp_folder parameter or the "
+    "JOBLIB_TEMP_FOLDER environment variable, or use n_jobs=1."
 )
 # only where the folder would hold a copy of an in-memory X
 _OR_FILE_BACKED = (" Or pass X as a file-backed source (.npy or HDF5): the workers "
@@ -285,9 +292,13 @@ class Executor:
     n_jobs : int or None
         joblib's meaning; ``None`` follows ``joblib.parallel_config``. Capped by
         :func:`core_budget` when this process is itself a joblib worker.
+    temp_folder : str, os.PathLike or None, optional
+        The estimator's ``temp_folder`` (see :func:`joblib_temp_folder`).
 
     Attributes
     ----------
+    temp_folder : str
+        Where the fit's temporary folders are created (:func:`joblib_temp_folder`).
     n_workers : int
     worker_source : Source
         What the tasks receive: never an in-memory array for process workers.
@@ -298,7 +309,7 @@ class Executor:
         ``n_jobs=1``, given or from ``joblib.parallel_config``, at the top level:
         the passes and this process's BLAS calls run on one thread while the
         executor is open (OpenBLAS's spare threads would otherwise contend for the
-        one core, 7.5x slower on a busy machine).
+        one core; user guide, "Parallelism").
     row_threads : int
         With ``n_jobs=None`` resolving to one worker at the top level, the threads
         of this process that run the tasks of a pass (one BLAS thread each):
@@ -312,9 +323,12 @@ class Executor:
         order (progress reporting).
     """
 
-    def __init__(self, source, n_jobs):
+    def __init__(self, source, n_jobs, temp_folder=None):
         self.source = source
         self.n_jobs = n_jobs
+        self.temp_folder = joblib_temp_folder(temp_folder)
+        # (the shared model goes to memory unless a folder was chosen)
+        self._given_temp_folder = temp_folder
         backend, config_n_jobs = get_active_backend()
         budget = core_budget(backend)
         n_workers = max(1, effective_n_jobs(n_jobs))
@@ -359,7 +373,7 @@ class Executor:
     def __enter__(self):
         # every fit sweeps what killed fits left where fits keep their folders
         # (a killed pairs fit's shared model may hold gigabytes of memory there)
-        for parent in {joblib_temp_folder(), SHARED_MEMORY}:
+        for parent in {self.temp_folder, SHARED_MEMORY}:
             remove_stray_folders(parent)
         self.uses_threads = self.row_threads > 0
         if self.n_workers > 1:
@@ -377,7 +391,7 @@ class Executor:
                     # (a copy on disk for data in memory; None and the source
                     # itself for sources that worker processes reopen)
                     self._folder, self.worker_source = self.source.copy_for_workers(
-                        joblib_temp_folder())
+                        self.temp_folder)
                 # results stream back in order; backends that cannot stream
                 # (multiprocessing) return the list
                 streams = getattr(backend, "supports_return_generator", False)
@@ -460,7 +474,7 @@ class Executor:
         """The folder given to joblib as ``temp_folder``: ``joblib/`` in this fit's
         temporary folder (created on first use)."""
         if self._folder is None:
-            self._folder = make_temp_folder(joblib_temp_folder(), 0,
+            self._folder = make_temp_folder(self.temp_folder, 0,
                                             "joblib's memmapping folder")
         return os.path.join(self._folder, "joblib")
 
@@ -510,7 +524,7 @@ class Executor:
         if (isinstance(value, np.ndarray) and not isinstance(value, np.memmap)
                 and value.nbytes > SHARE_BYTES):
             if self._folder is None:
-                self._folder = make_temp_folder(joblib_temp_folder(), value.nbytes,
+                self._folder = make_temp_folder(self.temp_folder, value.nbytes,
                                                 "sharing the model with the workers")
             path = os.path.join(self._folder, f"arg-{uuid.uuid4().hex[:12]}.npy")
             self._shared.append(path)
@@ -552,7 +566,8 @@ class Executor:
         """
         if self.in_process:
             return None
-        folder = make_temp_folder(shared_memory_folder(nbytes), nbytes, what)
+        folder = make_temp_folder(
+            shared_memory_folder(nbytes, self._given_temp_folder), nbytes, what)
         self._extra_folders.append(folder)
         return folder
 

@@ -185,10 +185,9 @@ TARGET_BLOCKS = 64
 MIN_BLOCK_ROWS = 8192
 #: 'diag' and 'spherical' blocks stay within this working set: their passes are a few
 #: products and element-wise sweeps bound by memory traffic, faster when a block's
-#: arrays stay in cache; they have no per-block model work. Measured on [1M, 64],
-#: K=64, 2 row threads: 15% less time per iteration than 128 MiB blocks on an Intel
-#: machine, and on an AMD EPYC one (1 MiB L2 per core) 0.78 s against 0.91 s at 32 MiB
-#: and 0.85 s at 8 MiB (smaller blocks pay more per-block overhead).
+#: arrays stay in cache; they have no per-block model work. Smaller blocks pay more
+#: per-block overhead (benchmarks/README.md, "Measurements behind the tuning
+#: constants").
 STREAMING_BLOCK_MIB = 16
 #: The number of blocks is rounded up to a multiple of this (equal shares for 2, 4
 #: and 8 workers), whatever ``n_jobs`` is.
@@ -247,8 +246,8 @@ def tasks_are_tiny(n_samples, n_tasks, n_components, n_features, covariance_type
     """Whether a task of rows does fewer than ``ROW_THREAD_MIN_WORK`` multiply-adds.
 
     Such tasks run with one BLAS thread wherever they run: their products are so
-    small that a second BLAS thread costs more than it saves (measured 3.4x slower
-    with two threads at [60k, 8], K=6 'full').
+    small that a second BLAS thread costs more than it saves (benchmarks/README.md,
+    "Measurements behind the tuning constants").
 
     Parameters
     ----------
