@@ -12,7 +12,6 @@ import pytest
 from helpers import not_converging, random_spd
 
 from emgmm import GaussianMixture
-from emgmm.covariance import drift as drift_module
 from emgmm.covariance.drift import metric_drift
 from emgmm.covariance.screen import ProjectionScreen, component_screen, factor_norms
 from emgmm.engine import carried_bounds
@@ -69,11 +68,9 @@ def adversarial_rows(rng, U_old, U_new, mu, n):
 
 
 @pytest.mark.parametrize("d", [5, 40, 300])
-@pytest.mark.parametrize("eigen", [True, False])
-def test_moved_distances_are_below_the_exact_ones(d, eigen, monkeypatch):
-    """sqrt(m') >= s sqrt(m) - e ||x|| - shift for every row, with the terms of the
-    eigensolver and of the norm, against long double."""
-    monkeypatch.setattr(drift_module, "EIGEN_FEATURES", 10**6 if eigen else 0)
+def test_moved_distances_are_below_the_exact_ones(d):
+    """sqrt(m') >= s sqrt(m) - e ||x|| - shift for every row, against long
+    double."""
     rng = np.random.default_rng(d)
     for U_old, U_new, mu_old, mu_new in moves(rng, d):
         drift = metric_drift(U_old, U_new, mu_old, mu_new, factor_norms(U_old)[0],
@@ -97,7 +94,7 @@ def test_a_small_step_keeps_the_bound_tight():
     mu = rng.normal(size=d)
     drift = metric_drift(U, U_new, mu, mu + 1e-4, factor_norms(U)[0],
                          factor_norms(U_new)[0])
-    assert drift.scale > 0.999
+    assert drift.scale > 0.99
     assert drift.shift < 1e-2 and drift.error < 1e-9
 
 
@@ -262,5 +259,6 @@ def test_a_long_fit_screens_most_rows_by_their_carried_bounds(monkeypatch):
 def test_carried_bounds_pay_only_where_they_save_work(monkeypatch):
     monkeypatch.setattr(carried_bounds, "CARRY", None)
     assert carried_bounds.carry_pays(1_000_000, 900, 4)
-    assert not carried_bounds.carry_pays(20_000, 900, 4)
+    assert not carried_bounds.carry_pays(200_000, 900, 4)
     assert carried_bounds.carry_pays(50_000, 196, 4)
+    assert not carried_bounds.carry_pays(10_000, 196, 4)

@@ -10,8 +10,10 @@ With the old mean and upper precision factor ``(mu, U)``, the new ``(mu', U')``,
 so ``sqrt(m'_x) >= s sqrt(m_x) - e (||x|| + ||mu||) - t`` with ``s <=
 sigma_min(Ahat)``, ``e >= ||F||_2`` and ``t >= ||(mu' - mu) U'||``. Since
 ``Ahat^T Ahat = I + E + E^T + E^T E`` for ``E = Ahat - I``, ``sigma_min(Ahat)^2 >= 1
-+ lambda_min(E + E^T)``: tight when the metric changes little, as it does from one
-EM iteration to the next. Every term is rounded so that the inequality holds for the
+- ||E + E^T||_2``: tight when the metric changes little, as it does from one EM
+iteration to the next (an eigensolver's ``lambda_min(E + E^T)`` would be tighter
+still, but costs four times the solve and kept no more rows carried on image
+patches). Every term is rounded so that the inequality holds for the
 stored arrays (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002: eq.
 3.5 for products, Thm. 8.5 and Sec. 13.1 for the triangular solve).
 
@@ -22,15 +24,10 @@ Pure functions of one component's arrays; the solve releases the GIL
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import eigvalsh
 
 from ..runtime.lapack import trsm_right_lower
 from .log_density import _gamma
 
-#: Up to this many features ``lambda_min(E + E^T)`` comes from a symmetric
-#: eigensolver (``~4 d^3 / 3`` flops, close to exact); beyond, from a norm of ``E +
-#: E^T`` (``O(d^2)``, looser), so that the terms cost about the solve's ``d^3 / 3``.
-EIGEN_FEATURES = 256
 _U64 = np.finfo(np.float64).eps / 2
 #: Relative slack for the rounding of the norms and sums below (each far below it
 #: for any ``d`` up to ~10^5).
@@ -49,8 +46,8 @@ class Drift:
 
 
 def drift_flops(d):
-    """Flops of :func:`metric_drift` at ``d`` features."""
-    return d ** 3 / 3 + (4 * d ** 3 / 3 if d <= EIGEN_FEATURES else 0.0)
+    """Flops of :func:`metric_drift` at ``d`` features (the solve's)."""
+    return d ** 3 / 3
 
 
 def metric_drift(u_old, u_new, mean_old, mean_new, u_norm_old, u_norm_new):
@@ -86,23 +83,15 @@ def metric_drift(u_old, u_new, mean_old, mean_new, u_norm_old, u_norm_new):
 
 
 def _scale(a_hat):
-    """A lower bound of ``sigma_min(a_hat)`` from ``1 + lambda_min(E + E^T)``.
-
-    ``fl(E + E^T)`` is within ``2u |S|`` of ``S = E + E^T`` entrywise; the
-    eigensolver's smallest eigenvalue is within ``p(d) u ||S||_2`` of the exact
-    one (a backward-stable solver: Demmel, *Applied Numerical Linear Algebra*,
-    1997, Sec. 5.2), taken here with the generous ``p(d) = d^2``.
-    """
+    """A lower bound of ``sigma_min(a_hat)``: ``sqrt(1 - ||S||_2)`` for ``S = E +
+    E^T``, ``||S||_2 <= min(||S||_F, ||S||_inf)``, ``fl(S)`` within ``2u |S|`` of
+    ``S`` entrywise."""
     d = a_hat.shape[0]
     s = a_hat + a_hat.T
     s.flat[::d + 1] -= 2.0
     s_norm = np.sqrt(np.einsum("ij,ij->", s, s)) * (1.0 + _SLACK)
     if not np.isfinite(s_norm):
         return 0.0
-    if d <= EIGEN_FEATURES:
-        low = eigvalsh(s, subset_by_index=[0, 0])[0] - (d * d + 3) * _U64 * s_norm
-    else:
-        inf_norm = np.abs(s).sum(axis=1).max() * (1.0 + _SLACK)
-        low = -(min(s_norm, inf_norm) + 3 * _U64 * s_norm)
-    square = (1.0 + low) * (1.0 - 4 * _U64)
+    inf_norm = np.abs(s).sum(axis=1).max() * (1.0 + _SLACK)
+    square = (1.0 - min(s_norm, inf_norm) - 3 * _U64 * s_norm) * (1.0 - 4 * _U64)
     return float(np.sqrt(square) * (1.0 - 4 * _U64)) if square > 0.0 else 0.0

@@ -2,11 +2,12 @@
 schedule (:mod:`.pair_step`), so that most rows are screened without touching them.
 
 Each row ``i`` keeps its top component ``c_i`` and, per group ``g`` of components
-(fixed for the run), ``b_ig <= min_{k in g, k != c_i} sqrt(m_ik)`` under the model
-of the last E step (float32, rounded down), with ``||x_i||`` (rounded up). When the
-model moves, each component's :class:`~emgmm.covariance.drift.Drift` moves the bound
-of its group (Elkan 2003; Hamerly 2010; Ding et al., *Yinyang K-means*, ICML 2015,
-for the grouping), here in each component's own metric::
+(of nearby offsets, fixed while rows carry bounds), ``b_ig <= min_{k in g, k != c_i}
+sqrt(m_ik)`` under the model of the last E step (float32, rounded down), with
+``||x_i||`` (rounded up). When the model moves, each component's
+:class:`~emgmm.covariance.drift.Drift` moves the bound of its group (Elkan 2003;
+Hamerly 2010; Ding et al., *Yinyang K-means*, ICML 2015, for the grouping), here in
+each component's own metric::
 
     b'_ig = s_g b_ig - e_g ||x_i|| - f_g,   s_g = min s_k, e_g = max e_k,
                                              f_g = max shift_k  over k in g
@@ -27,16 +28,19 @@ import numpy as np
 
 from ..covariance.drift import drift_flops
 
-#: Components per group (the state holds ``n x ceil(K / GROUP_SIZE)`` bounds).
-GROUP_SIZE = 10
+#: Components per group on average (the state holds ``n x ceil(K / GROUP_SIZE)``
+#: bounds).
+GROUP_SIZE = 5
 #: A component whose ``s_k`` is below this is screened afresh (its bounds would
 #: shrink too fast to reject anything).
 FRESH_SCALE = 0.8
 #: Carried bounds are used when the projections they save (``2 n d p`` flops per
-#: component) are this many times the drift terms' cost; ``True`` or ``False``
-#: forces them on or off (for the tests).
+#: component, at the GEMM rate) are ``_PAYBACK`` times the drift terms' solve
+#: (``d^3 / 3`` flops, at about a ``_SOLVE_RATE`` of that rate); ``True`` or
+#: ``False`` forces them on or off (for the tests).
 CARRY = None
 _PAYBACK = 2.0
+_SOLVE_RATE = 0.25
 _SLACK = 1e-12
 _U64 = np.finfo(np.float64).eps / 2
 
@@ -46,20 +50,47 @@ def carry_pays(n_samples, n_features, p):
     :data:`CARRY` when set)."""
     if CARRY is not None:
         return bool(CARRY)
-    return 2.0 * n_samples * n_features * p >= _PAYBACK * drift_flops(n_features)
+    return (2.0 * n_samples * n_features * p * _SOLVE_RATE
+            >= _PAYBACK * drift_flops(n_features))
 
 
-def component_groups(means, size=GROUP_SIZE, seed=0):
-    """Groups of about ``size`` components whose means lie close together
-    (k-means of the means, a fixed seed), as (K,) int32 labels."""
-    from sklearn.cluster import KMeans
+def component_groups(offset, n_groups):
+    """At most ``n_groups`` groups of components of nearby screen offsets ``offset``
+    (K,) (log weight and log-determinant, which differ by thousands of nats
+    between flat and textured image patches), as (K,) int32 labels.
 
-    K = means.shape[0]
-    n_groups = max(1, -(-K // size))
-    if n_groups == 1:
-        return np.zeros(K, np.int32)
-    labels = KMeans(n_groups, n_init=1, random_state=seed).fit(means).labels_
-    return np.unique(labels, return_inverse=True)[1].astype(np.int32)
+    A group's bound ``o_g - b_ig^2 / 2`` takes its largest offset with its nearest
+    member's distance, so it is as tight as its offsets are close: the groups are
+    the bins of the sorted offsets of the least width that needs at most
+    ``n_groups`` bins (bisection on the width, a greedy binning for each)."""
+    order = np.argsort(offset, kind="stable")
+    sorted_offsets = np.asarray(offset, dtype=np.float64)[order]
+    finite = sorted_offsets[np.isfinite(sorted_offsets)]
+    low, high = 0.0, float(np.ptp(finite)) if finite.size else 0.0
+    for _ in range(60):
+        width = 0.5 * (low + high)
+        if _bins(sorted_offsets, width)[-1] < n_groups:
+            high = width
+        else:
+            low = width
+    groups = np.empty(offset.size, np.int32)
+    groups[order] = _bins(sorted_offsets, high)
+    return groups
+
+
+def _bins(sorted_offsets, width):
+    """Greedy bins of ``width`` over sorted offsets: each bin starts at the first
+    offset beyond the last bin's start plus ``width`` (non-finite ones: one bin)."""
+    labels = np.empty(sorted_offsets.size, np.int32)
+    label, start = 0, None
+    for j, value in enumerate(sorted_offsets):
+        if start is not None and not value - start <= width:
+            label += 1
+            start = value
+        elif start is None:
+            start = value
+        labels[j] = label
+    return labels
 
 
 def rounded_down(values):

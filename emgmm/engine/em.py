@@ -229,7 +229,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
             "seconds": time.perf_counter() - tic,
             "reseeded": reseeded,
         }
-        for name in ("pairs_per_row", "rows_carried", "phase_seconds"):  # (pairs)
+        for name in ("pairs_per_row", "rows_carried", "rows_rescreened",
+                     "phase_seconds"):  # (the pairs schedule's)
             value = getattr(step, name, None)
             if value is not None:
                 record[name] = value

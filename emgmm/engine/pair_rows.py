@@ -5,14 +5,15 @@ and the E step of the rows that more than one component may explain.
   largest screen bound (its exact log-density is computed by the component that
   owns it, :func:`~emgmm.engine.pair_components.top_pairs_task`) and the second
   largest bound, which tells whether any other pair can matter.
-* :func:`rescreen_task`: the rows where one may (gathered by row, block by block),
+* :func:`rescreen_task`: the rows where one may (gathered, a block's size at a time),
   through the screened E step of
   :meth:`~emgmm.covariance.screen.ProjectionScreen.weighted_refined`: their kept
   ``(row, component, w_i r_ik)`` triples for the statistics, their log-likelihood
   and their worst-explained rows.
 
-Rows are gathered per block of the pass's fixed partition, so the products (and the
-results, bitwise) do not depend on how the blocks are grouped into tasks.
+Rows are read and gathered in partitions fixed by the data (blocks; runs of a block's
+size of the rescreened rows), so the products (and the results, bitwise) do not
+depend on how they are grouped into tasks.
 """
 
 from dataclasses import dataclass
@@ -233,7 +234,7 @@ def check_rows_explained(log_prob_norm, rows, source, dtype, means):
 def rescreen_task(source, groups, state, compute_dtype, margin, resp_threshold,
                   n_worst, carry=None, *, blas_threads):
     """The screened E step of gathered rows: for each of ``groups`` (the rows of
-    one block, ``(rows, weights or None)``), every pair that may lie within
+    one gather, ``(rows, weights or None)``), every pair that may lie within
     ``margin`` of its row's best computed exactly. With a :class:`CarryPlan`,
     the rows' carried bounds are built afresh (top, and the projection bounds of
     every other pair).

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..covariance.log_density import _shift, _use_packed, relevance_margin
 from ..covariance.screen import _SUBSPACE_STEPS
-from .carried_bounds import carry_pays, component_groups, group_terms
+from .carried_bounds import GROUP_SIZE, carry_pays, component_groups, group_terms
 from .pair_components import (
     ComponentRows,
     screen_terms_task,
@@ -126,6 +126,8 @@ class PairStep:
         #: (``None`` when the run carries none: :func:`~emgmm.engine.
         #: carried_bounds.carry_pays`).
         self.rows_carried = None
+        #: Share of the rows rescreened pair by pair in the last iteration.
+        self.rows_rescreened = None
         #: Pairs computed per row in the last iteration (the others were proven
         #: negligible without touching their rows).
         self.pairs_per_row = None
@@ -152,8 +154,7 @@ class PairStep:
                                               K, self.units)])
             screen.set_offsets(self.state.weights)
         if carry_pays(self.n_samples, d, self.state.p):
-            self.groups = component_groups(np.asarray(self.state.means))
-            n_groups = int(self.groups.max()) + 1
+            n_groups = -(-K // GROUP_SIZE)
             self.rows_folder = self.executor.shared_folder(
                 RowBounds.nbytes(self.n_samples, n_groups),
                 "the bounds the rows carry")
@@ -167,9 +168,11 @@ class PairStep:
         state, screen = self.state, self.state.screen()
         n_groups = self.rows.bounds.shape[1]
         fresh = np.flatnonzero(state.fresh)
+        reset = 2 * fresh.size > state.fresh.size
+        if reset or self.groups is None:  # (every row's bounds are built afresh)
+            self.groups = component_groups(np.array(screen.offset), n_groups)
         terms = group_terms(self.groups, n_groups, np.array(state.drift),
                             np.array(state.fresh), np.array(screen.offset))
-        reset = 2 * fresh.size > state.fresh.size
         return CarryPlan(self.rows, self.groups, n_groups, terms, fresh,
                          screen.subset(fresh) if fresh.size and not reset else None,
                          reset)
@@ -270,14 +273,14 @@ class PairStep:
 
     def _rescreen(self, others, row_weights, n_worst, carry):
         """The rescreened rows' triples (sorted by component), log-likelihood and
-        worst rows, gathered block by block."""
-        edges = np.searchsorted(others, [s for s, _ in self.blocks] + [self.n_samples])
+        worst rows, gathered ``block_size`` rows at a time (a partition fixed by the
+        rows, whatever the tasks: each gather's per-component products are the
+        same for any number of workers)."""
         groups = []
-        for a, b in zip(edges[:-1], edges[1:], strict=True):
-            rows = others[a:b]
+        for a in range(0, others.size, self.block_size):
+            rows = others[a:a + self.block_size]
             groups.append((rows, None if row_weights is None else row_weights[rows]))
-        tasks = [[g for g in groups[a:b] if g[0].size]
-                 for a, b in contiguous_ranges(len(groups), self.units)]
+        tasks = [groups[a:b] for a, b in contiguous_ranges(len(groups), self.units)]
         parts = self._map(rescreen_task, [
             (task, self.state, self.compute_dtype, self.margin, self.resp_threshold,
              n_worst, carry) for task in tasks if task])
@@ -288,6 +291,7 @@ class PairStep:
             worst = worst.merge(p[2])
         # the top pair of every row, and the pairs the rescreened rows computed
         # beyond it
+        self.rows_rescreened = others.size / max(self.n_samples, 1)
         self.pairs_per_row = (self.n_samples - others.size
                               + sum(p[3] for p in parts)) / max(self.n_samples, 1)
         return triples, log_likelihood, worst
