@@ -14,7 +14,7 @@ from helpers import not_converging, random_spd
 from emgmm import GaussianMixture
 from emgmm.covariance.drift import metric_drift
 from emgmm.covariance.screen import ProjectionScreen, component_screen, factor_norms
-from emgmm.engine import carried_bounds
+from emgmm.engine import carried_bounds, pair_step
 from emgmm.engine.carried_bounds import (
     group_minima,
     group_terms,
@@ -262,3 +262,42 @@ def test_carried_bounds_pay_only_where_they_save_work(monkeypatch):
     assert not carried_bounds.carry_pays(200_000, 900, 4)
     assert carried_bounds.carry_pays(50_000, 196, 4)
     assert not carried_bounds.carry_pays(10_000, 196, 4)
+
+
+class Stop(Exception):
+    pass
+
+
+def test_large_row_bounds_live_in_a_file_that_goes_with_the_fit(tmp_path,
+                                                                 monkeypatch):
+    """Rows' bounds beyond ROWS_IN_MEMORY_BYTES (here 0) go to a file of the
+    temporary folder: the fit is the same bits as in memory, and the folder is
+    removed after it, also when the fit is interrupted."""
+    monkeypatch.setattr(carried_bounds, "CARRY", True)
+    rng = np.random.default_rng(7)
+    means = rng.normal(scale=3.0, size=(5, 100))
+    X = np.concatenate([m + rng.normal(size=(200, 100)) for m in means])
+    kw = dict(n_components=5, schedule="pairs", max_iter=5, tol=0.0, random_state=0)
+    with not_converging():
+        in_memory = GaussianMixture(**kw).fit(X)
+    monkeypatch.setattr(pair_step, "ROWS_IN_MEMORY_BYTES", 0)
+    seen = []
+
+    def watch(record):
+        if record["event"] == "iteration":
+            seen.append([p.name for p in tmp_path.iterdir()])
+
+    with not_converging():
+        in_file = GaussianMixture(**kw, temp_folder=tmp_path, callback=watch).fit(X)
+    assert seen and all(len(names) == 1 for names in seen), seen
+    assert not list(tmp_path.iterdir())
+    assert np.array_equal(in_file.means_, in_memory.means_)
+    assert in_file.lower_bounds_ == in_memory.lower_bounds_
+
+    def stop(record):
+        if record["event"] == "iteration" and record["n_iter"] == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        GaussianMixture(**kw, temp_folder=tmp_path, callback=stop).fit(X)
+    assert not list(tmp_path.iterdir())

@@ -56,6 +56,9 @@ from .passes import Worst
 WARM_STEPS = 0
 #: Component ranges per worker (or row thread): shares for a balanced load.
 RANGES_PER_WORKER = 4
+#: Beyond this many bytes, the rows' carried bounds of a fit whose tasks run in
+#: this process live in a file of the temporary folder, not in memory.
+ROWS_IN_MEMORY_BYTES = 64 * 2**20
 
 
 def pairs_apply(kind, n_components, n_features, resp_threshold):
@@ -155,10 +158,19 @@ class PairStep:
             screen.set_offsets(self.state.weights)
         if carry_pays(self.n_samples, d, self.state.p):
             n_groups = -(-K // GROUP_SIZE)
-            self.rows_folder = self.executor.shared_folder(
-                RowBounds.nbytes(self.n_samples, n_groups),
-                "the bounds the rows carry")
+            self.rows_folder = self._rows_folder(RowBounds.nbytes(self.n_samples,
+                                                                  n_groups))
             self.rows = RowBounds.allocate(self.n_samples, n_groups, self.rows_folder)
+
+    def _rows_folder(self, nbytes):
+        """Where the rows' bounds live: the workers' shared folder, a file of the
+        temporary folder when they are large (memory independent of ``n``), or
+        this process's memory."""
+        what = "the bounds the rows carry"
+        folder = self.executor.shared_folder(nbytes, what)
+        if folder is None and nbytes > ROWS_IN_MEMORY_BYTES:
+            folder = self.executor.file_folder(nbytes, what)
+        return folder
 
     def _carry_plan(self):
         """The :class:`~emgmm.engine.pair_rows.CarryPlan` of this iteration, or

@@ -571,8 +571,25 @@ class Executor:
         self._extra_folders.append(folder)
         return folder
 
+    def file_folder(self, nbytes, what):
+        """A new folder for ``nbytes`` of files in the fit's temporary folder
+        (:func:`joblib_temp_folder`, on disk: for per-row state that should not
+        take memory), also when the tasks run in this process; removed when the
+        executor exits.
+
+        Raises
+        ------
+        OSError
+            If that folder lacks the space (names it and how to change it).
+        """
+        folder = make_temp_folder(joblib_temp_folder(self._given_temp_folder),
+                                  nbytes, what)
+        self._extra_folders.append(folder)
+        return folder
+
     def remove_folder(self, folder):
-        """Remove a folder of :meth:`shared_folder` before the executor exits."""
+        """Remove a folder of :meth:`shared_folder` or :meth:`file_folder` before
+        the executor exits."""
         self._extra_folders.remove(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
