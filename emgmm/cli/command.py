@@ -26,7 +26,6 @@ from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.format import open_memmap
-from sklearn import get_config
 
 from ..covariance import REGISTRY
 from ..io.atomic import atomic_output, atomic_outputs, check_writable, reserved_file
@@ -436,53 +435,28 @@ def _cmd_score(args):
     return 0
 
 
-def _default_block_rows(n_features, n_components):
-    """Rows per block so one block and its K-column outputs fit working_memory."""
-    budget = get_config()["working_memory"] * 2**20
-    return max(1, int(budget // (8 * (n_features + 2 * n_components))))
-
-
 def _cmd_predict(args):
     _check_output(args.output, inputs=[("MODEL", args.model), ("DATA", args.data)])
     _check_suffix(args.output, "output", "NumPy .npy", ".npy")
     model = load_model(args.model)
-    n_samples, n_features = _data_shape(args.data, model.n_features_in_)
-    rows = args.block_size or _default_block_rows(n_features, model.n_components)
+    n_samples, _ = _data_shape(args.data, model.n_features_in_)
+    if args.block_size is not None:
+        model.set_params(block_size=args.block_size)
     if args.proba:
         shape, dtype = (n_samples, model.n_components), np.float64
         method = model.predict_proba
     else:
         shape, dtype, method = (n_samples,), np.int64, model.predict
-    with atomic_output(args.output) as tmp_path, _each_warning_once():
+    with atomic_output(args.output) as tmp_path:
         out = open_memmap(tmp_path, mode="w+", dtype=dtype, shape=shape)
         with open(tmp_path, "rb+") as fh:  # (sparse until then)
             reserve(fh.fileno(), os.fstat(fh.fileno()).st_size, args.output)
-        with as_source(args.data) as source:
-            for start, stop, block in source.blocks(rows):
-                out[start:stop] = method(block)
+        # one pass of the estimator's (its workers, its blocks) over the file,
+        # into the memory-mapped output
+        method(args.data, out=out)
         out.flush()
         del out
     return 0
-
-
-@contextlib.contextmanager
-def _each_warning_once():
-    """Show each warning (category and text) once, not once per block (e.g.
-    scikit-learn's about feature names, for a model fitted on a DataFrame). The
-    filters' own "once" and "default" cannot do it: every change of the filters
-    (any ``catch_warnings`` in the code called) clears their registries."""
-    seen = set()
-    show = warnings.showwarning
-
-    def show_once(message, category, *args, **kwargs):
-        key = (category, str(message))
-        if key not in seen:
-            seen.add(key)
-            show(message, category, *args, **kwargs)
-
-    with warnings.catch_warnings():
-        warnings.showwarning = show_once
-        yield
 
 
 def _write_npy(tmp_path, array, path):
@@ -636,8 +610,8 @@ def build_parser():
                          help="write float64 responsibilities "
                               "(n_samples, n_components) instead")
     predict.add_argument("--block-size", default=None, **_BLOCK_SIZE,
-                         help="rows read per block (default: from "
-                              "sklearn's working_memory)")
+                         help="rows read per block (default: the model's "
+                              "block_size, else from sklearn's working_memory)")
     predict.set_defaults(func=_cmd_predict)
 
     sample = sub.add_parser(

@@ -155,6 +155,26 @@ def release_after_pass(model, compute_dtype, block_rows):
         release_free_memory()
 
 
+def scored_blocks(source, start, stop, block_size, model, compute_dtype):
+    """Yield ``(b0, b1, log_prob_norm, log_resp)`` for the blocks of rows
+    ``start:stop``, evaluated as the last pass of ``fit`` evaluates them
+    (``SCORE_MARGIN``), each block's log-likelihoods checked finite
+    (:func:`check_explained`). ``log_resp`` is a work array that the next block
+    overwrites."""
+    prepared = model.prepare(compute_dtype)
+    for b0 in range(start, stop, block_size):
+        b1 = min(b0 + block_size, stop)
+        X = source.read(b0, b1, compute_dtype)
+        with borrow("resp", (b1 - b0, len(model.weights)), order="F") as out:
+            log_prob_norm, log_resp = estimate_log_prob_resp(
+                X, model.weights, model.means, model.precisions_cholesky,
+                model.covariance_type, SCORE_MARGIN, prepared, out,
+            )
+            del X  # before the next block is read
+            check_explained(log_prob_norm, b0, source, compute_dtype, model.means)
+            yield b0, b1, log_prob_norm, log_resp
+
+
 def score_task(source, start, stop, block_size, model, compute_dtype, want_labels,
                weights=None, *, blas_threads):
     """Summed (weighted) log-likelihood, and labels if asked, of rows
@@ -162,21 +182,44 @@ def score_task(source, start, stop, block_size, model, compute_dtype, want_label
     with limit_blas(blas_threads):
         total = 0.0
         labels = np.empty(stop - start, dtype=np.int64) if want_labels else None
-        for b0 in range(start, stop, block_size):
-            b1 = min(b0 + block_size, stop)
-            X = source.read(b0, b1, compute_dtype)
-            with borrow("resp", (b1 - b0, len(model.weights)), order="F") as out:
-                log_prob_norm, log_resp = estimate_log_prob_resp(
-                    X, model.weights, model.means, model.precisions_cholesky,
-                    model.covariance_type, SCORE_MARGIN, model.prepare(compute_dtype),
-                    out,
-                )
-                total += weighted_sum(
-                    None if weights is None else weights.read(b0, b1), log_prob_norm)
-                if want_labels:
-                    labels[b0 - start:b1 - start] = log_resp.argmax(axis=1)
-                del X, log_prob_norm, log_resp
+        for b0, b1, log_prob_norm, log_resp in scored_blocks(
+                source, start, stop, block_size, model, compute_dtype):
+            total += weighted_sum(
+                None if weights is None else weights.read(b0, b1), log_prob_norm)
+            if want_labels:
+                labels[b0 - start:b1 - start] = log_resp.argmax(axis=1)
     return total, labels
+
+
+def normalised_exp(log_resp):
+    """``exp(log_resp)`` with every row divided by its sum (in place of the exp)."""
+    resp = np.exp(log_resp)
+    resp /= resp.sum(axis=1, keepdims=True)
+    return resp
+
+
+#: The per-row outputs of :func:`output_task`, from a block's ``log p(x_i)`` and
+#: ``log r_ik``: (function, whether there is one column per component).
+ROW_OUTPUTS = {
+    "log_prob": (lambda log_prob_norm, _: log_prob_norm, False),
+    "labels": (lambda _, log_resp: log_resp.argmax(axis=1), False),
+    "proba": (lambda _, log_resp: normalised_exp(log_resp), True),
+}
+
+
+def output_task(source, start, stop, block_size, model, compute_dtype, output, dtype,
+                *, blas_threads):
+    """One of :data:`ROW_OUTPUTS` (``output``) for rows ``start:stop``, as an
+    array of ``dtype``: ``(stop - start,)``, or ``(stop - start, K)`` for
+    ``'proba'``."""
+    func, per_component = ROW_OUTPUTS[output]
+    width = (len(model.weights),) if per_component else ()
+    result = np.empty((stop - start,) + width, dtype)
+    with limit_blas(blas_threads):
+        for b0, b1, log_prob_norm, log_resp in scored_blocks(
+                source, start, stop, block_size, model, compute_dtype):
+            result[b0 - start:b1 - start] = func(log_prob_norm, log_resp)
+    return result
 
 
 def task_model(model, compute_dtype, prepare):
@@ -219,11 +262,35 @@ def score_pass(executor, tasks, block_size, model, compute_dtype, want_labels,
     model = task_model(model, compute_dtype, True)
     args = [(s, e, block_size, model, compute_dtype, want_labels, weights)
             for s, e in tasks]
-    total, parts = 0.0, []
-    for task_total, labels in executor.map(score_task, args):
+    n_samples = tasks[-1][1] if tasks else 0
+    total = 0.0
+    labels = np.empty(n_samples, dtype=np.int64) if want_labels else None
+    for (start, stop), (task_total, part) in zip(
+            tasks, executor.map(score_task, args), strict=True):
         total += task_total
-        parts.append(labels)
+        if want_labels:
+            labels[start:stop] = part
+    release_after_pass(model, compute_dtype, min(block_size, n_samples))
+    return total, labels
+
+
+def output_pass(executor, tasks, block_size, model, compute_dtype, output, out):
+    """One of :data:`ROW_OUTPUTS` (``output``) for all rows under ``model``, written
+    into ``out`` (``(n,)`` or ``(n, K)``, any dtype the values cast to) task by task
+    as the tasks finish, in order: the parent holds ``out`` and the tasks in flight,
+    whose size ``tasks`` bounds (:func:`~emgmm.runtime.memory.partition`'s
+    ``max_rows``).
+
+    Returns
+    -------
+    out : ndarray
+    """
+    model = task_model(model, compute_dtype, True)
+    args = [(s, e, block_size, model, compute_dtype, output, out.dtype)
+            for s, e in tasks]
+    for (start, stop), part in zip(tasks, executor.map(output_task, args),
+                                   strict=True):
+        out[start:stop] = part
     n_samples = tasks[-1][1] if tasks else 0
     release_after_pass(model, compute_dtype, min(block_size, n_samples))
-    labels = np.concatenate(parts) if want_labels else None
-    return total, labels
+    return out

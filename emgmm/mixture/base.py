@@ -38,22 +38,22 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ..covariance import get_covariance_type
 from ..engine.component_schedule import component_statistics_pass
 from ..engine.em import EMSettings, run_em
-from ..engine.estep import SCORE_MARGIN, estimate_log_prob_resp
 from ..engine.model import Model
 from ..engine.pair_step import PairStep, pairs_apply
-from ..engine.passes import check_explained, rows_statistics_pass, score_pass
+from ..engine.passes import output_pass, rows_statistics_pass, score_pass
 from ..engine.update import MaximumLikelihood
 from ..io.checkpoint import open_checkpointer
 from ..io.sources import ArraySource, as_source, is_file_backed
 from ..io.weights import as_weight_source, check_weights
-from ..runtime.blas import single_blas_thread
-from ..runtime.executor import Executor, means_one_core
+from ..runtime.executor import Executor
 from ..runtime.memory import (
+    OUTPUT_TASK_BYTES,
     block_rows,
     choose_schedule,
     max_row_tasks,
     partition,
     row_threads_worthwhile,
+    schedule_nbytes,
     tasks_are_tiny,
 )
 from ..runtime.worker_loss import explain_worker_loss
@@ -128,13 +128,6 @@ def _check_out(out, shape, dtype, method):
     return out
 
 
-def _normalised_exp(log_resp):
-    """``exp(log_resp)`` with every row divided by its sum (in place of the exp)."""
-    resp = np.exp(log_resp)
-    resp /= resp.sum(axis=1, keepdims=True)
-    return resp
-
-
 def _limit_threads(executor, schedule, n_samples, tasks, n_components, n_features,
                    kind):
     """Row threads only where their tasks are worth it (the pairs schedule's hold no
@@ -183,6 +176,20 @@ class FitPlan:
     score_pass: object = score_pass
     #: 'rows', 'components' or 'pairs' (:func:`~emgmm.runtime.memory.choose_schedule`).
     schedule: str = "rows"
+
+
+@dataclass
+class EStepPlan:
+    """What a pass of ``predict``, ``predict_proba``, ``score_samples`` or ``score``
+    runs on: the executor, the tasks, the blocks and dtype, and the memory estimates
+    that explain a worker's death."""
+
+    executor: Executor
+    tasks: list
+    block_size: int
+    compute_dtype: type
+    model_nbytes: int
+    block_nbytes: int
 
 
 class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMeta):
@@ -548,8 +555,7 @@ h5py.Dataset or None, default=None
             executor.on_task = self._task_callback
         kind = self._kind()
         schedule, estimate = self._schedule(kind, d, executor, stream)
-        tasks = partition(n, block_size, max_tasks=(
-            64 if schedule == "pairs" else max_row_tasks(self.n_components, d, kind)))
+        tasks = partition(n, block_size, self._max_tasks(schedule, kind, d))
         _limit_threads(executor, schedule, n, tasks, self.n_components, d, kind)
         checkpointer = None if stream else open_checkpointer(
             self, source, compute_dtype, random_state,
@@ -564,16 +570,27 @@ h5py.Dataset or None, default=None
             estimate, block_nbytes, checkpointer, sample_weights, total_weight,
             schedule=schedule)
 
+    def _pairs_apply(self, kind, n_features, executor, stream=False):
+        """Whether the pairs schedule serves a fit (maximum likelihood, not a stream:
+        :func:`~emgmm.engine.pair_step.pairs_apply`)."""
+        return (not stream and type(self._update_rule()) is MaximumLikelihood
+                and executor.shares_arrays
+                and pairs_apply(kind, self.n_components, n_features,
+                                self.resp_threshold))
+
     def _schedule(self, kind, n_features, executor, stream=False):
         """:func:`~emgmm.runtime.memory.choose_schedule` of the fit, with the pairs
-        schedule where it applies (maximum likelihood, not a stream:
-        :func:`~emgmm.engine.pair_step.pairs_apply`)."""
-        pairs = (not stream and type(self._update_rule()) is MaximumLikelihood
-                 and executor.shares_arrays
-                 and pairs_apply(kind, self.n_components, n_features,
-                                 self.resp_threshold))
+        schedule where it applies (:meth:`_pairs_apply`)."""
+        pairs = self._pairs_apply(kind, n_features, executor, stream)
         return choose_schedule(self.schedule, self.n_components, n_features, kind,
                                executor.n_workers, self.memory_limit, pairs=pairs)
+
+    def _max_tasks(self, schedule, kind, n_features):
+        """The most tasks the passes of a fit under ``schedule`` split the rows
+        into (:func:`~emgmm.runtime.memory.partition`)."""
+        if schedule == "pairs":
+            return 64
+        return max_row_tasks(self.n_components, n_features, kind)
 
     def _report_plan(self, plan):
         """Call a callback whose attribute ``wants_plan`` is true with the fit's plan
@@ -737,40 +754,79 @@ h5py.Dataset or None, default=None
 
     # ---------------------------------------------------------------- predict
 
-    def _per_block(self, X, func, width, kind, out=None, method=""):
-        """Apply ``func(log_prob_norm, log_resp) -> array`` over the blocks of X into
-        one C-ordered array (as scikit-learn returns them), or into ``out``, filled
-        block by block: the result plus one block's.
+    def _e_step_pass(self, X, output=None, out=None, sample_weight=None, method=""):
+        """One parallel E step over ``X``, as the last pass of ``fit`` (the same
+        executor, tasks, BLAS threads and ``SCORE_MARGIN``): ``(n, total)`` of the
+        (weighted) log-likelihood when ``output`` is ``None``, else the per-row
+        ``output`` (see :data:`~emgmm.engine.passes.ROW_OUTPUTS`) written into
+        ``out`` (:meth:`_output_array`), which is returned.
 
-        The blocks are read in the compute dtype and evaluated as the last pass of
-        ``fit`` evaluates them (``SCORE_MARGIN``), so that ``score(X)`` of the
-        training data is ``lower_bound_``. ``width`` is the number of columns (``None``:
-        one value per row); ``kind`` is ``"int"`` (int64), ``"float64"`` or ``"float"``
-        (float32 for float32 data computed in float32, as scikit-learn returns them;
-        else float64). With ``n_jobs=1`` the pass runs on one BLAS thread.
+        The model's arrays and one block per task in flight are all that the pass
+        allocates besides ``out``: with ``output`` each task holds at most
+        ``OUTPUT_TASK_BYTES`` of it, whatever the number of rows. Without, the
+        tasks are the fit's, so that ``score(X)`` of the training data is
+        ``lower_bound_``.
         """
         check_is_fitted(self)
         source = self._source(X, reset=False)
+        weights = None
         try:
-            compute_dtype = self._compute_dtype(source)
-            shape = (source.n_samples,) + (() if width is None else (width,))
-            dtype = (np.int64 if kind == "int" else np.float64 if kind == "float64"
-                     else self._output_dtype(compute_dtype, source.dtype))
-            out = _check_out(out, shape, dtype, method)
-            block_size = self._block_size(source)
+            if output is not None:
+                out = self._output_array(source, output, out, method)
+            weights = as_weight_source(sample_weight, source.n_samples)
+            total_weight = (source.n_samples if weights is None
+                            else check_weights(weights).total)
+            plan = self._e_step_plan(source, out)
             model = self._update_rule().e_step_model(self._fitted_model())
-            prepared = model.prepare(compute_dtype)
-            with single_blas_thread() if means_one_core(self.n_jobs) else nullcontext():
-                for start, stop, block in source.blocks(block_size, compute_dtype):
-                    log_prob_norm, log_resp = estimate_log_prob_resp(
-                        block, model.weights, model.means, model.precisions_cholesky,
-                        model.covariance_type, SCORE_MARGIN, prepared)
-                    check_explained(log_prob_norm, start, source, compute_dtype,
-                                    model.means)
-                    out[start:stop] = func(log_prob_norm, log_resp)
+            args = (plan.executor, plan.tasks, plan.block_size, model,
+                    plan.compute_dtype)
+            with explain_worker_loss(plan.model_nbytes, plan.block_nbytes,
+                                     plan.executor.n_workers, source), \
+                    plan.executor, shared_weights(plan.executor, weights) as shared:
+                if output is not None:
+                    return output_pass(*args, output, out)
+                total, _ = score_pass(*args, False, shared)
+                return total_weight, total
         finally:
             source.close()
-        return out
+            if weights is not None:
+                weights.close()
+
+    def _output_array(self, source, output, out, method):
+        """``out`` checked for the per-row ``output`` of ``source`` (a new C-ordered
+        array when ``None``): int64 labels; float32 log-likelihoods or
+        responsibilities for float32 data computed in float32 (as scikit-learn
+        returns them), else float64."""
+        n = source.n_samples
+        shape = (n, self.n_components) if output == "proba" else (n,)
+        dtype = (np.int64 if output == "labels" else
+                 self._output_dtype(self._compute_dtype(source), source.dtype))
+        return _check_out(out, shape, dtype, method)
+
+    def _e_step_plan(self, source, out):
+        """The :class:`EStepPlan` of :meth:`_e_step_pass`: the fit's executor and
+        tasks (``out``, when given, caps the rows per task)."""
+        n, d = source.shape
+        kind = self._kind()
+        compute_dtype = self._compute_dtype(source)
+        block_size = self._block_size(source)
+        # (a source that worker processes cannot reopen is read in this process,
+        # where fit refuses it with workers)
+        executor = Executor(source, self.n_jobs if source.shareable else 1)
+        schedule = "rows"
+        if self.schedule in ("auto", "pairs") and self._pairs_apply(kind, d, executor):
+            schedule = "pairs"
+        max_rows = None
+        if out is not None:
+            row_bytes = out.itemsize * (out.size // max(n, 1))
+            max_rows = OUTPUT_TASK_BYTES // max(row_bytes, 1)
+        tasks = partition(n, block_size, self._max_tasks(schedule, kind, d), max_rows)
+        _limit_threads(executor, "rows", n, tasks, self.n_components, d, kind)
+        return EStepPlan(
+            executor, tasks, block_size, compute_dtype,
+            schedule_nbytes("rows", self.n_components, d, kind, executor.n_workers),
+            block_size * kind.bytes_per_row(d, self.n_components,
+                                            np.dtype(compute_dtype).itemsize))
 
     def score_samples(self, X: DataLike, out: np.ndarray | None = None) -> np.ndarray:
         """Log-likelihood of each sample, ``log sum_k w_k N(x | mu_k, Sigma_k)``.
@@ -794,8 +850,7 @@ h5py.Dataset or None, default=None
         ValueError
             If ``out`` has another shape, a non-float dtype or is read-only.
         """
-        return self._per_block(X, lambda log_prob_norm, _: log_prob_norm, None,
-                               "float", out, "score_samples")
+        return self._e_step_pass(X, "log_prob", out, method="score_samples")
 
     def score(self, X: DataLike, y: None = None,
               sample_weight: WeightLike | None = None) -> float:
@@ -818,22 +873,11 @@ h5py.Dataset or None, default=None
         return self._n_and_score(X, sample_weight)[1]
 
     def _n_and_score(self, X, sample_weight=None):
-        """``(n, mean log-likelihood)`` of ``X``; with weights ``n = sum w`` and the
-        weighted mean (the weights read in blocks beside the log-likelihoods)."""
-        # (from the float64 values, as fit's last pass sums them into lower_bound_)
-        log_prob = self._per_block(X, lambda log_prob_norm, _: log_prob_norm, None,
-                                   "float64")
-        n = log_prob.shape[0]
-        if sample_weight is None:
-            return n, float(log_prob.mean())
-        weights = as_weight_source(sample_weight, n)
-        try:
-            total = check_weights(weights).total
-            log_l = sum(float(weights.read(a, b) @ log_prob[a:b])
-                        for a, b in partition(n, 65536))
-        finally:
-            weights.close()
-        return total, log_l / total
+        """``(n, mean log-likelihood)`` of ``X`` from one pass; with weights
+        ``n = sum w`` and the weighted mean (the weights read in blocks beside the
+        rows)."""
+        n, total = self._e_step_pass(X, sample_weight=sample_weight)
+        return n, total / n
 
     def predict(self, X: DataLike, out: np.ndarray | None = None) -> np.ndarray:
         """Label of the most responsible component for each sample.
@@ -855,8 +899,7 @@ h5py.Dataset or None, default=None
         ValueError
             If ``out`` has another shape, a non-integer dtype or is read-only.
         """
-        return self._per_block(X, lambda _, log_resp: log_resp.argmax(axis=1), None,
-                               "int", out, "predict")
+        return self._e_step_pass(X, "labels", out, method="predict")
 
     def predict_proba(self, X: DataLike, out: np.ndarray | None = None) -> np.ndarray:
         """Compute the responsibilities ``r_ik`` of every component for each sample.
@@ -882,8 +925,7 @@ default=None
         ValueError
             If ``out`` has another shape, a non-float dtype or is read-only.
         """
-        return self._per_block(X, lambda _, log_resp: _normalised_exp(log_resp),
-                               self.n_components, "float", out, "predict_proba")
+        return self._e_step_pass(X, "proba", out, method="predict_proba")
 
     def sample(self, n_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Draw samples from the fitted mixture (as scikit-learn draws them).

@@ -490,6 +490,11 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
 #: once. Beyond it the rows go into fewer tasks (at least 2; see max_row_tasks).
 STATISTICS_BUDGET = 2**30
 
+#: Bytes of per-row output (labels, log-likelihoods, responsibilities) that one task
+#: of a prediction pass returns at most (at least one block's): a bound on what the
+#: parent holds of the tasks in flight, whatever the number of rows.
+OUTPUT_TASK_BYTES = 4 * _MIB
+
 
 def max_row_tasks(n_components, n_features, covariance_type):
     """The most tasks a row-sharded pass splits the rows into: 64, fewer (at least
@@ -501,7 +506,7 @@ def max_row_tasks(n_components, n_features, covariance_type):
     return int(max(2, min(64, STATISTICS_BUDGET // max(per_task, 1))))
 
 
-def partition(n_samples, block_size, max_tasks=64):
+def partition(n_samples, block_size, max_tasks=64, max_rows=None):
     """Fixed split of the rows into tasks of whole blocks.
 
     The split depends only on ``n_samples`` and ``block_size`` (never on the number
@@ -512,6 +517,10 @@ def partition(n_samples, block_size, max_tasks=64):
     ----------
     n_samples, block_size : int
     max_tasks : int, default=64
+    max_rows : int or None, default=None
+        At most this many rows per task, but at least one block: more tasks than
+        ``max_tasks`` where needed (what a task returns per row then stays within a
+        bound whatever ``n_samples``).
 
     Returns
     -------
@@ -519,6 +528,8 @@ def partition(n_samples, block_size, max_tasks=64):
     """
     n_blocks = -(-n_samples // block_size)
     per_task = -(-n_blocks // max_tasks)
+    if max_rows is not None:
+        per_task = max(1, min(per_task, max_rows // block_size))
     step = per_task * block_size
     return [(s, min(s + step, n_samples)) for s in range(0, n_samples, step)]
 
