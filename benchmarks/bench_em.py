@@ -29,7 +29,10 @@ C [1M, 64] K=64 diag; D 100k 8x8 grayscale patches of
 E 20k 30x30 patches, K=200 full, 10 iterations (scikit-learn 2: its iterations cost
 the same each time), compared by the mean of emgmm's iterations 3-10; F 200k 30x30
 patches, K=200, emgmm alone to convergence (``tol=1e-3``, ``--configs F``); G 20k
-50x50 patches, K=50 full (the seed's next shape), as E.
+50x50 patches, K=50 full (the seed's next shape), as E; H 50k 14x14 patches, K=200
+full, as E (scikit-learn 3 iterations), with a "projected" row: the pairs schedule
+with the rows' bounds projected afresh every iteration instead of carried
+(emgmm/engine/carried_bounds.py; "carried" forces them on).
 emgmm's rows report the pairs per row each iteration evaluated (the rest were proved
 negligible by the screen of emgmm/covariance/screen.py and never computed). Extra
 emgmm rows: float32 compute mode on A, B and D, ``working_memory=64`` (MiB) on A,
@@ -76,6 +79,9 @@ CONFIGS = {
     # the seed's next shape (50x50 patches)
     "G": dict(n=20_000, d=2500, K=50, cov="full", iters=10, sk_iters=2,
               data="patches", modes=[]),
+    # 14x14 patches, where carried bounds first pay at this n
+    "H": dict(n=50_000, d=196, K=200, cov="full", iters=10, sk_iters=3,
+              data="patches", modes=["projected"]),
     # emgmm alone, to convergence
     "F": dict(n=200_000, d=900, K=200, cov="full", iters=100, tol=1e-3,
               data="patches", modes=[], sklearn=False),
@@ -88,6 +94,7 @@ QUICK = {
     "E": dict(n=2000, d=100, K=10, iters=4, sk_iters=2),
     "F": dict(n=3000, d=100, K=10, iters=10),
     "G": dict(n=2000, d=100, K=5, iters=3, sk_iters=2),
+    "H": dict(n=3000, d=100, K=10, iters=4, sk_iters=2),
 }
 MODES = {
     "float64": {},
@@ -95,7 +102,12 @@ MODES = {
     "wm64": {"working_memory": 64},
     "thr1e-8": {"resp_threshold": 1e-8},
     "exact": {"resp_threshold": 0.0},
+    # the pairs schedule with the rows' bounds projected afresh each iteration, or
+    # carried across iterations whatever the cost model says
+    "projected": {},
+    "carried": {},
 }
+CARRY = {"projected": False, "carried": True}
 
 
 # ------------------------------------------------------------------------------ data
@@ -170,6 +182,10 @@ def worker(spec):
 
     X = np.load(spec["data"])
     init = np.load(spec["init"])
+    if spec["mode"] in CARRY:
+        from emgmm.engine import carried_bounds
+
+        carried_bounds.CARRY = CARRY[spec["mode"]]
     kw = dict(n_components=spec["K"], covariance_type=spec["cov"],
               tol=spec.get("tol", 0.0), max_iter=spec["iters"], reg_covar=1e-6,
               weights_init=init["weights"],
@@ -219,6 +235,8 @@ def worker(spec):
         # weighted_log_prob)
         extra["pairs_per_row"] = [h.get("pairs_per_row", p) for h, p in
                                   zip(model.history_, pairs.per_row, strict=False)]
+        for name in ("rows_carried", "phase_seconds"):
+            extra[name] = [h.get(name) for h in model.history_]
         extra["n_iter"] = int(model.n_iter_)
         extra["converged"] = bool(model.converged_)
     blas = [{"lib": i.get("internal_api"), "arch": i.get("architecture"),
