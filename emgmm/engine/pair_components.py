@@ -84,14 +84,15 @@ class TopPairs:
     worst: Worst
 
 
-def top_pairs_task(source, k0, k1, tops, state, compute_dtype, margin, n_worst, *,
-                   blas_threads):
+def top_pairs_task(source, k0, k1, tops, state, compute_dtype, margin, n_worst,
+                   carried=None, *, blas_threads):
     """For components ``k0:k1``: the exact log-density of each row of ``tops``
     (:class:`ComponentRows`, values the rows' second largest bound); a row whose
     second bound lies below the rejection limit of that value
     (:meth:`~emgmm.covariance.screen.ProjectionScreen.rejection_limit`) has
     ``r_ik = 1`` (the others are below ``exp(-margin)``) and ``log p(x_i)`` that
-    value."""
+    value. The values go to the rows' ``best`` of ``carried``
+    (:class:`~emgmm.engine.pair_state.RowBounds`), when given."""
     screen = state.screen()
     others, sums, worst = [], np.zeros(k1 - k0), Worst(n_worst)
     singles = []
@@ -104,6 +105,8 @@ def top_pairs_task(source, k0, k1, tops, state, compute_dtype, margin, n_worst, 
                 pair_values(np.subtract(X, state.means[k], dtype=np.float64),
                             state.factors[k], screen.offset[k], value,
                             screen.u_norm[k], err)
+                if carried is not None:
+                    carried.best[rows[a:b]] = value
                 # (a value that overflowed, -inf, makes no row single: the row
                 # goes to the rescreen, which checks whether any pair explains it)
                 single = second[a:b] < screen.rejection_limit(value, err, k, margin)

@@ -55,7 +55,8 @@ class CarryPlan:
     :class:`~emgmm.engine.carried_bounds.GroupTerms`; the ``fresh`` components
     (int array) and their screen (:meth:`~emgmm.covariance.screen.ProjectionScreen.
     subset`, ``None`` when there are none), or ``reset``: every row screened
-    afresh."""
+    afresh; ``margin`` the E step's (:func:`~emgmm.covariance.log_density.
+    relevance_margin`)."""
 
     rows: object
     groups: np.ndarray
@@ -64,6 +65,7 @@ class CarryPlan:
     fresh: np.ndarray
     fresh_screen: object = None
     reset: bool = False
+    margin: float = 0.0
 
 
 def top_two(ub):
@@ -117,14 +119,22 @@ def _projected(X, screen):
 def _carried_block(source, b0, b1, screen, state, compute_dtype, carry, top,
                    second):
     """Rows ``b0:b1`` screened under ``carry`` into ``top`` and ``second``; the
-    rows' bounds moved to the current model (or built afresh where a row has none,
-    or its top is fresh) and written back. Returns the rows screened by their
-    carried bounds (and the fresh components' projections)."""
+    rows' bounds moved to the current model, or built afresh where a row has none,
+    its top is fresh, or its moved bounds would not have left it alone with the
+    last iteration's best (a projection costs less than the rescreen it would
+    take), and written back. Returns the rows screened by their carried bounds
+    (and the fresh components' projections)."""
     rows = carry.rows
     top[:] = rows.top[b0:b1]
     afresh = np.ones(b1 - b0, bool) if carry.reset else top < 0
     afresh[~afresh] = state.fresh[top[~afresh]]
-    kept = ~afresh
+    kept = np.flatnonzero(~afresh)
+    moved = moved_bounds(rows.bounds[b0:b1][kept], rows.norms[b0:b1][kept],
+                         carry.terms)
+    second[kept] = second_bound(moved, carry.terms.offset)
+    weak = second[kept] >= rows.best[b0:b1][kept] - carry.margin
+    afresh[kept[weak]] = True
+    kept, moved = kept[~weak], moved[~weak]
     X = None
     if afresh.any() or carry.fresh_screen is not None:
         X = source.read(b0, b1, compute_dtype)
@@ -134,18 +144,14 @@ def _carried_block(source, b0, b1, screen, state, compute_dtype, carry, top,
         t, second[afresh], bounds[afresh] = _fresh_rows(part, screen, carry)
         top[afresh] = t
         rows.norms[b0:b1][afresh] = row_norms_up(part)
-    if kept.any():
-        moved = moved_bounds(rows.bounds[b0:b1][kept], rows.norms[b0:b1][kept],
-                             carry.terms)
-        second[kept] = second_bound(moved, carry.terms.offset)
+    if kept.size:
         if carry.fresh_screen is not None:
             extra = _fresh_components(np.asarray(X[kept]), carry, moved)
-            np.maximum(second[kept], extra, out=extra)
-            second[kept] = extra
+            second[kept] = np.maximum(second[kept], extra)
         bounds[kept] = moved
     rows.top[b0:b1] = top
     rows.bounds[b0:b1] = rounded_down(bounds)
-    return int(np.count_nonzero(kept))
+    return int(kept.size)
 
 
 def _fresh_rows(X, screen, carry):
@@ -214,13 +220,15 @@ def _roots(X, screen):
                                           order="F"))
 
 
-def _rebuild(carry, rows, X, roots, top):
+def _rebuild(carry, rows, X, roots, top, best):
     """Write the carried bounds of gathered ``rows`` afresh: their ``top``, per
-    group the smallest of the ``roots`` of its other components, their norms."""
+    group the smallest of the ``roots`` of its other components, their norms and
+    ``best`` (their log-likelihoods, for the next screen's choice)."""
     bounds = group_minima(roots, carry.groups, carry.n_groups, top)
     carry.rows.top[rows] = top
     carry.rows.bounds[rows] = rounded_down(bounds)
     carry.rows.norms[rows] = row_norms_up(X)
+    carry.rows.best[rows] = best
 
 
 def check_rows_explained(log_prob_norm, rows, source, dtype, means):
@@ -268,7 +276,8 @@ def rescreen_task(source, groups, state, compute_dtype, margin, resp_threshold,
                 comps, idx = np.nonzero(resp.T > resp_threshold)
                 r = resp[idx, comps]
                 if carry is not None:
-                    _rebuild(carry, rows, X, roots, np.argmax(resp, axis=1))
+                    _rebuild(carry, rows, X, roots, np.argmax(resp, axis=1),
+                             log_prob_norm)
             triples.append(Triples(rows[idx], comps.astype(np.int32),
                                    r if w is None else w[idx] * r))
             sums.append(float(log_prob_norm.sum() if w is None

@@ -132,6 +132,9 @@ class RowBounds:
         components (rounded down).
     norms : ndarray of shape (n,), float32
         Upper bounds of ``||x_i||``.
+    best : ndarray of shape (n,), float32
+        The row's best weighted log-density in the last E step (its top pair's, or
+        its log-likelihood): not a bound, what the next screen compares with.
     """
 
     def __init__(self, arrays):
@@ -141,11 +144,12 @@ class RowBounds:
     def shapes(n_samples, n_groups):
         return {"top": ((n_samples,), np.int32),
                 "bounds": ((n_samples, n_groups), np.float32),
-                "norms": ((n_samples,), np.float32)}
+                "norms": ((n_samples,), np.float32),
+                "best": ((n_samples,), np.float32)}
 
     @staticmethod
     def nbytes(n_samples, n_groups):
-        return n_samples * (8 + 4 * n_groups)
+        return n_samples * (12 + 4 * n_groups)
 
     @classmethod
     def allocate(cls, n_samples, n_groups, folder=None):
@@ -156,6 +160,7 @@ class RowBounds:
     top = property(lambda self: self.arrays["top"])
     bounds = property(lambda self: self.arrays["bounds"])
     norms = property(lambda self: self.arrays["norms"])
+    best = property(lambda self: self.arrays["best"])
 
     def close(self):
         self.arrays.close()

@@ -187,7 +187,7 @@ class PairStep:
                             np.array(state.fresh), np.array(screen.offset))
         return CarryPlan(self.rows, self.groups, n_groups, terms, fresh,
                          screen.subset(fresh) if fresh.size and not reset else None,
-                         reset)
+                         reset, self.margin)
 
     def __call__(self, take_model, settings, policy, seeds, used_rows, n_iter,
                  streaks=None):
@@ -273,7 +273,8 @@ class PairStep:
     def _top_pairs(self, tops, n_worst):
         ranges, tops = tops
         parts = self._map(top_pairs_task, [
-            (k0, k1, part, self.state, self.compute_dtype, self.margin, n_worst)
+            (k0, k1, part, self.state, self.compute_dtype, self.margin, n_worst,
+             self.rows)
             for (k0, k1), part in zip(ranges, tops, strict=True)])
         log_likelihood = float(sum(float(s) for p in parts for s in p.log_likelihoods))
         worst = Worst(n_worst)
