@@ -12,10 +12,11 @@ import pytest
 from helpers import not_converging, random_spd
 
 from emgmm import GaussianMixture
-from emgmm.covariance.drift import metric_drift
+from emgmm.covariance.drift import metric_drift, residual_bound, solved
 from emgmm.covariance.screen import ProjectionScreen, component_screen, factor_norms
 from emgmm.engine import carried_bounds, pair_step
 from emgmm.engine.carried_bounds import (
+    component_groups,
     group_minima,
     group_terms,
     moved_bounds,
@@ -84,6 +85,18 @@ def test_moved_distances_are_below_the_exact_ones(d):
             np.linalg.solve(U_old, U_new), compute_uv=False).min() * (1 + 1e-12)
 
 
+@pytest.mark.parametrize("d", [5, 40, 300])
+def test_the_solves_residual_is_bounded_from_above(d):
+    """``error >= ||U' - U Ahat||_2`` of the computed ``Ahat``, in long double."""
+    rng = np.random.default_rng(10 + d)
+    for U_old, U_new, _, _ in moves(rng, d):
+        a_hat = solved(U_old, U_new)
+        a_norm = np.linalg.norm(a_hat)
+        bound = residual_bound(U_old, U_new, a_hat, factor_norms(U_old)[0], a_norm)
+        exact = U_new.astype(LD) - U_old.astype(LD) @ a_hat.astype(LD)
+        assert np.sqrt((exact ** 2).sum()) <= bound
+
+
 def test_a_small_step_keeps_the_bound_tight():
     """A step of 1e-4 in the factor and mean keeps s within 1e-3 of 1 and the
     shift tiny: the bound survives the iteration."""
@@ -114,8 +127,22 @@ def test_rounded_down_and_norms_up_bound_their_float64_values():
     assert (rounded_down(v).astype(np.float64) <= v).all()
     assert rounded_down(v).dtype == np.float32
     X = rng.normal(scale=1e3, size=(500, 30))
+    X[0] *= 1e-200  # (squares below the smallest float64)
+    X[1] *= 1e150  # (squares beyond the largest)
     exact = np.sqrt((X.astype(LD) ** 2).sum(axis=1))
     assert (row_norms_up(X).astype(LD) >= exact).all()
+
+
+def test_groups_bin_like_offsets_and_keep_the_non_finite_apart():
+    rng = np.random.default_rng(9)
+    offset = np.concatenate([rng.normal(scale=500, size=40), [-np.inf, -np.inf]])
+    groups = component_groups(offset, 8)
+    assert groups.max() == 7 and set(groups[-2:]) == {7}
+    assert not (groups[:-2] == 7).any()
+    spans = [np.ptp(offset[groups == g]) for g in range(7)]
+    order = np.sort(offset[:-2])
+    assert max(spans) <= np.ptp(order) / 7 * 2  # (far below one group's spread)
+    assert (component_groups(offset[:-2], 1) == 0).all()
 
 
 @pytest.mark.parametrize("n_groups", [3, 12])
@@ -236,9 +263,9 @@ def test_carried_rows_bound_every_other_pair_of_the_next_model():
         masked = exact[:, members].copy()
         masked[top[:, None] == members[None, :]] = np.inf
         assert (rows.bounds[:, g].astype(LD) <= masked.min(axis=1)).all()
-    value = (np.array(screen.offset)[None, :] - 0.5 * exact.astype(np.float64) ** 2)
+    value = np.array(screen.offset).astype(LD)[None, :] - exact ** 2 / 2
     value[np.arange(len(X)), top] = -np.inf
-    assert (value.max(axis=1) <= second.second + 1e-9).all()
+    assert (value.max(axis=1) <= second.second.astype(LD)).all()
 
 
 def test_a_long_fit_screens_most_rows_by_their_carried_bounds(monkeypatch):

@@ -35,8 +35,9 @@ GROUP_SIZE = 5
 #: shrink too fast to reject anything).
 FRESH_SCALE = 0.8
 #: Carried bounds are used when the projections they save (``2 n d p`` flops per
-#: component, at the GEMM rate) are ``_PAYBACK`` times the drift terms' solve
-#: (``d^3 / 3`` flops, at about a ``_SOLVE_RATE`` of that rate); ``True`` or
+#: component, at the GEMM rate) are ``_PAYBACK`` times the drift terms (a
+#: triangular solve and product, ``2 d^3 / 3`` flops, at about ``_SOLVE_RATE`` of
+#: that rate); ``True`` or
 #: ``False`` forces them on or off (for the tests).
 CARRY = None
 _PAYBACK = 2.0
@@ -61,33 +62,34 @@ def component_groups(offset, n_groups):
 
     A group's bound ``o_g - b_ig^2 / 2`` takes its largest offset with its nearest
     member's distance, so it is as tight as its offsets are close: the groups are
-    the bins of the sorted offsets of the least width that needs at most
-    ``n_groups`` bins (bisection on the width, a greedy binning for each)."""
-    order = np.argsort(offset, kind="stable")
-    sorted_offsets = np.asarray(offset, dtype=np.float64)[order]
-    finite = sorted_offsets[np.isfinite(sorted_offsets)]
-    low, high = 0.0, float(np.ptp(finite)) if finite.size else 0.0
+    the bins of the sorted finite offsets of the least width that needs at most
+    ``n_groups`` bins (bisection on the width, a greedy binning for each); the
+    non-finite ones (a weight of 0) share one more group."""
+    offset = np.asarray(offset, dtype=np.float64)
+    finite = np.isfinite(offset)
+    bins = max(1, n_groups - int(not finite.all()))
+    order = np.flatnonzero(finite)[np.argsort(offset[finite], kind="stable")]
+    values = offset[order]
+    low, high = 0.0, float(np.ptp(values)) if values.size else 0.0
     for _ in range(60):
         width = 0.5 * (low + high)
-        if _bins(sorted_offsets, width)[-1] < n_groups:
+        if _bins(values, width).max(initial=0) < bins:
             high = width
         else:
             low = width
-    groups = np.empty(offset.size, np.int32)
-    groups[order] = _bins(sorted_offsets, high)
+    groups = np.full(offset.size, min(bins, n_groups - 1), np.int32)
+    groups[order] = _bins(values, high)
     return groups
 
 
-def _bins(sorted_offsets, width):
-    """Greedy bins of ``width`` over sorted offsets: each bin starts at the first
-    offset beyond the last bin's start plus ``width`` (non-finite ones: one bin)."""
-    labels = np.empty(sorted_offsets.size, np.int32)
-    label, start = 0, None
-    for j, value in enumerate(sorted_offsets):
-        if start is not None and not value - start <= width:
+def _bins(values, width):
+    """Greedy bins of ``width`` over the sorted ``values``: each bin starts at the
+    first value beyond the last bin's start plus ``width``."""
+    labels = np.empty(values.size, np.int32)
+    label, start = 0, values[0] if values.size else 0.0
+    for j, value in enumerate(values):
+        if value - start > width:
             label += 1
-            start = value
-        elif start is None:
             start = value
         labels[j] = label
     return labels
@@ -102,10 +104,15 @@ def rounded_down(values):
 
 
 def row_norms_up(X):
-    """Upper bounds of ``||x_i||`` (float32) of the rows of ``X`` (n, d)."""
+    """Upper bounds of ``||x_i||`` (float32) of the rows of ``X`` (n, d), scaled
+    by each row's largest entry so that no square underflows or overflows."""
     x = np.asarray(X, dtype=np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", x, x)) * (1.0 + 1e-6)
-    out = norms.astype(np.float32)
+    scale = np.abs(x).max(axis=1, initial=0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = x / np.where(scale > 0.0, scale, 1.0)[:, None]
+    norms = scale * np.sqrt(np.einsum("ij,ij->i", y, y)) * (1.0 + 1e-6)
+    with np.errstate(over="ignore"):  # (beyond float32: inf, still a bound)
+        out = norms.astype(np.float32)
     under = out.astype(np.float64) < norms
     out[under] = np.nextafter(out[under], np.float32(np.inf))
     return out

@@ -177,7 +177,8 @@ def _set_drift(state, k, before, u_norm):
     drift = metric_drift(u_old, state.factors[k], mean_old, state.means[k],
                          u_norm_old, u_norm)
     state.drift[k] = (drift.scale, drift.error, drift.shift)
-    state.fresh[k] = not drift.scale >= FRESH_SCALE
+    state.fresh[k] = not (drift.scale >= FRESH_SCALE
+                          and np.isfinite(drift.error + drift.shift))
 
 
 def _summed_m_step(source, rows, weights, centre, state, k, compute_dtype,

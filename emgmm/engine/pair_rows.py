@@ -216,6 +216,7 @@ def worst_of(size, values, rows, X):
 
 
 def _roots(X, screen):
+    """The projection screen's distance bounds of gathered rows ``X`` (n, K)."""
     return screen.root_bounds(X, np.empty((X.shape[0], screen.offset.size),
                                           order="F"))
 

@@ -142,6 +142,7 @@ class RowBounds:
 
     @staticmethod
     def shapes(n_samples, n_groups):
+        """The arrays by name, ``{name: (shape, dtype)}``."""
         return {"top": ((n_samples,), np.int32),
                 "bounds": ((n_samples, n_groups), np.float32),
                 "norms": ((n_samples,), np.float32),
@@ -149,12 +150,16 @@ class RowBounds:
 
     @staticmethod
     def nbytes(n_samples, n_groups):
+        """Bytes of the arrays."""
         return n_samples * (12 + 4 * n_groups)
 
     @classmethod
     def allocate(cls, n_samples, n_groups, folder=None):
+        """New bounds of ``n_samples`` rows and ``n_groups`` groups, none known
+        yet, in memory or in one file of ``folder``."""
         arrays = SharedArrays.allocate(cls.shapes(n_samples, n_groups), folder)
         arrays["top"][:] = -1
+        arrays["best"][:] = np.nan
         return cls(arrays)
 
     top = property(lambda self: self.arrays["top"])

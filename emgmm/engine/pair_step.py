@@ -56,8 +56,8 @@ from .passes import Worst
 WARM_STEPS = 0
 #: Component ranges per worker (or row thread): shares for a balanced load.
 RANGES_PER_WORKER = 4
-#: Beyond this many bytes, the rows' carried bounds of a fit whose tasks run in
-#: this process live in a file of the temporary folder, not in memory.
+#: Beyond this many bytes, the rows' carried bounds live in a file of the
+#: temporary folder, not in memory (nor in ``/dev/shm``).
 ROWS_IN_MEMORY_BYTES = 64 * 2**20
 
 
@@ -163,14 +163,13 @@ class PairStep:
             self.rows = RowBounds.allocate(self.n_samples, n_groups, self.rows_folder)
 
     def _rows_folder(self, nbytes):
-        """Where the rows' bounds live: the workers' shared folder, a file of the
-        temporary folder when they are large (memory independent of ``n``), or
+        """Where the rows' bounds live: a file of the temporary folder when they are
+        large (memory independent of ``n``), else the workers' shared folder or
         this process's memory."""
         what = "the bounds the rows carry"
-        folder = self.executor.shared_folder(nbytes, what)
-        if folder is None and nbytes > ROWS_IN_MEMORY_BYTES:
-            folder = self.executor.file_folder(nbytes, what)
-        return folder
+        if nbytes > ROWS_IN_MEMORY_BYTES:
+            return self.executor.file_folder(nbytes, what)
+        return self.executor.shared_folder(nbytes, what)
 
     def _carry_plan(self):
         """The :class:`~emgmm.engine.pair_rows.CarryPlan` of this iteration, or

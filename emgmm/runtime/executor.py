@@ -582,8 +582,7 @@ class Executor:
         OSError
             If that folder lacks the space (names it and how to change it).
         """
-        folder = make_temp_folder(joblib_temp_folder(self._given_temp_folder),
-                                  nbytes, what)
+        folder = make_temp_folder(self.temp_folder, nbytes, what)
         self._extra_folders.append(folder)
         return folder
 
