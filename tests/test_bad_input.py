@@ -122,6 +122,7 @@ def test_value_beyond_float32_with_float32_compute(make_sources, kind):
     assert not hasattr(gm, "weights_")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 @pytest.mark.parametrize("n_jobs", [1, 2])
 @pytest.mark.parametrize("data_dtype", [np.float32, np.float64])

@@ -124,6 +124,7 @@ def test_same_convergence_and_choice_of_restart(data, covariance_type):
     assert_same_fit(mine, sk, data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 @pytest.mark.parametrize("kind", ["npy", "h5_chunked"])
 def test_file_sources_and_two_workers_give_the_same_fit(data, make_sources, kind,
@@ -137,6 +138,7 @@ def test_file_sources_and_two_workers_give_the_same_fit(data, make_sources, kind
         assert_same_fit(_fit(mine, source), sk, data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["h5_string", "memmap"])
 def test_other_sources_and_the_component_schedule(data, make_sources, kind):
     sk, params = _pair(max_iter=10)
@@ -247,6 +249,7 @@ ESTIMATORS = [BayesianGaussianMixture()] + [
     for ct in COVARIANCE_TYPES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ESTIMATORS, ids=repr)
 def test_sklearn_estimator_checks(estimator):
     with warnings.catch_warnings():
@@ -373,6 +376,7 @@ def test_cli_refuses_mixed_flags(data, tmp_path, capsys, extra, match):
     assert not (tmp_path / "b.h5").exists()
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs_and_agrees(tmp_path):
     """benchmarks/bench_bayesian.py at its --quick size: both fits ran and agreed."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_bayesian.py"

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_factor.py"
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_figure(tmp_path):
     out = tmp_path / "factor.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out)],

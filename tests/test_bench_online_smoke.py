@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_online.py"
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_ratio_and_the_fits_agree(tmp_path):
     out = tmp_path / "online.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--repeat", "1",

@@ -10,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_predict.py"
 KINDS = {"fit_iteration", "score", "score_samples", "predict", "predict_out",
          "predict_proba", "predict_proba_out", "cli_predict", "cli_score"}
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_kind(tmp_path):
     out = tmp_path / "predict.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--n-jobs", "1",

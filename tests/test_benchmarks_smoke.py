@@ -36,6 +36,7 @@ def quick_result(tmp_path_factory):
     return json.loads(out.read_text()), proc.stdout
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_field(quick_result):
     result, stdout = quick_result
     assert result["quick"] is True

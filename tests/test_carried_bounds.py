@@ -68,6 +68,7 @@ def adversarial_rows(rng, U_old, U_new, mu, n):
     return np.concatenate([mu + rng.normal(scale=3.0, size=(n, d)), tight])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d", [5, 40, 300])
 def test_moved_distances_are_below_the_exact_ones(d):
     """sqrt(m') >= s sqrt(m) - e ||x|| - shift for every row, against long

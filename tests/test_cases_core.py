@@ -87,6 +87,7 @@ def test_case_c01_fit_predict_equals_fit_then_predict(covariance_type, n_init,
 # ---------------------------------------------------------------------------- C02
 
 
+@pytest.mark.slow
 def test_case_c02_n_init_keeps_the_best_run():
     rng = np.random.default_rng(0)
     X = rng.uniform(size=(1000, 10))
@@ -582,6 +583,7 @@ def _assert_c11(gm, ref, rtol):
     assert np.all(np.diff(lb) >= -1e-12 * np.abs(lb[1:]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [1, 7, 128, 1000])
 @pytest.mark.parametrize("kind", ["ndarray", "memmap", "npy", "h5", "h5_chunked"])
 def test_case_c11_statistics_across_blocks(make_sources, c11_data, c11_reference, kind,
@@ -594,6 +596,7 @@ def test_case_c11_statistics_across_blocks(make_sources, c11_data, c11_reference
     _assert_c11(gm, c11_reference, rtol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [7, 1000])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_case_c11_rows_permuted(c11_data, covariance_type, block_size):

@@ -70,6 +70,7 @@ def X_c12():
     return np.random.default_rng(0).normal(size=(1000, 100))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 def test_case_c12_same_seed_same_answer(X_c12, schedule):
     """Fitted twice, n_jobs 1/2/4, BLAS 1 or 2 threads.
@@ -414,6 +415,7 @@ def X_c15():
     return X
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 def test_case_c15_read_only_inputs_both_sides_of_joblib_threshold(X_c15, schedule,
                                                                   temp_folder):
@@ -493,6 +495,7 @@ def test_case_c16_x_written_once_per_fit(temp_folder):
 # --------------------------------------------------------------------------- C17
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 def test_case_c17_task_payload_small_whatever_n(schedule, monkeypatch, temp_folder):
     sizes = {}
@@ -542,6 +545,7 @@ def read_records(folder):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 def test_case_c18_blas_threads_times_workers_within_cores(tmp_path, schedule):
     X = make_blobs_data(2000, 6, 3, seed=2)
@@ -621,6 +625,7 @@ def checksum_task(source, start, stop, *, blas_threads):
     return os.getpid(), hashlib.sha256(source.read(start, stop).tobytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["loky", "multiprocessing"])
 def test_case_c23_compressed_hdf5_read_concurrently_after_parent_read(tmp_path,
                                                                       backend):
@@ -684,6 +689,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE",
                     reason="file locking disabled in this environment")
 def test_case_c24_lock_failure_names_hdf5_use_file_locking(tmp_path):

@@ -133,6 +133,7 @@ def test_case_c10_starved_component_after_warm_start(covariance_type):
     assert np.all(np.linalg.norm(gm.means_ - np.array([[0.0, 5.0]]), axis=1).min() < 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("covariance_type,block_size,max_iter",
                          [("diag", 16, 5), ("full", 256, 2)])
 def test_case_c10_200_components_small_blocks(covariance_type, block_size, max_iter):
@@ -197,6 +198,7 @@ def test_case_c13_refused_up_front_without_large_allocation(c13_npy):
     assert not hasattr(gm, "weights_")
 
 
+@pytest.mark.slow
 def test_case_c13_diag_runs(c13_npy):
     gm = GaussianMixture(200, covariance_type="diag", max_iter=2, tol=0.0,
                          init_params="random_from_data", random_state=0)
@@ -414,6 +416,7 @@ def test_case_c20_stray_folders_removed_only_in_their_own_host_and_namespace(tmp
                                                     kept in names.items() if kept}
 
 
+@pytest.mark.slow
 def test_case_c20_killed_fit_leaves_identifiable_folder(tmp_path):
     temp = tmp_path / "joblib-temp"
     temp.mkdir()
@@ -532,6 +535,7 @@ def _run_killed_parallel_fit(tmp_path, stderr):
     return args, kids
 
 
+@pytest.mark.slow
 def test_case_c20_killed_parallel_fit_takes_its_workers_along(tmp_path):
     """Issue 36.3: after SIGKILL of a fit, its loky workers and resource trackers
     end within 10 seconds (they stayed, orphaned, until loky's idle timeout of
@@ -546,6 +550,7 @@ def test_case_c20_killed_parallel_fit_takes_its_workers_along(tmp_path):
         _end(_alive(kids))
 
 
+@pytest.mark.slow
 def test_case_c20_run_after_a_killed_fit_prints_only_its_own_lines(tmp_path):
     """Issue 36.3: the stderr shared by a killed fit and its resumed run (a
     terminal) gets, from the resumed run's start on, nothing but that run's own
@@ -589,6 +594,7 @@ def _loky_workers():
     return workers
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)  # fits of 2 and 3 iterations
 @pytest.mark.parametrize("memory", ["tight", "plenty"])
 def test_case_c21_worker_killed_for_memory(tmp_path, monkeypatch, memory):

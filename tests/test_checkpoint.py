@@ -85,6 +85,7 @@ KILLED_FIT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_after_third_iteration_then_resume_is_exact(tmp_path, X):
     data = tmp_path / "X.npy"
     np.save(data, X)

@@ -225,6 +225,7 @@ def test_info(model_path, capsys):
     np.testing.assert_allclose(info["weights"], model.weights_)
 
 
+@pytest.mark.slow
 def test_python_m_emgmm_subprocess(tmp_path, data):
     _, _, spec = data
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -495,6 +496,7 @@ def _children(pid):
             and _state_and_parent(e)[1] == pid]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigterm_stops_a_fit_like_an_interrupt(tmp_path):
     """``kill PID`` (SIGTERM) of ``emgmm fit --n-jobs 2``: by default it ended the
@@ -542,6 +544,7 @@ def test_sigterm_stops_a_fit_like_an_interrupt(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["X.npy", "err.txt", "joblib"]
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_ends_the_command_quietly(tmp_path, model_path):
     """``emgmm info --json | head -c 20``: the reader goes away; the command stops
     without an error message (status 1, as Python's SIGPIPE notes do it)."""
@@ -554,6 +557,7 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path, model_path):
     assert out.returncode == 1 and out.stderr == "", out.stderr
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_with_buffered_output_ends_quietly(tmp_path, model_path):
     """The same with block-buffered stdout (no PYTHONUNBUFFERED): the output reaches
     the closed pipe only when flushed, which the command does before it returns."""

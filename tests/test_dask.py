@@ -67,6 +67,7 @@ def files(tmp_path_factory):
     return X, str(folder / "x.npy"), f"{folder / 'x.h5'}:/data/x"
 
 
+@pytest.mark.slow
 def test_executor_on_dask(client, files):
     X, npy, _ = files
     with joblib.parallel_config(backend="dask"):
@@ -83,6 +84,7 @@ def test_executor_on_dask(client, files):
     assert os.getpid() not in {pid for pid, _, _ in out}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 def test_fit_on_local_cluster_equals_local_fit(client, files, schedule):
     X, npy, h5 = files

@@ -25,6 +25,7 @@ def private_tmp(tmp_path, monkeypatch):
     return folder
 
 
+@pytest.mark.slow
 def test_demo_smallest_size_matches_sklearn(tmp_path, private_tmp, capsys):
     out = tmp_path / "out"
     out.mkdir()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 from helpers import make_blobs_data
 
 import emgmm
@@ -62,6 +63,7 @@ def test_weighted_example_runs_on_an_hdf5_file(tmp_path, monkeypatch):
     np.testing.assert_allclose(gm.means_, ref.means_, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_stream_example_resumes_in_another_process(tmp_path, monkeypatch):
     """Part one (40 batches from a generator, saved every 10) in this process, part
     two (20 more) in a new one from the file: 60 steps, the three centres."""

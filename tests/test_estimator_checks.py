@@ -33,6 +33,7 @@ EXPECTED_FAILED_CHECKS: dict[str, str] = {
 ALLOWED_SKIP = "SCIPY_ARRAY_API is not set"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ESTIMATORS, ids=repr)
 def test_sklearn_estimator_checks(estimator):
     with warnings.catch_warnings():

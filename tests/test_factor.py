@@ -333,6 +333,7 @@ def test_blocks_sum_to_the_whole():
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_planted_factor_model_recovered():
     rng = np.random.default_rng(11)
     K, d, q = 3, 20, 2
@@ -352,6 +353,7 @@ def test_planted_factor_model_recovered():
         np.testing.assert_allclose(w[j], 1.0 / K, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_many_factors_approach_full():
     """q = d - 1 spans any 3 x 3 covariance: from a start with 10% of the labels
     wrong, EM reaches scikit-learn's 'full' maximum; fewer factors fall short."""

@@ -124,6 +124,7 @@ def test_sources_give_identical_fits(tmp_path, data, fitted, kind):
     np.testing.assert_array_equal(other.loadings_, fitted.loadings_)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [{"block_size": 64}, {"block_size": 7},
                                 {"n_jobs": 2}, {"n_jobs": 2, "schedule": "components"},
                                 {"n_jobs": 2, "block_size": 100}])

@@ -91,6 +91,7 @@ def _run(args, tmp_path, path):
                           timeout=300, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["npy", "memmap", "h5"])
 @pytest.mark.parametrize("where,n_jobs", [("fit", "None"), ("fit", "2"),
                                           ("predict", "None"),
@@ -105,6 +106,7 @@ def test_file_truncated_during_a_pass_names_the_file(tmp_path, kind, where, n_jo
     assert "MemoryError" not in out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["npy", "h5"])
 def test_cli_predict_on_a_file_truncated_during_the_pass(tmp_path, kind):
     path, spec = _write(tmp_path, kind)
@@ -123,6 +125,7 @@ def test_cli_predict_on_a_file_truncated_during_the_pass(tmp_path, kind):
     assert not (tmp_path / "labels.npy").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_jobs", ["None", "1"])
 def test_copy_on_write_memmap_truncated_during_fit(tmp_path, n_jobs):
     """A memmap that emgmm reads as an array (mode 'c'): its blocks are copied out
@@ -151,6 +154,7 @@ _DYING_WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_worker_death_on_a_cut_file_names_the_file_not_memory(tmp_path):
     path, spec = _write(tmp_path, "npy")
     (tmp_path / "sitecustomize.py").write_text(_DYING_WORKER)

@@ -201,6 +201,7 @@ def test_log_gaussian_prob(covariance_type, dtype, d):
         assert np.median(bound / np.abs(expected)) < 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d, block", [(150, None), (20, 3), (7, 7), (9, 8)])
 def test_full_dense_products_by_column_blocks(monkeypatch, dtype, d, block):
@@ -690,6 +691,7 @@ def test_full_statistics_add_into_the_sums_of_earlier_blocks(kept_share):
         assert peak < 0.25 * total.sum_xx.nbytes
 
 
+@pytest.mark.slow
 def test_full_statistics_from_packed_sums_take_no_model_sized_temporaries(monkeypatch):
     """Dense 'full' responsibilities (the packed product): the centred second moments
     are formed a few components at a time and added into the sums, with no (K, d, d)

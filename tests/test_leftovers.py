@@ -22,6 +22,7 @@ def _folders():
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["array", "npy"])
 def test_fits_with_workers_leave_no_folders(tmp_path, source):
     X = np.random.default_rng(0).standard_normal((4000, 3))

@@ -47,6 +47,7 @@ def test_truncated_at_many_offsets(tmp_path, model_bytes):
             read_header(path)
 
 
+@pytest.mark.slow
 def test_overwritten_bytes(tmp_path, model_bytes):
     rng = np.random.default_rng(1)
     for trial in range(150):
@@ -126,6 +127,7 @@ def test_missing_attributes(tmp_path, model_bytes):
             load_model(path)
 
 
+@pytest.mark.slow
 def test_cli_info_on_damaged_files_is_one_line(tmp_path, model_bytes):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     cases = []

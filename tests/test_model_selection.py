@@ -140,6 +140,7 @@ def test_bad_parameters_are_refused_before_fitting(planted, params, match):
     assert not hasattr(selector, "criteria_")
 
 
+@pytest.mark.slow
 def test_sklearn_estimator_checks():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -152,6 +153,7 @@ def test_sklearn_estimator_checks():
     assert failed == {}
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs(tmp_path):
     """benchmarks/bench_selection.py at its --quick size: both ways chose alike and
     the shared pass read the file fewer times."""

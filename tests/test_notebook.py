@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 import emgmm
@@ -15,6 +16,7 @@ REPO_ROOT = Path(emgmm.__file__).resolve().parent.parent
 NOTEBOOK = REPO_ROOT / "notebooks" / "patch_prior.ipynb"
 
 
+@pytest.mark.slow
 def test_patch_prior_notebook_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("EMGMM_NB_PATCHES", "3000")
     monkeypatch.setenv("EMGMM_NB_COMPONENTS", "8")

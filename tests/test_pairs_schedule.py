@@ -116,6 +116,7 @@ def patches14():
     return DATA["patches14"]()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DATA))
 def test_pairs_fit_equals_the_fit_of_every_pair(name, monkeypatch):
     """Same start, same resp_threshold: lower bounds to 1e-12, parameters to 1e-10,
@@ -128,6 +129,7 @@ def test_pairs_fit_equals_the_fit_of_every_pair(name, monkeypatch):
         assert plan.pairs[-1] < K / 2, plan.pairs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["separated_blobs", "patches14"])
 def test_pairs_fit_equals_the_rows_schedule(name):
     """The other schedule's E step, M step and repair, from the same start."""
@@ -136,6 +138,7 @@ def test_pairs_fit_equals_the_rows_schedule(name):
     assert_same_fit(got, fit(X, 8, schedule="rows"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [None, 97])
 def test_pairs_fit_is_bitwise_the_same_for_any_workers_and_threads(patches14,
                                                                    block_size):
@@ -148,6 +151,7 @@ def test_pairs_fit_is_bitwise_the_same_for_any_workers_and_threads(patches14,
                                  block_size=block_size)[0], one)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [97, 350])
 def test_pairs_fit_equals_the_fit_of_every_pair_in_other_blocks(patches14,
                                                                  monkeypatch,
@@ -157,6 +161,7 @@ def test_pairs_fit_equals_the_fit_of_every_pair_in_other_blocks(patches14,
                     lb_rtol=2e-12)
 
 
+@pytest.mark.slow
 def test_pairs_fit_of_every_source_is_the_same(make_sources):
     """A gather reads rows by index from every kind of source: the same bits."""
     X = DATA["separated_blobs"]()[:600]
@@ -169,6 +174,7 @@ def test_pairs_fit_of_every_source_is_the_same(make_sources):
             assert_bitwise(got, ref)
 
 
+@pytest.mark.slow
 def test_float32_pairs_fit_equals_the_fit_of_every_pair(patches14, monkeypatch):
     X = patches14.astype(np.float32)
     got, _ = pairs_fit(X, 8, compute_dtype="float32")
@@ -189,6 +195,7 @@ def test_pairs_fit_with_means_that_jump_between_iterations(monkeypatch):
     assert_same_fit(got, ref)
 
 
+@pytest.mark.slow
 def test_sample_weights_keep_the_same_pairs_at_any_scale(patches14):
     """The kept pairs are those of r_ik > resp_threshold, whatever the weights'
     scale: w and 1e12 w give the same fit, under both schedules."""
@@ -199,6 +206,7 @@ def test_sample_weights_keep_the_same_pairs_at_any_scale(patches14):
         assert_same_fit(large, small, lb_rtol=1e-11, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_integer_weights_fit_as_repeated_rows(patches14, monkeypatch):
     """From the same start (a fitted model), weights 0, 1, 2 fit as the rows
     dropped, kept and repeated."""
@@ -216,6 +224,7 @@ class Stop(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_a_checkpointed_pairs_fit_resumes_to_the_same_bits(tmp_path, patches14):
     """The checkpoint holds the screen too: the resumed fit screens as the
     uninterrupted one did."""
@@ -232,6 +241,7 @@ def test_a_checkpointed_pairs_fit_resumes_to_the_same_bits(tmp_path, patches14):
     assert_bitwise(fit(patches14, 8, checkpoint=path), ref)
 
 
+@pytest.mark.slow
 def test_warm_start_continues_as_the_fit_of_every_pair(patches14, monkeypatch):
     got, _ = pairs_fit(patches14, 8, max_iter=3)
     with not_converging():
@@ -301,6 +311,7 @@ def test_the_auto_schedule_picks_pairs_only_where_it_applies():
     assert picks == {"full": "pairs", "exact": "rows", "diag": "rows"}
 
 
+@pytest.mark.slow
 def test_worker_processes_leave_a_model_in_memory_and_no_folder(patches14):
     """With worker processes the state is memory-mapped in a folder of its own: each
     run copies its model out and removes the folder before the next run starts."""

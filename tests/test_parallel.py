@@ -100,6 +100,7 @@ def test_n_jobs_4_equals_n_jobs_1_bitwise(X):
     assert_same_state(fit(X, n_jobs=1), fit(X, n_jobs=4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_schedules_agree(X, covariance_type):
     rows = fit(X, n_jobs=2, schedule="rows", covariance_type=covariance_type)
@@ -109,6 +110,7 @@ def test_schedules_agree(X, covariance_type):
     assert_array_equal(rows.predict(X), comps.predict(X))
 
 
+@pytest.mark.slow
 def test_component_buffer_is_bounded_and_split_is_fixed(X, monkeypatch):
     """A buffer of a few blocks (many row ranges) gives the model of one range
     holding every row; the splits follow the documented sizes."""
@@ -157,6 +159,7 @@ def sklearn_init(X, K, covariance_type, seed=0):
     return dict(weights_init=weights, means_init=means, precisions_init=prec)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_both_schedules_match_sklearn(X, covariance_type):
     init = sklearn_init(X, 4, covariance_type)
@@ -174,6 +177,7 @@ def test_both_schedules_match_sklearn(X, covariance_type):
                             atol=1e-12 * np.abs(getattr(ref, name)).max(), err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 def test_hdf5_under_process_workers(X, tmp_path, schedule, temp_folder):
     path = tmp_path / "x.h5"

@@ -292,6 +292,7 @@ def _continue_in_subprocess(model_path, batch_path, out_path, env=None):
                     str(out_path)], check=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_model_file_keeps_the_stream_for_another_process(X, tmp_path, covariance_type):
     batches = _batches(X)
@@ -325,6 +326,7 @@ def test_model_file_of_a_fit_continues_as_the_fit(X, tmp_path, dtype):
     assert loaded.means_.dtype == est.means_.dtype == dtype
 
 
+@pytest.mark.slow
 def test_checkpoint_resumes_a_stream_in_another_process(X, tmp_path):
     batches = _batches(X)
     for i, batch in enumerate(batches):
@@ -555,6 +557,7 @@ def patch_stream():
     return est, est.score(held_out), batch.score(held_out)
 
 
+@pytest.mark.slow
 def test_patch_stream_ends_within_one_percent_of_the_batch_fit(patch_stream):
     """Held-out score per sample no more than 1% of |batch score| below the batch
     fit's (measured: 52.2 against 51.2; before issue 36: -53.2)."""

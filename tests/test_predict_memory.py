@@ -96,6 +96,7 @@ def test_prediction_memory_does_not_grow_with_the_rows(files, kind, n_jobs, caps
     assert peaks[1] - peaks[0] < MARGIN, peaks
 
 
+@pytest.mark.slow
 def test_score_of_the_training_data_is_the_lower_bound(files):
     """score runs the fit's last pass (its tasks, its sums): the same number, also
     with several tasks, worker processes and sample weights."""

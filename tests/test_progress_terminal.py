@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 _CHILD = textwrap.dedent("""
     import sys
@@ -67,6 +68,7 @@ def _run_on_a_terminal(argv):
     return b"".join(chunks).decode().replace("\r\n", "\n")
 
 
+@pytest.mark.slow
 def test_bar_cleared_and_final_pass_announced(tmp_path):
     X = np.random.default_rng(0).standard_normal((4000, 3))
     np.save(tmp_path / "x.npy", X)

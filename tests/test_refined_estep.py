@@ -345,6 +345,7 @@ def test_refined_statistics_equal_exact_ones():
     assert_allclose(fast.covariances_, exact.covariances_, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 @pytest.mark.parametrize("K, d", [(20, 8), (6, 100)])
 def test_float32_compute_fit_equals_float64_fit_of_the_rounded_data(K, d, schedule):

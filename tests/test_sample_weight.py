@@ -344,6 +344,7 @@ def test_every_data_source_with_weights(X, weights, make_sources, covariance_typ
         assert_same_model(est, ref, rtol=1e-13)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_weights_with_process_workers(X, weights, tmp_path, covariance_type, schedule,

@@ -260,6 +260,7 @@ def unscreened(references, monkeypatch, name, X, K, **kw):
     return references[key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DATA))
 def test_screened_fit_equals_unscreened_fit(name, monkeypatch, references):
     """Same start, same resp_threshold: lower bounds to 1e-12, parameters to 1e-10,
@@ -273,6 +274,7 @@ def test_screened_fit_equals_unscreened_fit(name, monkeypatch, references):
     assert_same_fit(got, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [dict(n_jobs=2), dict(block_size=97),
                                 dict(block_size=350, n_jobs=2),
                                 dict(schedule="components", n_jobs=2),
@@ -306,6 +308,7 @@ def test_screened_fit_with_parameters_jumping_between_iterations(monkeypatch,
     assert_same_fit(got, ref)
 
 
+@pytest.mark.slow
 def test_float32_compute_screened_equals_unscreened(monkeypatch):
     """float32 compute: the screen's exact pairs are float64 products of the float32
     rows, as the refinement of the unscreened float32 path is."""

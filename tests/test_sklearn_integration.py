@@ -85,6 +85,7 @@ def test_pipeline_scaler_pca_gmm(X):
     assert_array_equal(pipe_em.predict(X), labels_em)
 
 
+@pytest.mark.slow
 def test_grid_search_over_n_components_and_covariance_type(X):
     grid = {"n_components": [1, 2, 3, 4], "covariance_type": list(COVARIANCE_TYPES)}
     cv = KFold(3, shuffle=True, random_state=0)
@@ -153,6 +154,7 @@ def test_invalid_parameters_rejected_like_sklearn(X):
         assert not hasattr(gm, "means_")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("covariance_type", ["full", "tied"])
 @pytest.mark.parametrize("d", [3, 128])
 def test_a_lower_factor_set_by_hand_is_refused(covariance_type, d):

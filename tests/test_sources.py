@@ -73,6 +73,7 @@ def assert_same_fit(a, b, rtol=1e-10):
 # ------------------------------------------------------------ same result everywhere
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("kind", SOURCE_KINDS)
 def test_same_result_any_source_and_block_size(make_sources, data, kind, block_size):
@@ -110,6 +111,7 @@ def test_fit_predict_from_file_equals_fit_then_predict(make_sources, data):
     assert_array_equal(labels, gm.predict(data))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", (1, 7, 64))
 @pytest.mark.parametrize("kind", ("memmap", "h5_chunked"))
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -179,6 +181,7 @@ def test_integer_data_cast_per_block(make_sources, data, kind):
 # ------------------------------------------------------------ monotone lower bound
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, block_size", [("ndarray", N), ("h5_chunked", 7), ("npy",
                                                                                   64)])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -699,6 +702,7 @@ def _write(path, X):
             f.create_dataset("X", data=X, chunks=(64, X.shape[1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".npy", ".h5"])
 @pytest.mark.parametrize("what, n_jobs", [("deleted", 2), ("replaced", 2),
                                           ("rewritten", None), ("rewritten", 1)])
@@ -765,6 +769,7 @@ def test_contiguous_view_of_a_memmap_is_read_from_its_file(tmp_path, view):
     assert got.lower_bounds_ == ref.lower_bounds_
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["npy", "h5"])
 def test_threads_sharing_a_fresh_source_read_what_one_thread_reads(tmp_path, kind,
                                                                     monkeypatch):
