@@ -113,6 +113,14 @@ def test_every_estimator_parameter_has_a_flag():
     assert params - {"callback"} - partial_fit_only <= dests
 
 
+def test_every_schedule_of_the_estimator_is_a_choice_of_the_flag():
+    """--schedule offers what GaussianMixture's schedule takes ('pairs' was
+    missing)."""
+    constraint = emgmm.GaussianMixture._parameter_constraints["schedule"][0]
+    flag = next(kw for names, name, kw in cli._ESTIMATOR_FLAGS if name == "schedule")
+    assert set(flag["choices"]) == set(constraint.options)
+
+
 def test_fit_flags_reach_the_estimator(tmp_path, data, monkeypatch):
     X, npy, _ = data
     fitted = []

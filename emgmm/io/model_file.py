@@ -495,7 +495,7 @@ def _header(f):
     covariance_type = _text(attrs.get("covariance_type"), "covariance_type")
     if covariance_type not in COVARIANCE_TYPES:
         raise _Damage(f"attribute 'covariance_type' is {covariance_type!r}, not one "
-                      f"of {COVARIANCE_TYPES}")
+                      f"of {', '.join(map(repr, COVARIANCE_TYPES))}")
     # (files written before it was stored hold float64 attributes)
     attributes_dtype = _text(attrs.get("attributes_dtype", "float64"),
                              "attributes_dtype")

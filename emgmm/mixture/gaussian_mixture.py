@@ -149,9 +149,11 @@ default='kmeans'
         (``N_k < 1e-3``; scikit-learn keeps a k-means singleton, so does emgmm):
         'reinit' re-seeds it
         on the worst-explained sample, warns and records it in ``history_``;
-        'raise' raises scikit-learn's ``ValueError``. Both raise when no component
-        is healthy or one re-seeded 10 times degenerates again. See the user
-        guide, "Degenerate components".
+        'raise' raises scikit-learn's ``ValueError`` for a covariance that is not
+        positive definite and keeps a starved component, as scikit-learn does
+        (its weight near 0, its covariance ``reg_covar``). Both raise when no
+        component is healthy or one re-seeded 10 times degenerates again. See the
+        user guide, "Degenerate components".
     callback : callable or None, default=None
         Called after every EM iteration with a dict (``event='iteration'``,
         ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,

@@ -386,10 +386,11 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
 
     if schedule == "pairs" and not pairs:
         raise ValueError(
-            "schedule='pairs' needs covariance_type='full' beyond the packed "
-            "estimate's features, resp_threshold > 0, maximum likelihood "
-            "(GaussianMixture's fit) and workers that share the model (threads or "
-            "local processes).")
+            "schedule='pairs' needs covariance_type='full' with more features than "
+            "the packed products serve (about 90 and more; with fewer, they "
+            "compute every pair faster than the pairs schedule would), "
+            "resp_threshold > 0, maximum likelihood (GaussianMixture's fit) and "
+            "workers that share the model (threads or local processes).")
     if schedule == "auto" and pairs:
         schedule = "pairs"
     if schedule == "auto":
