@@ -148,8 +148,21 @@ def group_terms(groups, n_groups, drift, fresh, offset):
 
 
 def moved_bounds(bounds, x_norms, terms):
-    """The bounds (n, G) of the last model moved to the current one (float64,
-    ``inf`` for a group without carried members)."""
+    """The rows' bounds under the last model moved to the current one.
+
+    Parameters
+    ----------
+    bounds : ndarray of shape (n, G), float32
+    x_norms : ndarray of shape (n,), float32
+        Upper bounds of the rows' norms.
+    terms : GroupTerms
+
+    Returns
+    -------
+    ndarray of shape (n, G), float64
+        ``max(0, s_g b_ig - e_g ||x_i|| - f_g)`` with slack for its rounding;
+        ``inf`` for a group without carried members.
+    """
     down = terms.scale * (1.0 - _SLACK) * bounds
     down -= (np.multiply.outer(x_norms, terms.error) + terms.shift) * (1.0 + _SLACK)
     np.maximum(down, 0.0, out=down)
@@ -158,8 +171,22 @@ def moved_bounds(bounds, x_norms, terms):
 
 
 def group_minima(roots, groups, n_groups, top):
-    """Per row and group, the smallest of ``roots`` (n, K) over the group's
-    components other than the row's ``top``."""
+    """Per row and group, the smallest of ``roots`` over the group's components
+    other than the row's ``top``.
+
+    Parameters
+    ----------
+    roots : ndarray of shape (n, K)
+        Lower bounds of the distances.
+    groups : ndarray of shape (K,), int
+    n_groups : int
+    top : ndarray of shape (n,), int
+
+    Returns
+    -------
+    ndarray of shape (n, n_groups), float64
+        ``inf`` where a group has no other component.
+    """
     n = roots.shape[0]
     masked = np.array(roots, dtype=np.float64)
     masked[np.arange(n), top] = np.inf

@@ -85,13 +85,13 @@ class TopPairs:
 
 
 def top_pairs_task(source, k0, k1, tops, state, compute_dtype, margin, n_worst,
-                   carried=None, *, blas_threads):
+                   row_bounds=None, *, blas_threads):
     """For components ``k0:k1``: the exact log-density of each row of ``tops``
     (:class:`ComponentRows`, values the rows' second largest bound); a row whose
     second bound lies below the rejection limit of that value
     (:meth:`~emgmm.covariance.screen.ProjectionScreen.rejection_limit`) has
     ``r_ik = 1`` (the others are below ``exp(-margin)``) and ``log p(x_i)`` that
-    value. The values go to the rows' ``best`` of ``carried``
+    value. The values go to the rows' ``best`` of ``row_bounds``
     (:class:`~emgmm.engine.pair_state.RowBounds`), when given."""
     screen = state.screen()
     others, sums, worst = [], np.zeros(k1 - k0), Worst(n_worst)
@@ -105,8 +105,8 @@ def top_pairs_task(source, k0, k1, tops, state, compute_dtype, margin, n_worst,
                 pair_values(np.subtract(X, state.means[k], dtype=np.float64),
                             state.factors[k], screen.offset[k], value,
                             screen.u_norm[k], err)
-                if carried is not None:
-                    carried.best[rows[a:b]] = value
+                if row_bounds is not None:
+                    row_bounds.best[rows[a:b]] = value
                 # (a value that overflowed, -inf, makes no row single: the row
                 # goes to the rescreen, which checks whether any pair explains it)
                 single = second[a:b] < screen.rejection_limit(value, err, k, margin)
@@ -127,7 +127,7 @@ def _joined(parts, dtype):
 
 
 def statistics_task(source, k0, k1, kept, state, compute_dtype, reg_covar, limit,
-                    centres, steps, carry=False, *, blas_threads):
+                    centres, steps, with_drift=False, *, blas_threads):
     """For components ``k0:k1``: the statistics of the ``kept`` pairs
     (:class:`ComponentRows`, values ``w_i r_ik``), centred on the component's
     mean, then the M step (new mean, covariance in the memory of the sums; summed
@@ -135,7 +135,7 @@ def statistics_task(source, k0, k1, kept, state, compute_dtype, reg_covar, limit
     factor (:func:`~emgmm.covariance.full_component.factor_in_place`, entries below
     ``limit``) and the screen's terms (:func:`~emgmm.covariance.screen.
     component_screen` from the previous directions, ``steps`` steps; ``centres``
-    where the clusters lie, the previous means); with ``carry``, each component's
+    where the clusters lie, the previous means); ``with_drift``: each component's
     :func:`~emgmm.covariance.drift.metric_drift` into ``state.drift`` (a component
     whose scale falls below ``FRESH_SCALE``, or whose factor fails, is fresh).
 
@@ -151,7 +151,7 @@ def statistics_task(source, k0, k1, kept, state, compute_dtype, reg_covar, limit
             rows, wr, _ = kept.of(j)
             state.fresh[k] = True
             before = (state.means[k].copy(), state.factors[k].copy(),
-                      screen.u_norm[k]) if carry else None
+                      screen.u_norm[k]) if with_drift else None
             centre = state.means[k].copy()
             delta = _summed_m_step(source, rows, wr, centre, state, k, compute_dtype,
                                    reg_covar)

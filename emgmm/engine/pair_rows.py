@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..covariance.screen import ProjectionScreen
 from ..runtime.blas import limit_blas
 from ..runtime.workspace import borrow
 from .carried_bounds import (
+    GroupTerms,
     group_minima,
     moved_bounds,
     pair_bounds,
@@ -31,6 +33,7 @@ from .carried_bounds import (
     second_bound,
 )
 from .estep import normalize_rows, weighted_log_prob
+from .pair_state import RowBounds
 from .passes import Worst, check_explained, smallest, worst_candidates
 
 
@@ -58,12 +61,12 @@ class CarryPlan:
     afresh; ``margin`` the E step's (:func:`~emgmm.covariance.log_density.
     relevance_margin`)."""
 
-    rows: object
+    rows: RowBounds
     groups: np.ndarray
     n_groups: int
-    terms: object
+    terms: GroupTerms
     fresh: np.ndarray
-    fresh_screen: object = None
+    fresh_screen: ProjectionScreen = None
     reset: bool = False
     margin: float = 0.0
 
