@@ -267,6 +267,20 @@ def test_temp_folder_parameter_wins_over_the_environment(X, temp_folder, tmp_pat
     assert parallel.joblib_temp_folder() == tempfile.gettempdir()
 
 
+@pytest.mark.parametrize("n_jobs", [None, 2])
+def test_a_temp_folder_that_does_not_exist_is_refused_at_fit(X, tmp_path, n_jobs):
+    """Also when no file would go there (n_jobs=None), so that a typo shows; the
+    estimator stays unfitted."""
+    missing = tmp_path / "no-such-folder"
+    gm = GaussianMixture(2, n_jobs=n_jobs, temp_folder=missing, random_state=0)
+    with pytest.raises(OSError, match=r"no-such-folder is not usable \(No such"):
+        gm.fit(X)
+    assert not hasattr(gm, "means_")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OSError, match=r"a-file is not usable \(Not a directory"):
+        gm.set_params(temp_folder=tmp_path / "a-file").fit(X)
+
+
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder,
                                                    monkeypatch):

@@ -327,6 +327,12 @@ class Executor:
         self.source = source
         self.n_jobs = n_jobs
         self.temp_folder = joblib_temp_folder(temp_folder)
+        if temp_folder is not None and not os.path.isdir(self.temp_folder):
+            # (checked also where no file will go there, so that a typo shows)
+            reason = ("Not a directory" if os.path.exists(self.temp_folder)
+                      else "No such file or directory")
+            raise OSError(f"Temporary folder {self.temp_folder} is not usable "
+                          f"({reason}). {_HOW_TO_MOVE}")
         # (the shared model goes to memory unless a folder was chosen)
         self._given_temp_folder = temp_folder
         backend, config_n_jobs = get_active_backend()
