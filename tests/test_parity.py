@@ -39,7 +39,7 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, make_blobs_data
+from helpers import COVARIANCE_TYPES, make_blobs_data, not_converging
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_digits
@@ -47,6 +47,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from emgmm import GaussianMixture
+from emgmm.mixture import initialization
 
 U64 = float(np.finfo(np.float64).eps) / 2
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
@@ -323,3 +324,36 @@ def test_warm_started_single_iterations_converge_as_sklearn(blobs_parity):
     assert one.converged_ and one.n_iter_ == len(steps)
     assert_allclose(em.lower_bounds_, sk.lower_bounds_, rtol=1e-9)
     assert_allclose(em.lower_bounds_[-1], one.lower_bounds_[-1], rtol=1e-12)
+
+
+class PlanRecorder:
+    """A callback keeping the 'plan' event."""
+
+    wants_plan = True
+
+    def __init__(self):
+        self.plan = None
+
+    def __call__(self, record):
+        if record["event"] == "plan":
+            self.plan = record
+
+
+def test_the_init_subsample_is_capped_in_bytes(monkeypatch):
+    """At most INIT_SAMPLE_BYTES of float64 rows (here 64 rows of 50 features): the
+    plan says so, and the start is that of init_max_samples=64; never fewer rows
+    than components."""
+    X = make_blobs_data(500, 50, 3, seed=5)
+    monkeypatch.setattr(initialization, "INIT_SAMPLE_BYTES", 64 * 50 * 8)
+    recorder = PlanRecorder()
+    with not_converging():
+        capped = GaussianMixture(3, max_iter=2, random_state=0,
+                                 callback=recorder).fit(X)
+    assert recorder.plan["init_rows"] == 64
+    monkeypatch.setattr(initialization, "INIT_SAMPLE_BYTES", 2**30)
+    with not_converging():
+        by_rows = GaussianMixture(3, max_iter=2, random_state=0,
+                                  init_max_samples=64).fit(X)
+    assert np.array_equal(capped.means_, by_rows.means_)
+    monkeypatch.setattr(initialization, "INIT_SAMPLE_BYTES", 8)
+    assert initialization.init_rows(100_000, 500, 50, 3) == 3

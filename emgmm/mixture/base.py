@@ -57,7 +57,7 @@ from ..runtime.memory import (
     tasks_are_tiny,
 )
 from ..runtime.worker_loss import explain_worker_loss
-from .initialization import init_sample, subsample_indices
+from .initialization import init_rows, init_sample, subsample_indices
 from .online import OnlineMixin, initial_model, shared_weights
 from .validation import (
     Interval,
@@ -318,17 +318,16 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMet
 
     def _init_sample(self, source, random_state, block_size, sample_weights=None):
         """``(rows, their weights or None)`` the initialisation sees: all rows, or
-        a random subsample of ``init_max_samples`` (sorted), checked and in float64
+        a random subsample of :meth:`_init_rows` (sorted), checked and in float64
         (:func:`~emgmm.mixture.initialization.init_sample`)."""
         weights = None
-        if (isinstance(source, ArraySource)
-                and source.n_samples <= self.init_max_samples):
+        rows = self._init_rows(source.n_samples, source.n_features)
+        if isinstance(source, ArraySource) and source.n_samples <= rows:
             sample = source.array
             if sample_weights is not None:
                 weights = sample_weights.read(0, source.n_samples)
         else:
-            idx = subsample_indices(source.n_samples, self.init_max_samples,
-                                    random_state)
+            idx = subsample_indices(source.n_samples, rows, random_state)
             if idx is None:
                 idx = np.arange(source.n_samples)
             sample = source.take(idx, block_size)
@@ -342,6 +341,12 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMet
                 f"{self.n_components}: the initialisation subsample needs at least "
                 "one row per component.")
         return sample, weights
+
+    def _init_rows(self, n_samples, n_features):
+        """Rows of the initialisation subsample
+        (:func:`~emgmm.mixture.initialization.init_rows`)."""
+        return init_rows(self.init_max_samples, n_samples, n_features,
+                         self.n_components)
 
     def _update_rule(self):
         """The engine's update rule: E-step parameters, parameters from statistics
@@ -608,7 +613,7 @@ h5py.Dataset or None, default=None
                 "n_samples": plan.n_samples,
                 "n_components": self.n_components,
                 "init_params": self.init_params if initialises else None,
-                "init_rows": (min(plan.n_samples, self.init_max_samples)
+                "init_rows": (self._init_rows(plan.n_samples, plan.n_features)
                               if initialises else 0),
                 "resume": None if resume is None else {
                     "path": plan.checkpointer.path, "init": resume.init_index,

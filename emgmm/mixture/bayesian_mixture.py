@@ -101,7 +101,8 @@ default='dirichlet_process'
     schedule : {'auto', 'rows', 'components'}, default='auto'
         As :class:`emgmm.GaussianMixture`'s.
     init_max_samples : int, default=100_000
-        Rows in the initialisation subsample.
+        Rows in the initialisation subsample, at most as many float64 rows as fit
+        in 256 MiB (3,355 at 10,000 features) and no fewer than ``n_components``.
     compute_dtype : {'float32', 'float64'} or None, default=None
         As :class:`emgmm.GaussianMixture`'s; ``None`` follows the data.
     resp_threshold : float, default=1e-20

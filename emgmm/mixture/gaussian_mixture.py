@@ -129,7 +129,8 @@ default='kmeans'
         'components' when workers would hold over 64 MiB of statistics each, or
         when only it fits the memory. See the user guide, "Parallelism".
     init_max_samples : int, default=100_000
-        Rows in the initialisation subsample.
+        Rows in the initialisation subsample, at most as many float64 rows as fit
+        in 256 MiB (3,355 at 10,000 features) and no fewer than ``n_components``.
     compute_dtype : {'float32', 'float64'} or None, default=None
         Dtype of the heavy products of the E step; ``None`` follows the data.
         ``'float32'`` on float64 data fits the data rounded to float32. The pairs

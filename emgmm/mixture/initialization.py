@@ -2,8 +2,9 @@
 
 scikit-learn initialises from responsibilities over the whole of ``X``
 (``sklearn.mixture._base.BaseMixture._initialize_parameters``). emgmm does the same on
-a subsample of at most ``init_max_samples`` rows, drawn with the estimator's random
-state and read in increasing row order (one sequential pass at most). When ``X`` has
+a subsample of at most ``init_max_samples`` rows (and at most
+:data:`INIT_SAMPLE_BYTES` of them), drawn with the estimator's random state and read
+in increasing row order (one sequential pass at most). When ``X`` has
 no more rows than that, the subsample is ``X`` itself and no random numbers are drawn
 for it, so every ``init_params`` gives exactly scikit-learn's initialisation.
 """
@@ -12,6 +13,19 @@ import numpy as np
 from sklearn.cluster import KMeans, kmeans_plusplus
 
 from ..covariance import get_covariance_type
+
+#: Bytes of float64 rows the initialisation subsample may hold: it is read into
+#: memory and k-means works on copies of it, so at d=10k the 100,000 rows of
+#: ``init_max_samples`` would be 8 GB (several times that at the peak).
+INIT_SAMPLE_BYTES = 256 * 2**20
+
+
+def init_rows(init_max_samples, n_samples, n_features, n_components):
+    """Rows of the initialisation subsample: ``init_max_samples``, at most as many
+    float64 rows as fit in :data:`INIT_SAMPLE_BYTES` (but no fewer than
+    ``n_components``), at most ``n_samples``."""
+    by_bytes = max(n_components, INIT_SAMPLE_BYTES // (8 * max(n_features, 1)))
+    return int(min(n_samples, init_max_samples, by_bytes))
 
 
 def subsample_indices(n_samples, max_samples, random_state):
