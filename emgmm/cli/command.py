@@ -360,16 +360,20 @@ def _check_replaces_a_model(path):
             "only models. Remove it or choose another name.") from None
 
 
-def _cmd_fit(args):
-    from .. import BayesianGaussianMixture, GaussianMixture
-
-    params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
-    params, bayesian = _bayesian_params(args, params)
+def _fit_inputs(args, params):
+    """The ``(flag, path)`` pairs of the files ``emgmm fit`` reads, which its
+    outputs must not replace."""
     inputs = [("DATA", args.data), ("--sample-weight", args.sample_weight)]
     inputs += [(_flag(name), params.get(name)) for name in _INIT_ARRAYS]
     inputs += [(_flag(name), getattr(args, name)) for name in ("mean_prior",
                                                                 "covariance_prior")
                if hasattr(args, name)]
+    return inputs
+
+
+def _check_fit_outputs(args, params, inputs):
+    """Refuse an output or checkpoint path of ``emgmm fit`` that would replace one
+    of its ``inputs``, the other output, or a file that is not a model."""
     checkpoint = params.get("checkpoint")
     # (the output may be the --warm-start model: it is read whole before the fit, and
     # the output replaces it only when complete, so a model can be updated in place)
@@ -379,29 +383,53 @@ def _cmd_fit(args):
                       inputs=inputs + [("--warm-start", args.warm_start)])
     _check_suffix(args.output, "output", "HDF5", ".h5")
     _check_replaces_a_model(args.output)
-    if args.warm_start is None:  # (a warm start checks them against its model)
-        _check_type_parameters(params)
+
+
+def _load_init_arrays(params):
+    """Replace the paths of the ``--*-init`` arrays in ``params`` by the arrays."""
     for name in _INIT_ARRAYS:
         if name in params:
             params[name] = _load_init_array(params[name], "--" + name.replace("_", "-"))
+
+
+def _warm_start_estimator(args, params, bayesian):
+    """The ``--warm-start`` model, set to continue with ``params``; refuse a
+    parameter that contradicts it, or data of another number of features."""
+    from .. import BayesianGaussianMixture
+
+    estimator = load_model(args.warm_start)
+    if bayesian != isinstance(estimator, BayesianGaussianMixture):
+        raise UsageError(f"--warm-start {args.warm_start} is a GaussianMixture "
+                           "model: drop --bayesian to continue it")
+    for name, flag in (("n_components", "-k"),
+                       ("covariance_type", "--covariance-type"),
+                       ("n_factors", "--n-factors")):
+        if name in params and params[name] != getattr(estimator, name):
+            raise UsageError(
+                f"--warm-start {args.warm_start} continues a model with "
+                f"{name}={getattr(estimator, name)!r}, not {params[name]!r}: "
+                f"drop {flag} to continue it, or --warm-start to fit a new model")
+    estimator.set_params(warm_start=True, **params)
+    _data_shape(args.data, estimator.n_features_in_)
+    return estimator
+
+
+def _fit_estimator(args, params, bayesian, estimator_class):
+    """The estimator ``emgmm fit`` fits: the ``--warm-start`` model continued, or a
+    new ``estimator_class`` built from ``params``."""
+    if args.warm_start is None:  # (a warm start checks them against its model)
+        _check_type_parameters(params)
+    _load_init_arrays(params)
     if args.warm_start is not None:
-        estimator = load_model(args.warm_start)
-        if bayesian != isinstance(estimator, BayesianGaussianMixture):
-            raise UsageError(f"--warm-start {args.warm_start} is a GaussianMixture "
-                               "model: drop --bayesian to continue it")
-        for name, flag in (("n_components", "-k"),
-                           ("covariance_type", "--covariance-type"),
-                           ("n_factors", "--n-factors")):
-            if name in params and params[name] != getattr(estimator, name):
-                raise UsageError(
-                    f"--warm-start {args.warm_start} continues a model with "
-                    f"{name}={getattr(estimator, name)!r}, not {params[name]!r}: "
-                    f"drop {flag} to continue it, or --warm-start to fit a new model")
-        estimator.set_params(warm_start=True, **params)
-        _data_shape(args.data, estimator.n_features_in_)
-    else:
-        estimator = (BayesianGaussianMixture if bayesian else GaussianMixture)(**params)
-        _data_shape(args.data)
+        return _warm_start_estimator(args, params, bayesian)
+    estimator = estimator_class(**params)
+    _data_shape(args.data)
+    return estimator
+
+
+def _fit_reporting(estimator, args):
+    """Fit ``estimator`` to ``args.data`` with progress reports on stderr; the
+    reporter, which holds the fit's summary."""
     # one report per iteration: --verbose asks for the estimator's own lines
     # (scikit-learn's), which then replace the reporter's
     reporter = ProgressReporter(estimator.max_iter, estimator.n_init,
@@ -415,6 +443,19 @@ def _cmd_fit(args):
                    else {"sample_weight": args.sample_weight})
         estimator.fit(args.data, **weights)
     estimator.set_params(callback=None)
+    return reporter
+
+
+def _cmd_fit(args):
+    from .. import BayesianGaussianMixture, GaussianMixture
+
+    params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
+    params, bayesian = _bayesian_params(args, params)
+    _check_fit_outputs(args, params, _fit_inputs(args, params))
+    estimator = _fit_estimator(
+        args, params, bayesian,
+        BayesianGaussianMixture if bayesian else GaussianMixture)
+    reporter = _fit_reporting(estimator, args)
     save_model(estimator, args.output)
     summary = dict(reporter.summary(estimator), data=args.data, model=args.output)
     if not args.quiet:
