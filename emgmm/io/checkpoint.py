@@ -553,24 +553,35 @@ def remove_stale_locks(directory):
     except OSError:
         return
     for name in names:
-        lock = os.path.join(directory, name)
-        try:
-            fd = os.open(lock, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            fields = os.read(fd, 64).decode(errors="replace").split()
-            if not (fields and fields[0].isdigit() and len(fields) <= 2
-                    and fields[1:] in ([], [process_space()])
-                    and not pid_alive(int(fields[0]))):
-                continue
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.path.samestat(os.fstat(fd), os.stat(lock)):
-                os.unlink(lock)  # (while holding it: no fit holds it meanwhile)
-        except OSError:
-            continue  # held by a running fit, gone meanwhile, or no locks here
-        finally:
-            os.close(fd)
+        _remove_if_stale(fcntl, os.path.join(directory, name))
+
+
+def _remove_if_stale(fcntl, lock):
+    """Remove the lock file ``lock`` if it is stale, as :func:`remove_stale_locks`
+    says; leave it on any error (held by a running fit, gone, no locks here)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return
+    try:
+        if not _holder_gone(os.read(fd, 64).decode(errors="replace").split()):
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.path.samestat(os.fstat(fd), os.stat(lock)):
+            os.unlink(lock)  # (while holding it: no fit holds it meanwhile)
+    except OSError:
+        return  # held by a running fit, gone meanwhile, or no locks here
+    finally:
+        os.close(fd)
+
+
+def _holder_gone(fields):
+    """Whether the ``fields`` of a lock file name a process id, written in this
+    host and PID namespace (or untagged, by an earlier version), that no longer
+    runs."""
+    return bool(fields and fields[0].isdigit() and len(fields) <= 2
+                and fields[1:] in ([], [process_space()])
+                and not pid_alive(int(fields[0])))
 
 
 def _release_lock(fd, path):
