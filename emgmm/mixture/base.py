@@ -619,18 +619,7 @@ h5py.Dataset or None, default=None
         """Run every initialisation (from a checkpoint's, if resuming); return
         ``(score, run, labels)`` of the best (:meth:`_run_score`)."""
         self._before_runs(plan)
-        checkpointer = plan.checkpointer
-        resume = None if checkpointer is None else checkpointer.resume
-        best, first = None, 0
-        if resume is not None:
-            first = resume.init_index
-            if resume.best_run is not None:
-                best = (resume.best_score, resume.best_run, None)
-            if self.verbose:
-                done = resume.run.n_iter
-                print(f"Resuming from {checkpointer.path} after {done} "
-                      f"iteration{'' if done == 1 else 's'} of initialization "
-                      f"{first}.")
+        resume, first, best = self._resume_point(plan)
         for init in range(first, plan.n_init):
             if self.verbose:
                 print(f"Initialization {init}")
@@ -646,11 +635,33 @@ h5py.Dataset or None, default=None
             if best is None or score > best[0] or best[0] == -np.inf:
                 best = (score, run, labels)
         if want_labels and best[2] is None:  # not scored with labels, or restored
-            _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
-                                        self._labels_model(plan, best[1].model),
-                                        plan.compute_dtype, True, plan.weights)
-            best = best[:2] + (labels,)
+            best = best[:2] + (self._best_labels(plan, best[1]),)
         return best
+
+    def _resume_point(self, plan):
+        """``(resume, first, best)``: the checkpoint's resume state (``None`` if
+        not resuming), the initialisation to start from, and the best run so far
+        as ``(score, run, None)`` (``None`` if none); says so if verbose."""
+        checkpointer = plan.checkpointer
+        resume = None if checkpointer is None else checkpointer.resume
+        best, first = None, 0
+        if resume is not None:
+            first = resume.init_index
+            if resume.best_run is not None:
+                best = (resume.best_score, resume.best_run, None)
+            if self.verbose:
+                done = resume.run.n_iter
+                print(f"Resuming from {checkpointer.path} after {done} "
+                      f"iteration{'' if done == 1 else 's'} of initialization "
+                      f"{first}.")
+        return resume, first, best
+
+    def _best_labels(self, plan, run):
+        """The component labels of the data under ``run``'s final parameters."""
+        _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
+                                    self._labels_model(plan, run.model),
+                                    plan.compute_dtype, True, plan.weights)
+        return labels
 
     def _before_runs(self, plan):
         """Called once before the initialisations of a fit (default: nothing)."""
