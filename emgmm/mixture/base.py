@@ -537,22 +537,15 @@ h5py.Dataset or None, default=None
                 f"{self.n_components}, n_samples = {n}"
             )
         inits = self._check_initial_parameters(d) if first else None
-        sample_weights = as_weight_source(sample_weight, n)
-        try:
-            total_weight = n if sample_weights is None else check_weights(
-                sample_weights, self.n_components if first else None).total
-        except BaseException:
-            sample_weights.close()
-            raise
+        sample_weights, total_weight = self._weights_and_total(
+            sample_weight, n, first)
         compute_dtype = self._compute_dtype(source)
         out_dtype = self._output_dtype(compute_dtype, source.dtype)
         block_size = self._block_size(source)
         do_init = (first if stream
                    else not (self.warm_start and hasattr(self, "converged_")))
         random_state = check_random_state(self.random_state)
-        executor = Executor(source, self.n_jobs, self.temp_folder)
-        if getattr(self.callback, "wants_progress", False):
-            executor.on_task = self._task_callback
+        executor = self._executor(source)
         kind = self._kind()
         schedule, estimate = self._schedule(kind, d, executor, stream)
         tasks = partition(n, block_size, self._max_tasks(schedule, kind, d))
@@ -569,6 +562,27 @@ h5py.Dataset or None, default=None
             else rows_statistics_pass,
             estimate, block_nbytes, checkpointer, sample_weights, total_weight,
             schedule=schedule)
+
+    def _weights_and_total(self, sample_weight, n_samples, first):
+        """``(sample_weights, total_weight)`` of a fit: the checked weights source
+        (``None`` without weights) and their sum (``n_samples`` without); ``first``:
+        the weights must give every component a share."""
+        sample_weights = as_weight_source(sample_weight, n_samples)
+        try:
+            total_weight = n_samples if sample_weights is None else check_weights(
+                sample_weights, self.n_components if first else None).total
+        except BaseException:
+            sample_weights.close()
+            raise
+        return sample_weights, total_weight
+
+    def _executor(self, source):
+        """The :class:`Executor` of a fit on ``source``, reporting each task to a
+        callback that ``wants_progress``."""
+        executor = Executor(source, self.n_jobs, self.temp_folder)
+        if getattr(self.callback, "wants_progress", False):
+            executor.on_task = self._task_callback
+        return executor
 
     def _pairs_apply(self, kind, n_features, executor, stream=False):
         """Whether the pairs schedule serves a fit (maximum likelihood, not a stream:
