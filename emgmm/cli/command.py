@@ -360,16 +360,20 @@ def _check_replaces_a_model(path):
             "only models. Remove it or choose another name.") from None
 
 
-def _cmd_fit(args):
-    from .. import BayesianGaussianMixture, GaussianMixture
-
-    params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
-    params, bayesian = _bayesian_params(args, params)
+def _fit_inputs(args, params):
+    """The ``(flag, path)`` pairs of the files ``emgmm fit`` reads, which its
+    outputs must not replace."""
     inputs = [("DATA", args.data), ("--sample-weight", args.sample_weight)]
     inputs += [(_flag(name), params.get(name)) for name in _INIT_ARRAYS]
     inputs += [(_flag(name), getattr(args, name)) for name in ("mean_prior",
                                                                 "covariance_prior")
                if hasattr(args, name)]
+    return inputs
+
+
+def _check_fit_outputs(args, params, inputs):
+    """Refuse an output or checkpoint path of ``emgmm fit`` that would replace one
+    of its ``inputs``, the other output, or a file that is not a model."""
     checkpoint = params.get("checkpoint")
     # (the output may be the --warm-start model: it is read whole before the fit, and
     # the output replaces it only when complete, so a model can be updated in place)
@@ -379,29 +383,53 @@ def _cmd_fit(args):
                       inputs=inputs + [("--warm-start", args.warm_start)])
     _check_suffix(args.output, "output", "HDF5", ".h5")
     _check_replaces_a_model(args.output)
-    if args.warm_start is None:  # (a warm start checks them against its model)
-        _check_type_parameters(params)
+
+
+def _load_init_arrays(params):
+    """Replace the paths of the ``--*-init`` arrays in ``params`` by the arrays."""
     for name in _INIT_ARRAYS:
         if name in params:
             params[name] = _load_init_array(params[name], "--" + name.replace("_", "-"))
+
+
+def _warm_start_estimator(args, params, bayesian):
+    """The ``--warm-start`` model, set to continue with ``params``; refuse a
+    parameter that contradicts it, or data of another number of features."""
+    from .. import BayesianGaussianMixture
+
+    estimator = load_model(args.warm_start)
+    if bayesian != isinstance(estimator, BayesianGaussianMixture):
+        raise UsageError(f"--warm-start {args.warm_start} is a GaussianMixture "
+                           "model: drop --bayesian to continue it")
+    for name, flag in (("n_components", "-k"),
+                       ("covariance_type", "--covariance-type"),
+                       ("n_factors", "--n-factors")):
+        if name in params and params[name] != getattr(estimator, name):
+            raise UsageError(
+                f"--warm-start {args.warm_start} continues a model with "
+                f"{name}={getattr(estimator, name)!r}, not {params[name]!r}: "
+                f"drop {flag} to continue it, or --warm-start to fit a new model")
+    estimator.set_params(warm_start=True, **params)
+    _data_shape(args.data, estimator.n_features_in_)
+    return estimator
+
+
+def _fit_estimator(args, params, bayesian, estimator_class):
+    """The estimator ``emgmm fit`` fits: the ``--warm-start`` model continued, or a
+    new ``estimator_class`` built from ``params``."""
+    if args.warm_start is None:  # (a warm start checks them against its model)
+        _check_type_parameters(params)
+    _load_init_arrays(params)
     if args.warm_start is not None:
-        estimator = load_model(args.warm_start)
-        if bayesian != isinstance(estimator, BayesianGaussianMixture):
-            raise UsageError(f"--warm-start {args.warm_start} is a GaussianMixture "
-                               "model: drop --bayesian to continue it")
-        for name, flag in (("n_components", "-k"),
-                           ("covariance_type", "--covariance-type"),
-                           ("n_factors", "--n-factors")):
-            if name in params and params[name] != getattr(estimator, name):
-                raise UsageError(
-                    f"--warm-start {args.warm_start} continues a model with "
-                    f"{name}={getattr(estimator, name)!r}, not {params[name]!r}: "
-                    f"drop {flag} to continue it, or --warm-start to fit a new model")
-        estimator.set_params(warm_start=True, **params)
-        _data_shape(args.data, estimator.n_features_in_)
-    else:
-        estimator = (BayesianGaussianMixture if bayesian else GaussianMixture)(**params)
-        _data_shape(args.data)
+        return _warm_start_estimator(args, params, bayesian)
+    estimator = estimator_class(**params)
+    _data_shape(args.data)
+    return estimator
+
+
+def _fit_reporting(estimator, args):
+    """Fit ``estimator`` to ``args.data`` with progress reports on stderr; the
+    reporter, which holds the fit's summary."""
     # one report per iteration: --verbose asks for the estimator's own lines
     # (scikit-learn's), which then replace the reporter's
     reporter = ProgressReporter(estimator.max_iter, estimator.n_init,
@@ -415,6 +443,19 @@ def _cmd_fit(args):
                    else {"sample_weight": args.sample_weight})
         estimator.fit(args.data, **weights)
     estimator.set_params(callback=None)
+    return reporter
+
+
+def _cmd_fit(args):
+    from .. import BayesianGaussianMixture, GaussianMixture
+
+    params = {p: getattr(args, p) for _, p, _ in _ESTIMATOR_FLAGS if hasattr(args, p)}
+    params, bayesian = _bayesian_params(args, params)
+    _check_fit_outputs(args, params, _fit_inputs(args, params))
+    estimator = _fit_estimator(
+        args, params, bayesian,
+        BayesianGaussianMixture if bayesian else GaussianMixture)
+    reporter = _fit_reporting(estimator, args)
     save_model(estimator, args.output)
     summary = dict(reporter.summary(estimator), data=args.data, model=args.output)
     if not args.quiet:
@@ -532,34 +573,20 @@ EXIT_STATUS = ("Exit status: 0 success, 1 failure while running, 2 usage error; 
                "130 interrupted (Ctrl-C), 143 terminated (SIGTERM).")
 
 
-def build_parser():
-    """Build the argument parser of the ``emgmm`` command.
+#: The help of a DATA argument.
+_DATA_HELP = "a .npy file or an HDF5 dataset as file.h5:/path/to/dataset"
 
-    Returns
-    -------
-    parser : argparse.ArgumentParser
-    """
-    from .. import BayesianGaussianMixture, GaussianMixture
+#: The help of a MODEL argument that is read.
+_MODEL_HELP = "model file written by emgmm fit (HDF5)"
 
-    defaults = GaussianMixture().get_params()
-    parser = argparse.ArgumentParser(
-        prog="emgmm",
-        description="Exact out-of-core, parallel EM for Gaussian mixtures.",
-        epilog=EXIT_STATUS,
-    )
-    parser.add_argument("--debug", action="store_true",
-                        help="show the full traceback on errors")
-    parser.add_argument("--version", action="version",
-                        version=f"emgmm {package_version()}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback on errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    data_help = "a .npy file or an HDF5 dataset as file.h5:/path/to/dataset"
 
+def _add_fit_parser(sub, common, estimator_class, bayesian_class):
+    """Add the ``fit`` command to the subparsers ``sub``, its estimator flags with
+    the defaults of ``estimator_class`` and ``bayesian_class`` in their help."""
+    defaults = estimator_class().get_params()
     fit = sub.add_parser("fit", parents=[common], help="fit a mixture to DATA",
                          description="Fit a Gaussian mixture to DATA and save it.")
-    fit.add_argument("data", metavar="DATA", help=data_help)
+    fit.add_argument("data", metavar="DATA", help=_DATA_HELP)
     fit.add_argument("-o", "--output", required=True, metavar="MODEL",
                      help="model file to write (HDF5: .h5, .hdf5 or no suffix)")
     notes = {"verbose": "; above 0 its lines replace the progress lines"}
@@ -571,7 +598,7 @@ def build_parser():
                      help="fit a BayesianGaussianMixture (variational; the number "
                           "of components used is inferred up to -k; the summary "
                           "counts those whose weight is above 1/(100 K))")
-    bayesian_defaults = BayesianGaussianMixture().get_params()
+    bayesian_defaults = bayesian_class().get_params()
     for flags, name, kwargs in _BAYESIAN_FLAGS:
         fit.add_argument(*flags, dest=name, default=argparse.SUPPRESS,
                          help=f"with --bayesian: BayesianGaussianMixture({name}=...); "
@@ -588,23 +615,28 @@ def build_parser():
                      help="print the summary as JSON on stdout")
     fit.set_defaults(func=_cmd_fit)
 
-    model_help = "model file written by emgmm fit (HDF5)"
+
+def _add_score_parser(sub, common):
+    """Add the ``score`` command to the subparsers ``sub``."""
     score = sub.add_parser(
         "score", parents=[common], help="mean log-likelihood per sample of DATA",
         description="Print the mean log-likelihood per sample of DATA under MODEL "
                     "(GaussianMixture.score), read in blocks.")
-    score.add_argument("model", metavar="MODEL", help=model_help)
-    score.add_argument("data", metavar="DATA", help=data_help)
+    score.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
+    score.add_argument("data", metavar="DATA", help=_DATA_HELP)
     score.add_argument("--json", action="store_true", help="print JSON")
     score.set_defaults(func=_cmd_score)
 
+
+def _add_predict_parser(sub, common):
+    """Add the ``predict`` command to the subparsers ``sub``."""
     predict = sub.add_parser(
         "predict", parents=[common],
         help="component labels (or responsibilities) of DATA",
         description="Write the most likely component of each row of DATA (or, with "
                     "--proba, the responsibilities) to a .npy file, block by block.")
-    predict.add_argument("model", metavar="MODEL", help=model_help)
-    predict.add_argument("data", metavar="DATA", help=data_help)
+    predict.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
+    predict.add_argument("data", metavar="DATA", help=_DATA_HELP)
     predict.add_argument("-o", "--output", required=True, metavar="NPY",
                          help="output .npy file: int64 labels (n_samples,)")
     predict.add_argument("--proba", action="store_true",
@@ -615,11 +647,14 @@ def build_parser():
                               "block_size, else from sklearn's working_memory)")
     predict.set_defaults(func=_cmd_predict)
 
+
+def _add_sample_parser(sub, common):
+    """Add the ``sample`` command to the subparsers ``sub``."""
     sample = sub.add_parser(
         "sample", parents=[common], help="draw samples from a model",
         description="Draw samples from MODEL (GaussianMixture.sample) and write "
                     "them, and optionally their components, to .npy files.")
-    sample.add_argument("model", metavar="MODEL", help=model_help)
+    sample.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
     sample.add_argument("-n", "--n-samples", type=at_least(int, 1), required=True,
                         help="number of samples to draw")
     sample.add_argument("-o", "--output", required=True, metavar="NPY",
@@ -630,14 +665,45 @@ def build_parser():
                         help="seed of the draw (default: a different draw each run)")
     sample.set_defaults(func=_cmd_sample)
 
+
+def _add_info_parser(sub, common):
+    """Add the ``info`` command to the subparsers ``sub``."""
     info = sub.add_parser(
         "info", parents=[common], help="describe a model file",
         description="Print what MODEL holds: covariance type, components, features, "
                     "how the fit ended, the weights and the fit's parameters.")
-    info.add_argument("model", metavar="MODEL", help=model_help)
+    info.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_cmd_info)
 
+
+def build_parser():
+    """Build the argument parser of the ``emgmm`` command.
+
+    Returns
+    -------
+    parser : argparse.ArgumentParser
+    """
+    from .. import BayesianGaussianMixture, GaussianMixture
+
+    parser = argparse.ArgumentParser(
+        prog="emgmm",
+        description="Exact out-of-core, parallel EM for Gaussian mixtures.",
+        epilog=EXIT_STATUS,
+    )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback on errors")
+    parser.add_argument("--version", action="version",
+                        version=f"emgmm {package_version()}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_fit_parser(sub, common, GaussianMixture, BayesianGaussianMixture)
+    _add_score_parser(sub, common)
+    _add_predict_parser(sub, common)
+    _add_sample_parser(sub, common)
+    _add_info_parser(sub, common)
     demo_parser = sub.add_parser("demo", parents=[common],
                                  help=demo.SUMMARY, description=demo.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

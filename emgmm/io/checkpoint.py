@@ -465,36 +465,9 @@ def _acquire_lock(path):
     lock = _lock_path(path)
     remove_stale_locks(os.path.dirname(lock))
     while True:
-        # (not through a link planted at the lock's name: it would truncate the target)
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
-                         0o644)
-        except OSError as exc:
-            raise type(exc)(exc.errno, f"Cannot create the lock file {lock} of "
-                            f"checkpoint {path}: {exc.strerror} (a link there is "
-                            "refused)") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = (os.read(fd, 64).decode(errors="replace").split() or
-                      ["unknown"])[0]
-            os.close(fd)
-            raise RuntimeError(
-                f"Checkpoint {path} is in use by another fit running now (process "
-                f"{holder}). Fits that run at the same time need a checkpoint path "
-                "each (clones share it: GridSearchCV(n_jobs=2) or cross_validate with "
-                "n_jobs fit several at once): put {fingerprint} in the path (e.g. "
-                "checkpoint='ck-{fingerprint}.npz') to give each fit of other data or "
-                "parameters its own file, or use checkpoint=None."
-            ) from None
-        except OSError as exc:
-            _release_lock(fd, path)
-            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                return None  # a file system without locks: the fit goes on without
-            raise
-        except BaseException:
-            os.close(fd)
-            raise
+        fd = _open_lock(lock, path)
+        if not _lock_exclusively(fcntl, fd, path):
+            return None  # a file system without locks: the fit goes on without
         # the holder before us may have removed the file after we opened it: the lock
         # counts only on the file that the name still gives
         try:
@@ -502,15 +475,68 @@ def _acquire_lock(path):
         except FileNotFoundError:
             same = False
         if same:
-            try:
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()} {process_space()}".encode())
-            except OSError as exc:
-                _release_lock(fd, path)
-                raise type(exc)(exc.errno, f"Cannot write the lock file {lock} of "
-                                f"checkpoint {path}: {exc.strerror}") from None
+            _write_lock_holder(fd, lock, path)
             return fd
         os.close(fd)
+
+
+def _open_lock(lock, path):
+    """A descriptor of the lock file ``lock`` of checkpoint ``path``, created if
+    missing; refuse a link at its name."""
+    # (not through a link planted at the lock's name: it would truncate the target)
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                       0o644)
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"Cannot create the lock file {lock} of "
+                        f"checkpoint {path}: {exc.strerror} (a link there is "
+                        "refused)") from None
+
+
+def _lock_exclusively(fcntl, fd, path):
+    """Take the exclusive ``flock`` of the lock file ``fd`` of checkpoint ``path``:
+    true if held, false (``fd`` released) if the file system has no locks.
+
+    Raises
+    ------
+    RuntimeError
+        If another fit holds it (``fd`` closed); the message names its process.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = (os.read(fd, 64).decode(errors="replace").split() or
+                  ["unknown"])[0]
+        os.close(fd)
+        raise RuntimeError(
+            f"Checkpoint {path} is in use by another fit running now (process "
+            f"{holder}). Fits that run at the same time need a checkpoint path "
+            "each (clones share it: GridSearchCV(n_jobs=2) or cross_validate with "
+            "n_jobs fit several at once): put {fingerprint} in the path (e.g. "
+            "checkpoint='ck-{fingerprint}.npz') to give each fit of other data or "
+            "parameters its own file, or use checkpoint=None."
+        ) from None
+    except OSError as exc:
+        _release_lock(fd, path)
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            return False
+        raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return True
+
+
+def _write_lock_holder(fd, lock, path):
+    """Write this process's id and PID namespace to the held lock file ``fd``
+    (``lock``) of checkpoint ``path``; release it if that fails."""
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {process_space()}".encode())
+    except OSError as exc:
+        _release_lock(fd, path)
+        raise type(exc)(exc.errno, f"Cannot write the lock file {lock} of "
+                        f"checkpoint {path}: {exc.strerror}") from None
 
 
 def remove_stale_locks(directory):
@@ -527,24 +553,35 @@ def remove_stale_locks(directory):
     except OSError:
         return
     for name in names:
-        lock = os.path.join(directory, name)
-        try:
-            fd = os.open(lock, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            fields = os.read(fd, 64).decode(errors="replace").split()
-            if not (fields and fields[0].isdigit() and len(fields) <= 2
-                    and fields[1:] in ([], [process_space()])
-                    and not pid_alive(int(fields[0]))):
-                continue
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.path.samestat(os.fstat(fd), os.stat(lock)):
-                os.unlink(lock)  # (while holding it: no fit holds it meanwhile)
-        except OSError:
-            continue  # held by a running fit, gone meanwhile, or no locks here
-        finally:
-            os.close(fd)
+        _remove_if_stale(fcntl, os.path.join(directory, name))
+
+
+def _remove_if_stale(fcntl, lock):
+    """Remove the lock file ``lock`` if it is stale, as :func:`remove_stale_locks`
+    says; leave it on any error (held by a running fit, gone, no locks here)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return
+    try:
+        if not _holder_gone(os.read(fd, 64).decode(errors="replace").split()):
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.path.samestat(os.fstat(fd), os.stat(lock)):
+            os.unlink(lock)  # (while holding it: no fit holds it meanwhile)
+    except OSError:
+        return  # held by a running fit, gone meanwhile, or no locks here
+    finally:
+        os.close(fd)
+
+
+def _holder_gone(fields):
+    """Whether the ``fields`` of a lock file name a process id, written in this
+    host and PID namespace (or untagged, by an earlier version), that no longer
+    runs."""
+    return bool(fields and fields[0].isdigit() and len(fields) <= 2
+                and fields[1:] in ([], [process_space()])
+                and not pid_alive(int(fields[0])))
 
 
 def _release_lock(fd, path):

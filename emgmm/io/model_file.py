@@ -638,12 +638,28 @@ def read_model(path: str | os.PathLike[str],
         As :func:`emgmm.load_model`.
     """
     header, values = _read(path, arrays=True)
-    weights, means, arrays = values["weights"], values["means"], values["params"]
+    kind = REGISTRY[header["covariance_type"]].for_params(header["params"])
+    problem, covariances, precisions = _model_problem(header, values, kind)
+    if problem is not None:
+        raise ModelFileError(f"{os.fspath(path)} holds no valid mixture: {problem}")
+    estimator = estimator_for(values.get("variational") is not None)
+    _set_stored_params(estimator, header, values["params"])
+    _set_fitted_attributes(estimator, header, values, kind, covariances, precisions)
+    with _open(path) as f:
+        _read_online(f, estimator, path)
+    return estimator
+
+
+def _model_problem(header, values, kind):
+    """What makes the mixture read from a model file invalid (``None`` if
+    nothing), with its covariances and precisions (``None`` if the file stores no
+    precisions, or the check stopped before them)."""
+    weights, means = values["weights"], values["means"]
     prec_chol = values.get("precisions_cholesky")
     variational = values.get("variational")
     k, d = header["n_components"], header["n_features_in"]
     cov_type = header["covariance_type"]
-    kind = REGISTRY[cov_type].for_params(header["params"])
+    covariances = precisions = None
     problem = (_invalid_parameters(weights, means, prec_chol, cov_type)
                or kind.stored_problem(values))
     if problem is None and prec_chol is not None:
@@ -654,22 +670,31 @@ def read_model(path: str | os.PathLike[str],
         problem = _singular_factor(covariances, prec_chol, cov_type)
     if problem is None and variational is not None:
         problem = _invalid_variational(variational, cov_type, k, d)
-    if problem is not None:
-        raise ModelFileError(f"{os.fspath(path)} holds no valid mixture: {problem}")
+    return problem, covariances, precisions
+
+
+def _set_stored_params(estimator, header, arrays):
+    """Set the parameters a model file stores (its ``arrays`` among them) that
+    ``estimator`` knows, with no checkpoint."""
     # (files written before checkpoint was stored as null still carry the path)
     params = dict(header["params"], **arrays, checkpoint=None)
     for name in header["params_dropped"]:
         params.pop(name, None)
-    estimator = estimator_for(variational is not None)
     known = estimator.get_params(deep=False)
     estimator.set_params(**{n: v for n, v in params.items() if n in known})
+
+
+def _set_fitted_attributes(estimator, header, values, kind, covariances,
+                           precisions):
+    """Set the fitted attributes of ``estimator`` from a checked model file."""
+    k, d = header["n_components"], header["n_features_in"]
     # float32 for a model fitted in float32, as fit left them (checked in float64)
     dtype = np.float32 if header["attributes_dtype"] == "float32" else np.float64
-    estimator.weights_ = weights.astype(dtype, copy=False)
-    estimator.means_ = means.astype(dtype, copy=False)
+    estimator.weights_ = values["weights"].astype(dtype, copy=False)
+    estimator.means_ = values["means"].astype(dtype, copy=False)
     for name in kind.stored_shapes(k, d):
         setattr(estimator, name + "_", values[name].astype(dtype, copy=False))
-    if prec_chol is not None:
+    if values.get("precisions_cholesky") is not None:
         estimator.covariances_ = covariances.astype(dtype, copy=False)
         estimator.precisions_ = precisions.astype(dtype, copy=False)
     estimator.n_features_in_ = d
@@ -681,12 +706,9 @@ def read_model(path: str | os.PathLike[str],
     estimator.converged_ = header["converged"]
     estimator.lower_bound_ = header["lower_bound"]
     estimator.lower_bounds_ = header["lower_bounds"]
-    for name, value in (variational or {}).items():
+    for name, value in (values.get("variational") or {}).items():
         if name != "weight_concentration_prior_type":
             setattr(estimator, name + "_", value)
-    with _open(path) as f:
-        _read_online(f, estimator, path)
-    return estimator
 
 
 def _read_variational(group):

@@ -910,36 +910,7 @@ def as_source(X: Any) -> Source:
     if isinstance(X, Source):
         return X
     if isinstance(X, (str, os.PathLike)):
-        text = os.fspath(X)
-        if is_npy(text):  # by its content, whatever its suffix ('.h5' too)
-            return MemmapSource.from_npy(text)
-        spec = split_hdf5_spec(X)
-        if spec is not None:
-            return HDF5Source(*spec)
-        hdf5_file = text[:-1] if text.endswith(HDF5_SEPARATOR) else text
-        # by its content ('.npy' too); a file that does not exist, by its suffix
-        if _is_hdf5(hdf5_file) or (not os.path.exists(hdf5_file) and Path(
-                hdf5_file).suffix.lower() in _HDF5_SUFFIXES):
-            raise ValueError(f"{hdf5_file} is an HDF5 file: name the dataset too, as "
-                             f"'{hdf5_file}:/dataset'.")
-        if not text:
-            raise ValueError("X is an empty path: name a .npy file or "
-                             "'file.h5:/dataset'.")
-        path = Path(X)
-        if not path.exists():
-            raise FileNotFoundError(f"No such file: {path}")
-        if path.is_dir():
-            raise ValueError(f"{path} is a directory: name a .npy file in it, or "
-                             "'file.h5:/dataset'.")
-        if not path.is_file():
-            raise ValueError(f"{path} is not a regular file (a pipe, socket or "
-                             "device): EM reads the data once per iteration; save it "
-                             "to a .npy file first (numpy.save).")
-        raise ValueError(
-            f"{path} is not a .npy file: emgmm reads .npy files, HDF5 datasets "
-            "('file.h5:/dataset') and arrays; load other formats first (e.g. "
-            "np.loadtxt for text, then np.save for data larger than memory)."
-        )
+        return _path_source(X)
     if is_hdf5_dataset(X):
         if X.file.mode != "r" or X.file.driver not in _REOPENABLE_DRIVERS:
             return OpenDatasetSource(X)
@@ -952,6 +923,46 @@ def as_source(X: Any) -> Source:
             _check_shape(src.shape, src.description)
             return src
     raise TypeError(f"as_source cannot wrap {type(X).__name__}")
+
+
+def _path_source(X):
+    """The :class:`Source` of the path ``X``: a .npy file or an HDF5 dataset
+    (``"file.h5:/dataset"``); raise as :func:`as_source` says for any other."""
+    text = os.fspath(X)
+    if is_npy(text):  # by its content, whatever its suffix ('.h5' too)
+        return MemmapSource.from_npy(text)
+    spec = split_hdf5_spec(X)
+    if spec is not None:
+        return HDF5Source(*spec)
+    hdf5_file = text[:-1] if text.endswith(HDF5_SEPARATOR) else text
+    # by its content ('.npy' too); a file that does not exist, by its suffix
+    if _is_hdf5(hdf5_file) or (not os.path.exists(hdf5_file) and Path(
+            hdf5_file).suffix.lower() in _HDF5_SUFFIXES):
+        raise ValueError(f"{hdf5_file} is an HDF5 file: name the dataset too, as "
+                         f"'{hdf5_file}:/dataset'.")
+    if not text:
+        raise ValueError("X is an empty path: name a .npy file or "
+                         "'file.h5:/dataset'.")
+    _raise_not_data_file(Path(X))
+
+
+def _raise_not_data_file(path):
+    """Raise the error for a ``path`` that is neither a .npy file nor an HDF5
+    file: missing, a directory, not a regular file, or of another format."""
+    if not path.exists():
+        raise FileNotFoundError(f"No such file: {path}")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory: name a .npy file in it, or "
+                         "'file.h5:/dataset'.")
+    if not path.is_file():
+        raise ValueError(f"{path} is not a regular file (a pipe, socket or "
+                         "device): EM reads the data once per iteration; save it "
+                         "to a .npy file first (numpy.save).")
+    raise ValueError(
+        f"{path} is not a .npy file: emgmm reads .npy files, HDF5 datasets "
+        "('file.h5:/dataset') and arrays; load other formats first (e.g. "
+        "np.loadtxt for text, then np.save for data larger than memory)."
+    )
 
 
 #: h5py drivers whose files another process can reopen by name: 'sec2', whose

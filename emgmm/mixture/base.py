@@ -542,22 +542,15 @@ h5py.Dataset or None, default=None
                 f"{self.n_components}, n_samples = {n}"
             )
         inits = self._check_initial_parameters(d) if first else None
-        sample_weights = as_weight_source(sample_weight, n)
-        try:
-            total_weight = n if sample_weights is None else check_weights(
-                sample_weights, self.n_components if first else None).total
-        except BaseException:
-            sample_weights.close()
-            raise
+        sample_weights, total_weight = self._weights_and_total(
+            sample_weight, n, first)
         compute_dtype = self._compute_dtype(source)
         out_dtype = self._output_dtype(compute_dtype, source.dtype)
         block_size = self._block_size(source)
         do_init = (first if stream
                    else not (self.warm_start and hasattr(self, "converged_")))
         random_state = check_random_state(self.random_state)
-        executor = Executor(source, self.n_jobs, self.temp_folder)
-        if getattr(self.callback, "wants_progress", False):
-            executor.on_task = self._task_callback
+        executor = self._executor(source)
         kind = self._kind()
         schedule, estimate = self._schedule(kind, d, executor, stream)
         tasks = partition(n, block_size, self._max_tasks(schedule, kind, d))
@@ -574,6 +567,27 @@ h5py.Dataset or None, default=None
             else rows_statistics_pass,
             estimate, block_nbytes, checkpointer, sample_weights, total_weight,
             schedule=schedule)
+
+    def _weights_and_total(self, sample_weight, n_samples, first):
+        """``(sample_weights, total_weight)`` of a fit: the checked weights source
+        (``None`` without weights) and their sum (``n_samples`` without); ``first``:
+        the weights must give every component a share."""
+        sample_weights = as_weight_source(sample_weight, n_samples)
+        try:
+            total_weight = n_samples if sample_weights is None else check_weights(
+                sample_weights, self.n_components if first else None).total
+        except BaseException:
+            sample_weights.close()
+            raise
+        return sample_weights, total_weight
+
+    def _executor(self, source):
+        """The :class:`Executor` of a fit on ``source``, reporting each task to a
+        callback that ``wants_progress``."""
+        executor = Executor(source, self.n_jobs, self.temp_folder)
+        if getattr(self.callback, "wants_progress", False):
+            executor.on_task = self._task_callback
+        return executor
 
     def _pairs_apply(self, kind, n_features, executor, stream=False):
         """Whether the pairs schedule serves a fit (maximum likelihood, not a stream:
@@ -624,18 +638,7 @@ h5py.Dataset or None, default=None
         """Run every initialisation (from a checkpoint's, if resuming); return
         ``(score, run, labels)`` of the best (:meth:`_run_score`)."""
         self._before_runs(plan)
-        checkpointer = plan.checkpointer
-        resume = None if checkpointer is None else checkpointer.resume
-        best, first = None, 0
-        if resume is not None:
-            first = resume.init_index
-            if resume.best_run is not None:
-                best = (resume.best_score, resume.best_run, None)
-            if self.verbose:
-                done = resume.run.n_iter
-                print(f"Resuming from {checkpointer.path} after {done} "
-                      f"iteration{'' if done == 1 else 's'} of initialization "
-                      f"{first}.")
+        resume, first, best = self._resume_point(plan)
         for init in range(first, plan.n_init):
             if self.verbose:
                 print(f"Initialization {init}")
@@ -651,11 +654,33 @@ h5py.Dataset or None, default=None
             if best is None or score > best[0] or best[0] == -np.inf:
                 best = (score, run, labels)
         if want_labels and best[2] is None:  # not scored with labels, or restored
-            _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
-                                        self._labels_model(plan, best[1].model),
-                                        plan.compute_dtype, True, plan.weights)
-            best = best[:2] + (labels,)
+            best = best[:2] + (self._best_labels(plan, best[1]),)
         return best
+
+    def _resume_point(self, plan):
+        """``(resume, first, best)``: the checkpoint's resume state (``None`` if
+        not resuming), the initialisation to start from, and the best run so far
+        as ``(score, run, None)`` (``None`` if none); says so if verbose."""
+        checkpointer = plan.checkpointer
+        resume = None if checkpointer is None else checkpointer.resume
+        best, first = None, 0
+        if resume is not None:
+            first = resume.init_index
+            if resume.best_run is not None:
+                best = (resume.best_score, resume.best_run, None)
+            if self.verbose:
+                done = resume.run.n_iter
+                print(f"Resuming from {checkpointer.path} after {done} "
+                      f"iteration{'' if done == 1 else 's'} of initialization "
+                      f"{first}.")
+        return resume, first, best
+
+    def _best_labels(self, plan, run):
+        """The component labels of the data under ``run``'s final parameters."""
+        _, labels = plan.score_pass(plan.executor, plan.tasks, plan.block_size,
+                                    self._labels_model(plan, run.model),
+                                    plan.compute_dtype, True, plan.weights)
+        return labels
 
     def _before_runs(self, plan):
         """Called once before the initialisations of a fit (default: nothing)."""

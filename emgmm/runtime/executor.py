@@ -523,34 +523,48 @@ class Executor:
                 for args in task_args]
 
     def _share(self, value, cache):
+        """``value`` with its large arrays replaced by read-only memory maps of
+        files in the temporary folder (itself if none is); ``cache`` maps the id of
+        each value already shared to ``(value, shared)``."""
         key = id(value)
         if key in cache:
             return cache[key][1]
         shared = value
         if (isinstance(value, np.ndarray) and not isinstance(value, np.memmap)
                 and value.nbytes > SHARE_BYTES):
-            if self._folder is None:
-                self._folder = make_temp_folder(self.temp_folder, value.nbytes,
-                                                "sharing the model with the workers")
-            path = os.path.join(self._folder, f"arg-{uuid.uuid4().hex[:12]}.npy")
-            self._shared.append(path)
-            try:
-                np.save(path, value, allow_pickle=False)
-            except OSError as exc:
-                raise OSError(f"Writing a task argument to {self._folder} failed "
-                              f"({exc}). {_HOW_TO_MOVE}") from None
-            shared = np.load(path, mmap_mode="r")
+            shared = self._share_array(value)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-            changed = {name: self._share(v, cache) for name, v in fields.items()}
-            if any(changed[name] is not fields[name] for name in fields):
-                shared = dataclasses.replace(value, **changed)
+            shared = self._share_dataclass(value, cache)
         elif type(value) is tuple:
             items = tuple(self._share(v, cache) for v in value)
             if any(a is not b for a, b in zip(items, value, strict=False)):
                 shared = items
         cache[key] = (value, shared)  # keeps value alive: ids stay unique
         return shared
+
+    def _share_array(self, value):
+        """A read-only memory map of ``value``, written to a new file of the
+        temporary folder (made on first use)."""
+        if self._folder is None:
+            self._folder = make_temp_folder(self.temp_folder, value.nbytes,
+                                            "sharing the model with the workers")
+        path = os.path.join(self._folder, f"arg-{uuid.uuid4().hex[:12]}.npy")
+        self._shared.append(path)
+        try:
+            np.save(path, value, allow_pickle=False)
+        except OSError as exc:
+            raise OSError(f"Writing a task argument to {self._folder} failed "
+                          f"({exc}). {_HOW_TO_MOVE}") from None
+        return np.load(path, mmap_mode="r")
+
+    def _share_dataclass(self, value, cache):
+        """The dataclass instance ``value`` with its fields shared (itself if no
+        field changed)."""
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        changed = {name: self._share(v, cache) for name, v in fields.items()}
+        if any(changed[name] is not fields[name] for name in fields):
+            return dataclasses.replace(value, **changed)
+        return value
 
     @property
     def in_process(self):
