@@ -797,8 +797,11 @@ def test_help_lists_the_exit_statuses(capsys, argv):
     with pytest.raises(SystemExit) as info:
         cli.main(argv + ["-h"])
     assert info.value.code == 0
-    out = " ".join(capsys.readouterr().out.split())
+    text = capsys.readouterr().out
+    out = " ".join(text.split())
     assert "Exit status: 0 success, 1 failure while running, 2 usage error" in out
+    epilog = text[text.index("Exit status"):]
+    assert max(len(line) for line in epilog.splitlines()) <= 79  # (wrapped)
 
 
 @pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="no sysfs")

@@ -20,6 +20,7 @@ import os
 import select
 import signal
 import sys
+import textwrap
 import threading
 import warnings
 from collections.abc import Sequence
@@ -712,7 +713,8 @@ def build_parser():
     for command in sub.choices.values():
         # (the command's parser reports its usage errors: _run)
         command.set_defaults(parser=command)
-        command.epilog = EXIT_STATUS
+        # (filled: the demo's raw-text formatter prints it as it is)
+        command.epilog = textwrap.fill(EXIT_STATUS, width=79)
     return parser
 
 
