@@ -286,10 +286,10 @@ def test_a_long_fit_screens_most_rows_by_their_carried_bounds(monkeypatch):
 
 def test_carried_bounds_pay_only_where_they_save_work(monkeypatch):
     monkeypatch.setattr(carried_bounds, "CARRY", None)
-    assert carried_bounds.carry_pays(1_000_000, 900, 4)
-    assert not carried_bounds.carry_pays(200_000, 900, 4)
-    assert carried_bounds.carry_pays(50_000, 196, 4)
-    assert not carried_bounds.carry_pays(10_000, 196, 4)
+    assert carried_bounds.carry_pays(4_000_000, 900, 4)
+    assert not carried_bounds.carry_pays(1_000_000, 900, 4)
+    assert carried_bounds.carry_pays(200_000, 196, 4)
+    assert not carried_bounds.carry_pays(50_000, 196, 4)
 
 
 class Stop(Exception):
