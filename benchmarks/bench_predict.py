@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_parallel import anonymous_kib
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("fit_iteration", "score", "score_samples", "predict", "predict_out",
@@ -102,17 +103,6 @@ def fit_model(data, model_path, K, n_jobs):
 
 
 # ------------------------------------------------------------- child: one kind
-
-
-def anonymous_kib(pid):
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Anonymous:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 class MemorySampler(threading.Thread):
