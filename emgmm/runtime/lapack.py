@@ -151,43 +151,33 @@ def trmm_left_lower(a, b, transpose=False):
     """``b := a @ b`` (``a.T @ b`` with ``transpose``) in place, ``a`` (d, d) lower
     triangular (its strict upper triangle is not read), ``b`` (d, m); both
     Fortran-ordered and of one dtype."""
-    _check(a, "a", writable=False)
-    _check(b, "b")
-    _check_pair(a, (b.shape[0], b.shape[0]), b.dtype)
-    d, m = b.shape
-    if m == 0 or d == 0:
-        return b
-    run = _routine("trmm", a.dtype)
-    if run is None:
-        b[...] = _blas.get_blas_funcs("trmm", (a, b))(1.0, a, b, lower=1,
-                                                       trans_a=int(transpose))
-        return b
-    run(b"L", b"L", b"T" if transpose else b"N", b"N", _int(d), _int(m),
-        _scalar(1.0, a.dtype), a.ctypes.data, _int(_lda(a)), b.ctypes.data,
-        _int(_lda(b)))
-    return b
+    return _triangular("trmm", a, b, right=False, transpose=transpose)
 
 
 def trsm_right_lower(a, b):
     """``b := b @ inv(a)`` in place, ``a`` (d, d) lower triangular (its strict upper
-    triangle is not read), ``b`` (m, d); both Fortran-ordered and of one dtype.
+    triangle is not read), ``b`` (m, d); both Fortran-ordered and of one dtype."""
+    return _triangular("trsm", a, b, right=True)
 
-    The computed rows ``x_j`` satisfy ``x_j (a + E_j) = b_j`` with ``|E_j| <=
-    gamma_d |a|`` for substitution (Higham 2002, Thm. 8.5), and a normwise bound
-    with a constant linear in ``d`` for the blocked solve (Higham 2002, Sec. 13.1).
-    """
+
+def _triangular(name, a, b, right, transpose=False):
+    """BLAS ``name`` ('trmm' or 'trsm') with the lower-triangular ``a`` on the left
+    of ``b`` (or its right), in place."""
     _check(a, "a", writable=False)
     _check(b, "b")
-    _check_pair(a, (b.shape[1], b.shape[1]), b.dtype)
-    m, d = b.shape
-    if m == 0 or d == 0:
+    m, n = b.shape
+    order = n if right else m
+    _check_pair(a, (order, order), b.dtype)
+    if m == 0 or n == 0:
         return b
-    run = _routine("trsm", a.dtype)
+    run = _routine(name, a.dtype)
     if run is None:
-        b[...] = _blas.get_blas_funcs("trsm", (a, b))(1.0, a, b, side=1, lower=1)
+        b[...] = _blas.get_blas_funcs(name, (a, b))(1.0, a, b, side=int(right),
+                                                     lower=1, trans_a=int(transpose))
         return b
-    run(b"R", b"L", b"N", b"N", _int(m), _int(d), _scalar(1.0, a.dtype),
-        a.ctypes.data, _int(_lda(a)), b.ctypes.data, _int(_lda(b)))
+    run(b"R" if right else b"L", b"L", b"T" if transpose else b"N", b"N", _int(m),
+        _int(n), _scalar(1.0, a.dtype), a.ctypes.data, _int(_lda(a)), b.ctypes.data,
+        _int(_lda(b)))
     return b
 
 
