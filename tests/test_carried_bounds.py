@@ -190,6 +190,11 @@ def test_root_bounds_lie_below_the_distances():
     sub = screen.subset([4, 1])
     part = sub.root_bounds(X, np.empty((len(X), 2), order="F"))
     assert np.array_equal(part, roots[:, [4, 1]])
+    # the screened E step hands out the same bounds from its own projections
+    alongside = np.full((len(X), K), np.nan, order="F")
+    weighted = screen.weighted_refined(X, 40.0, roots=alongside)
+    assert np.array_equal(alongside, roots)
+    assert np.array_equal(weighted, screen.weighted_refined(X, 40.0))
 
 
 def separated(rng, K=6, d=30, n=600):

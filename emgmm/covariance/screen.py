@@ -263,16 +263,19 @@ class ProjectionScreen:
         screen.set_offsets(weights)
         return screen
 
-    def upper_bounds(self, X, out):
+    def upper_bounds(self, X, out, roots=None):
         """Into ``out`` (n, K): per pair an upper bound of ``log w_k + log N(x_i |
         mu_k, Lambda_k)``, ``offset_k - 1/2 L_ik`` with ``L_ik`` a lower bound of
-        ``m_ik`` (NaN where the data overflow; never too low otherwise).
+        ``m_ik`` (NaN where the data overflow; never too low otherwise); into
+        ``roots`` (n, K), when given, the :meth:`root_bounds` of the same products.
 
         ``L_ik = r_ik^2 (1 - 8u)`` with ``r_ik = (sqrt(l (1 - gamma_{p+1})) -
         err_coef_k (||y_i|| + ||m_k||))_+ / q_norm_k`` and ``l = fl(sum_j t_j^2)``.
         Row chunks of ``_PROJECTION_BYTES``.
         """
-        for lo in self._roots(X, out):
+        for r0, r1, lo in self._roots(X, out):
+            if roots is not None:
+                np.multiply(lo, 1.0 - 8 * _U64, out=roots.T[:, r0:r1])
             np.square(lo, out=lo)
             lo *= -0.5 * (1.0 - 8 * _U64)
             lo += self.offset[:, None]
@@ -281,13 +284,14 @@ class ProjectionScreen:
     def root_bounds(self, X, out):
         """Into ``out`` (n, K): per pair a lower bound of the Mahalanobis distance
         ``sqrt(m_ik)``, ``r_ik (1 - 8u)`` (:meth:`upper_bounds`)."""
-        for lo in self._roots(X, out):
+        for _, _, lo in self._roots(X, out):
             lo *= 1.0 - 8 * _U64
         return out
 
     def _roots(self, X, out):
         """Fill ``out`` (n, K) with the ``r_ik`` of :meth:`upper_bounds` chunk by
-        chunk, yielding each chunk's (K, rows) view of ``out.T`` once written."""
+        chunk, yielding each chunk's rows ``r0, r1`` and (K, rows) view of ``out.T``
+        once written."""
         n, d = X.shape
         K, p = self.offset.size, self.p
         rows = chunk_rows(K * p, 8, n, _PROJECTION_BYTES)
@@ -315,7 +319,7 @@ class ProjectionScreen:
                 lo -= err * (y_norm + self.m_norm[:, None])
                 np.maximum(lo, 0.0, out=lo)
                 lo /= self.q_norm[:, None]
-                yield lo
+                yield r0, r1, lo
 
     def subset(self, comps):
         """The screen of components ``comps`` only (copies), for
@@ -332,7 +336,8 @@ class ProjectionScreen:
             c=np.ascontiguousarray(self.c.reshape(self.p, K)[:, comps].ravel()),
             p=self.p, **per_component)
 
-    def weighted_refined(self, X, margin, out=None, max_density=_MAX_DENSITY):
+    def weighted_refined(self, X, margin, out=None, max_density=_MAX_DENSITY,
+                         roots=None):
         """``log w_k + log N(x | mu_k, Lambda_k)``: exact for every pair that may lie
         within ``margin`` nats of its row's best, ``-inf`` for the others (certified
         to lie more than ``margin`` below it).
@@ -346,6 +351,9 @@ class ProjectionScreen:
         max_density : float, default=_MAX_DENSITY (0.3)
             The screen refuses the block when more than this fraction of the pairs
             of its first ``_PROBE_ROWS`` rows, beyond one per row, survive.
+        roots : ndarray of shape (n, K), column-major, or None
+            Where to write the pairs' :meth:`root_bounds` too (from the same
+            projections; complete only when the block is not refused).
 
         Returns
         -------
@@ -357,9 +365,10 @@ class ProjectionScreen:
         n, K = X.shape[0], self.offset.size
         weighted = np.empty((n, K), order="F") if out is None else out
         p = min(_PROBE_ROWS, n)
-        if self._screen(X[:p], margin, weighted[:p], max_density) is None:
+        part = (None, None) if roots is None else (roots[:p], roots[p:])
+        if self._screen(X[:p], margin, weighted[:p], max_density, part[0]) is None:
             return None
-        self._screen(X[p:], margin, weighted[p:], np.inf)
+        self._screen(X[p:], margin, weighted[p:], np.inf, part[1])
         return weighted
 
     def rejection_limit(self, best, err, top, margin):
@@ -372,14 +381,15 @@ class ProjectionScreen:
         slack = err + self.offset_err[top] + self.offset_err.max(initial=0.0)
         return best - slack - margin - 1e-9 * (np.abs(best) + margin)
 
-    def _screen(self, X, margin, weighted, max_density):
-        """:meth:`weighted_refined` of ``X`` into ``weighted``, or ``None`` when
-        more than ``max_density`` of its pairs survive beyond one per row."""
+    def _screen(self, X, margin, weighted, max_density, roots=None):
+        """:meth:`weighted_refined` of ``X`` into ``weighted`` (and ``roots``), or
+        ``None`` when more than ``max_density`` of its pairs survive beyond one per
+        row."""
         n = X.shape[0]
         K = self.offset.size
         if n == 0:
             return weighted
-        ub = self.upper_bounds(X, weighted).T  # (K, n)
+        ub = self.upper_bounds(X, weighted, roots).T  # (K, n)
         rows = np.arange(n)
         top = np.argmax(ub, axis=0)
         order = np.argsort(top, kind="stable")

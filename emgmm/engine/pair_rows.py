@@ -218,10 +218,18 @@ def worst_of(size, values, rows, X):
     return Worst(size, values[keep], rows[keep], np.asarray(X[keep]))
 
 
-def _roots(X, screen):
-    """The projection screen's distance bounds of gathered rows ``X`` (n, K)."""
-    return screen.root_bounds(X, np.empty((X.shape[0], screen.offset.size),
-                                          order="F"))
+def _screened(X, model, screen, margin, out, roots):
+    """The screened E step of gathered rows ``X`` into ``out``, with the screen's
+    distance bounds into ``roots`` (when given) from the same projections; where
+    the screen refuses the rows, the E step of
+    :func:`~emgmm.engine.estep.weighted_log_prob` and the bounds on their own."""
+    if roots is not None:
+        weighted = screen.weighted_refined(X, margin, out, roots=roots)
+        if weighted is not None:
+            return weighted
+        screen.root_bounds(X, roots)
+    return weighted_log_prob(X, model.weights, model.means, model.precisions_cholesky,
+                             "full", margin, (screen,), out=out)
 
 
 def _rebuild(carry, rows, X, roots, top, best):
@@ -262,17 +270,15 @@ def rescreen_task(source, groups, state, compute_dtype, margin, resp_threshold,
         The pairs computed (the others were proven negligible).
     """
     model = state.model()
-    prepared = (state.screen(),)
+    screen = state.screen()
     K = state.means.shape[0]
     triples, sums, worst, computed = [], [], Worst(n_worst), 0
     with limit_blas(blas_threads):
         for rows, w in groups:
             X = source.take_rows(rows, compute_dtype)
-            roots = None if carry is None else _roots(X, prepared[0])
+            roots = None if carry is None else np.empty((rows.size, K), order="F")
             with borrow("resp", (rows.size, K), order="F") as out:
-                resp = weighted_log_prob(
-                    X, model.weights, model.means, model.precisions_cholesky, "full",
-                    margin, prepared, out=out)
+                resp = _screened(X, model, screen, margin, out, roots)
                 computed += int(np.count_nonzero(resp > -np.inf))
                 log_prob_norm = normalize_rows(resp)
                 check_rows_explained(log_prob_norm, rows, source, compute_dtype,
