@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from . import factor_kernels
+from . import factor_kernels, factor_screen
 from .base import CovarianceType
 from .factor_kernels import (
     FactorPrecision,
@@ -24,6 +24,7 @@ from .factor_kernels import (
     sample,
     statistics_nbytes,
 )
+from .factor_pairs import pair_statistics
 
 #: The dense attributes of the other types, formed on demand for 'factor'.
 DENSE_ATTRIBUTES = ("covariances_", "precisions_", "precisions_cholesky_")
@@ -282,35 +283,49 @@ class FactorCovariance(CovarianceType):
         return pack_parameters(np.zeros((1,) + W.shape[1:]), marginal[None])[0]
 
     # --------------------------------------------------------- the kernels
+    def prepare_log_prob(self, weights, means, precisions_cholesky, dtype,
+                         screen=None):
+        """The certified screen of the model
+        (:class:`~emgmm.covariance.factor_screen.FactorScreen`) where it pays:
+        ``d >= MIN_FEATURES`` and more than one component."""
+        K, d = np.shape(means)
+        if K < 2 or d < factor_screen.MIN_FEATURES:
+            return None
+        return [factor_screen.FactorScreen.build(weights, means,
+                                                 unpack_precision(precisions_cholesky))]
+
     def block_products(self, X, model, g=None):
         """The block's :class:`Projections` (with its factorisation) for the E step
-        and the statistics of the same block."""
+        and the statistics of the same block, formed when first read."""
         # unpacked once per model object (a task's blocks share it)
         cached = model.__dict__.get("_factor_precision")
         if cached is None or cached[0] is not model.precisions_cholesky:
             cached = (model.precisions_cholesky,
                       unpack_precision(model.precisions_cholesky))
             model.__dict__["_factor_precision"] = cached
-        prec = cached[1]
-        proj = projections(X, model.means, prec, model.weights, X.dtype, shift=g)
-        proj.precision = prec
-        return proj
+        return projections(X, model.means, cached[1], model.weights, X.dtype, shift=g)
 
     def log_prob(self, X, means, precisions_cholesky, g, offset, margin=None,
                  products=None, out=None):
         if products is None:
-            prec = unpack_precision(precisions_cholesky)
-            products = projections(X, means, prec, dtype=X.dtype, shift=g)
-            products.precision = prec
+            products = projections(X, means, unpack_precision(precisions_cholesky),
+                                   dtype=X.dtype, shift=g)
         offset = np.broadcast_to(offset, (len(means),))
         return densities(X, means, products.precision, products, offset, margin)
 
     def block_statistics(self, X, resp, centers, resp_threshold=0.0, products=None,
                          out=None):
+        """Summed over every pair where the E step formed the projections, over
+        each component's rows of nonzero responsibility where it did not (a
+        screened E step: :func:`~emgmm.covariance.factor_pairs.pair_statistics`)."""
         if products is None:
             raise ValueError("'factor' statistics need the block's projections")
-        stats = block_statistics(X, resp, centers, products.precision, products,
-                                 resp_threshold)
+        if products.computed:
+            stats = block_statistics(X, resp, centers, products.precision, products,
+                                     resp_threshold)
+        else:
+            stats = pair_statistics(X, resp, centers, products.means,
+                                    products.precision, resp_threshold)
         if out is None:
             return stats
         out += stats

@@ -172,28 +172,52 @@ def factorize(loadings, noise_variance):
 
 @dataclass
 class Projections:
-    """Products of a block kept from the E step for its statistics.
+    """Products of a block kept from the E step for its statistics, formed when first
+    read (a screened E step never reads them).
 
     Attributes
     ----------
     X : ndarray of shape (n, d)
         The block (as read; never modified).
-    P : ndarray of shape (n, K, q), float64
-        ``p_k(x_i) = (x_i - mu_k)^T G_k``.
+    means : ndarray of shape (K, d)
+        The E step's means.
+    precision : FactorPrecision
+        The factorisation they are computed with.
     shift : ndarray of shape (d,), float64
         ``g``: the rows enter every product as ``y = x - g``, formed by chunks.
+    dtype : numpy dtype
+        Of the projection GEMM.
+    P : ndarray of shape (n, K, q), float64
+        ``p_k(x_i) = (x_i - mu_k)^T G_k`` (computed on first access).
     y_norm : ndarray of shape (n,), float64
-        ``||x_i - g||``.
-    precision : FactorPrecision or None
-        The factorisation they were computed with (set by the covariance type, for
-        the statistics of the same block).
+        ``||x_i - g||`` (computed with ``P``).
     """
 
     X: np.ndarray
-    P: np.ndarray
+    means: np.ndarray
+    precision: FactorPrecision
     shift: np.ndarray
-    y_norm: np.ndarray
-    precision: object = None
+    dtype: object = np.float64
+    _products: tuple = field(default=None, repr=False, compare=False)
+
+    @property
+    def computed(self):
+        """Whether :attr:`P` has been formed."""
+        return self._products is not None
+
+    def _formed(self):
+        if self._products is None:
+            self._products = _projections(self.X, self.means, self.precision,
+                                          self.shift, self.dtype)
+        return self._products
+
+    @property
+    def P(self):
+        return self._formed()[0]
+
+    @property
+    def y_norm(self):
+        return self._formed()[1]
 
 
 def _square_chunks(X, shift):
@@ -362,11 +386,9 @@ def projections(X, means, precision, weights=None, dtype=np.float64, shift=None)
     """:class:`Projections` of the block ``X`` (n, d) under components of ``means``
     (K, d) and ``precision``, around ``shift`` (default: the mixture mean of
     ``means`` and ``weights``); the projection GEMM in ``dtype``."""
-    X = np.asarray(X)
     if shift is None:
         shift = _shift(means, weights)
-    P, y_norm = _projections(X, means, precision, shift, dtype)
-    return Projections(X, P, shift, y_norm)
+    return Projections(np.asarray(X), means, precision, shift, dtype)
 
 
 def log_gaussian_prob(X, means, precision, weights=None):

@@ -383,33 +383,62 @@ class ProjectionScreen:
 
     def _screen(self, X, margin, weighted, max_density, roots=None):
         """:meth:`weighted_refined` of ``X`` into ``weighted`` (and ``roots``), or
-        ``None`` when more than ``max_density`` of its pairs survive beyond one per
-        row."""
+        ``None`` when more than ``max_density`` of its pairs survive beyond the
+        ``first_pairs`` per row computed first."""
         n = X.shape[0]
         K = self.offset.size
         if n == 0:
             return weighted
         ub = self.upper_bounds(X, weighted, roots).T  # (K, n)
         rows = np.arange(n)
-        top = np.argmax(ub, axis=0)
-        order = np.argsort(top, kind="stable")
-        best, err = np.empty(n), np.empty(n)
-        best[order], err[order] = exact_pairs(X, self.means, self.u, self.offset,
-                                              top[order], order, self.u_norm)
+        first = self._first_pairs(ub)
+        values, err = self._exact_first(X, first)
+        best_of = np.argmax(values, axis=0)
+        top = first[best_of, rows]
+        best, err = values[best_of, rows], err[best_of, rows]
         with np.errstate(invalid="ignore"):
             limit = self.rejection_limit(best, err, top, margin)
         with borrow("screen_keep", (K, n), bool) as keep:
             np.less(ub, limit, out=keep)
             np.logical_not(keep, out=keep)  # NaN bounds or limits survive
-            keep[top, rows] = False
+            keep[first, rows] = False
             comps, kept = np.nonzero(keep)
             if comps.size > max_density * n * K:
                 return None
-            keep[top, rows] = True
+            keep[first, rows] = True
             ub[~keep] = -np.inf
-        ub[top, rows] = best
-        ub[comps, kept] = exact_pairs(X, self.means, self.u, self.offset, comps, kept)
+        ub[first, rows] = values
+        ub[comps, kept] = self.exact(X, comps, kept)
         return weighted
+
+    #: Pairs per row computed before the rejection limit is set: the best of them
+    #: sets it (more than one where the bounds often misrank a row's best).
+    first_pairs = 1
+
+    def _first_pairs(self, ub):
+        """``(c, n)`` components of each row's ``c = first_pairs`` largest bounds
+        (``ub`` (K, n); a NaN bound counts as the largest)."""
+        c = min(self.first_pairs, ub.shape[0])
+        if c == 1:
+            return np.argmax(ub, axis=0)[None]
+        key = np.where(np.isnan(ub), -np.inf, -ub)
+        return np.argpartition(key, c - 1, axis=0)[:c]
+
+    def _exact_first(self, X, first):
+        """Values and rounding bounds (both ``(c, n)``) of the pairs ``first``."""
+        c, n = first.shape
+        comps = first.ravel()
+        order = np.argsort(comps, kind="stable")
+        values, err = np.empty(c * n), np.empty(c * n)
+        values[order], err[order] = self.exact(X, comps[order],
+                                               np.tile(np.arange(n), c)[order], True)
+        return values.reshape(c, n), err.reshape(c, n)
+
+    def exact(self, X, comps, rows, errors=False):
+        """:func:`exact_pairs` of the pairs ``(rows[j], comps[j])`` (sorted by
+        component); with ``errors``, their rounding bounds too."""
+        return exact_pairs(X, self.means, self.u, self.offset, comps, rows,
+                           self.u_norm if errors else None)
 
 
 def exact_pairs(X, means, u, offset, comps, rows, u_norm=None):
