@@ -34,10 +34,6 @@ from .validation import (
     check_weights,
 )
 
-#: The covariances' fitted attributes of every type.
-_COVARIANCE_ATTRIBUTES = {name for kind in REGISTRY.values()
-                          for name in kind.attribute_names}
-
 
 class GaussianMixture(BaseMixture):
     """Gaussian mixture fitted by exact, blocked, out-of-core EM.
@@ -293,7 +289,8 @@ default='kmeans'
         reg_covar: float = 1e-6,
         max_iter: int = 100,
         n_init: int = 1,
-        init_params: str = "kmeans",
+        init_params: Literal["kmeans", "k-means++", "random",
+                             "random_from_data"] = "kmeans",
         weights_init: ArrayLike | None = None,
         means_init: ArrayLike | None = None,
         precisions_init: ArrayLike | None = None,
@@ -406,8 +403,10 @@ default='kmeans'
                      self.covariance_type)
 
     def _set_model(self, model, dtype, precisions):
-        for name in _COVARIANCE_ATTRIBUTES:
-            self.__dict__.pop(name, None)  # those of an earlier fit of another type
+        # the covariances' attributes of an earlier fit of another type (any
+        # registered one, also registered after this module was imported)
+        for name in {n for kind in REGISTRY.values() for n in kind.attribute_names}:
+            self.__dict__.pop(name, None)
         self.weights_ = model.weights.astype(dtype)
         self.means_ = model.means.astype(dtype)
         self.__dict__.update(self._kind().fitted_attributes(model, dtype, precisions))
@@ -415,7 +414,7 @@ default='kmeans'
     _precisions_on_demand = True
 
     @functools.cached_property
-    def precisions_(self):
+    def precisions_(self) -> np.ndarray:
         """Inverses of the covariances, ``U U^T`` from ``precisions_cholesky_``:
         formed on first access (one BLAS thread: the same for any ``n_jobs``) and
         kept; a fit sets it anew. ('factor': formed from the loadings.)"""
