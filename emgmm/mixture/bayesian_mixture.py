@@ -27,6 +27,7 @@ from .initialization import (
     initial_responsibilities,
     parameters_from_responsibilities,
 )
+from .parameter_docs import fill_parameter_docs
 from .validation import Interval, StrOptions
 
 if TYPE_CHECKING:
@@ -35,6 +36,12 @@ if TYPE_CHECKING:
 _POSITIVE = Interval(Real, 0.0, None, closed="neither")
 
 
+@fill_parameter_docs(
+    headings={"schedule": "schedule : {'auto', 'rows', 'components'}, default='auto'"},
+    schedule="'pairs' is maximum likelihood's (:class:`emgmm.GaussianMixture`): it\n"
+             "does not apply to the variational fit.",
+    checkpoint="The checkpoint holds the posterior; the priors are recomputed from\n"
+               "the data, which it fingerprints.")
 class BayesianGaussianMixture(BaseMixture):
     """Variational Bayesian Gaussian mixture, fitted by blocked, out-of-core passes.
 
@@ -94,33 +101,18 @@ default='dirichlet_process'
         1 prints each initialisation and iteration; 2 also times and lower bounds.
     verbose_interval : int, default=10
         Iterations between two messages.
-    n_jobs : int or None, default=None
-        As :class:`emgmm.GaussianMixture`'s: joblib's meaning, ``1`` one core.
-    temp_folder : str, os.PathLike or None, default=None
-        Folder of the fit's temporary files with process workers, as
-        :class:`emgmm.GaussianMixture`'s.
-    working_memory : float or None, default=None
-        MiB per worker for one block, as :class:`emgmm.GaussianMixture`'s.
-    block_size : int or None, default=None
-        Rows per block; overrides ``working_memory``.
-    memory_limit : float or None, default=None
-        MiB for the copies of the model, as :class:`emgmm.GaussianMixture`'s.
-    schedule : {'auto', 'rows', 'components'}, default='auto'
-        As :class:`emgmm.GaussianMixture`'s.
-    init_max_samples : int, default=100_000
-        Rows in the initialisation subsample, at most as many float64 rows as fit
-        in 256 MiB (3,355 at 10,000 features) and no fewer than ``n_components``.
-    compute_dtype : {'float32', 'float64'} or None, default=None
-        As :class:`emgmm.GaussianMixture`'s; ``None`` follows the data.
-    resp_threshold : float, default=1e-20
-        As :class:`emgmm.GaussianMixture`'s.
-    callback : callable or None, default=None
-        Called after every iteration, as :class:`emgmm.GaussianMixture`'s.
-    checkpoint : str, os.PathLike or None, default=None
-        As :class:`emgmm.GaussianMixture`'s; the checkpoint holds the posterior,
-        and the priors are recomputed from the data, which it fingerprints.
-    checkpoint_interval : float, default=0.0
-        Minimum seconds between two checkpoint writes.
+    %(n_jobs)s
+    %(temp_folder)s
+    %(working_memory)s
+    %(block_size)s
+    %(memory_limit)s
+    %(schedule)s
+    %(init_max_samples)s
+    %(compute_dtype)s
+    %(resp_threshold)s
+    %(callback)s
+    %(checkpoint)s
+    %(checkpoint_interval)s
 
     Attributes
     ----------

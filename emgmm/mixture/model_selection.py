@@ -29,6 +29,7 @@ from ..runtime.memory import (
 from ..runtime.worker_loss import explain_worker_loss
 from .base import FitPlan
 from .gaussian_mixture import GaussianMixture
+from .parameter_docs import fill_parameter_docs
 from .validation import validate_params
 
 if TYPE_CHECKING:
@@ -72,6 +73,11 @@ def _covariance_types(covariance_type):
     return types
 
 
+@fill_parameter_docs(
+    n_jobs="Here for the passes that all the candidates share.",
+    block_size="The blocks are sized for the largest candidate.",
+    memory_limit="Here for the models of all the candidates together.",
+    init_max_samples="Each candidate has its own.")
 class GaussianMixtureIC(DensityMixin, BaseEstimator):
     """Gaussian mixture with its number of components chosen by BIC or AIC.
 
@@ -109,23 +115,14 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
         :class:`emgmm.GaussianMixture`'s.
     random_state : int, RandomState instance or None, default=None
         An integer gives every candidate the fit it would have alone.
-    n_jobs : int or None, default=None
-        Workers for the shared passes, as :class:`emgmm.GaussianMixture`'s.
-    temp_folder : str, os.PathLike or None, default=None
-        Folder of the fit's temporary files with process workers, as
-        :class:`emgmm.GaussianMixture`'s.
-    working_memory : float or None, default=None
-        MiB per worker for one block, as :class:`emgmm.GaussianMixture`'s.
-    block_size : int or None, default=None
-        Rows per block (the blocks are sized for the largest candidate).
-    memory_limit : float or None, default=None
-        MiB for the copies of all the candidates' models together.
-    init_max_samples : int, default=100_000
-        Rows in each candidate's initialisation subsample.
-    compute_dtype : {'float32', 'float64'} or None, default=None
-        As :class:`emgmm.GaussianMixture`'s.
-    resp_threshold : float, default=1e-20
-        As :class:`emgmm.GaussianMixture`'s.
+    %(n_jobs)s
+    %(temp_folder)s
+    %(working_memory)s
+    %(block_size)s
+    %(memory_limit)s
+    %(init_max_samples)s
+    %(compute_dtype)s
+    %(resp_threshold)s
     on_degenerate : {'reinit', 'raise'}, default='reinit'
         As :class:`emgmm.GaussianMixture`'s.
     verbose : int, default=0
