@@ -2,23 +2,27 @@
 
 :data:`REGISTRY` maps each ``covariance_type`` value to its type; the engine, the
 estimators, the memory model and the model files ask it. A new type is a module
-with a :class:`CovarianceType` subclass and one line here.
+with a :class:`CovarianceType` subclass and one line here; outside the package,
+one call of :func:`register_covariance_type`, which checks the type first.
 """
 
-from .base import REGISTRY, CovarianceType, get_covariance_type
+from .base import (
+    REGISTRY,
+    CovarianceType,
+    get_covariance_type,
+    register_covariance_type,
+)
 from .diag import DiagCovariance
 from .factor import FactorCovariance
 from .full import FullCovariance
 from .spherical import SphericalCovariance
 from .tied import TiedCovariance
 
-# (the dict of base.py, which the kernel modules' dispatch by name reads)
-REGISTRY.update({
-    "full": FullCovariance(),
-    "tied": TiedCovariance(),
-    "diag": DiagCovariance(),
-    "spherical": SphericalCovariance(),
-    "factor": FactorCovariance(),
-})
+# (into the dict of base.py, which the kernel modules' dispatch by name reads)
+for _kind in (FullCovariance(), TiedCovariance(), DiagCovariance(),
+              SphericalCovariance(), FactorCovariance()):
+    register_covariance_type(_kind)
+del _kind
 
-__all__ = ["REGISTRY", "CovarianceType", "get_covariance_type"]
+__all__ = ["REGISTRY", "CovarianceType", "get_covariance_type",
+           "register_covariance_type"]

@@ -15,19 +15,31 @@ Adding a type is one module with a subclass of :class:`CovarianceType` and one
 line in the registry.
 """
 
+from __future__ import annotations
+
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
+
+#: A float array (float64 unless a kernel says otherwise; shapes in the docstrings).
+FloatArray = NDArray[np.floating[Any]]
+#: An object of a higher layer, passed in and only read here (a ``Model`` of
+#: ``emgmm.engine``, block statistics, priors, an estimator): typed loosely so that
+#: this protocol imports nothing above it.
+Opaque = Any
 
 #: ``covariance_type`` -> its :class:`CovarianceType`, in scikit-learn's order; filled
 #: by ``emgmm/covariance/__init__.py`` (which Python runs before any module of the
 #: package), kept here so that the kernel modules that dispatch by name and the
 #: types that use those kernels do not import each other.
-REGISTRY = {}
+REGISTRY: dict[str, CovarianceType] = {}
 
 
-def get_covariance_type(covariance_type):
+def get_covariance_type(covariance_type: str | CovarianceType) -> CovarianceType:
     """The :class:`CovarianceType` registered under ``covariance_type``.
 
     Parameters
@@ -54,14 +66,73 @@ def get_covariance_type(covariance_type):
                          f"{', '.join(map(repr, REGISTRY))})") from None
 
 
-def check_shape(array, shape, name):
+def register_covariance_type(kind: CovarianceType, *,
+                             replace: bool = False) -> CovarianceType:
+    """Register a covariance type under its ``name``, checked first.
+
+    The estimators (``covariance_type=kind.name``), the memory model and the model
+    files then use it; :data:`emgmm.covariance.REGISTRY` keeps the order of
+    registration. The four types of scikit-learn and 'factor' are registered so.
+
+    Parameters
+    ----------
+    kind : CovarianceType
+        An instance of a subclass of ``emgmm.covariance.CovarianceType`` (which
+        cannot be made while an abstract method is left undefined).
+    replace : bool, default=False
+        Whether ``kind`` may take the place of a type registered under its name.
+
+    Returns
+    -------
+    CovarianceType
+        ``kind``, as :func:`get_covariance_type` returns it from now on.
+
+    Raises
+    ------
+    TypeError
+        If ``kind`` is not a ``CovarianceType`` instance.
+    ValueError
+        If its ``name`` is not a non-empty identifier, is ``'all'`` (which
+        ``GaussianMixtureIC`` reads as every type), or is registered already
+        (without ``replace``); if ``parameters`` is not a tuple of identifiers,
+        or ``attribute_names`` not a non-empty tuple of names ending in ``_``.
+    """
+    if not isinstance(kind, CovarianceType):
+        got = (f"the class {kind.__name__}" if isinstance(kind, type)
+               else type(kind).__name__)
+        raise TypeError("a covariance type must be an instance of a CovarianceType "
+                        f"subclass, got {got}")
+    name = getattr(kind, "name", None)
+    if not isinstance(name, str) or not name.isidentifier() or name == "all":
+        raise ValueError(f"{type(kind).__name__}.name must be a non-empty identifier "
+                         f"other than 'all', got {name!r}")
+    if name in REGISTRY and not replace:
+        raise ValueError(f"covariance_type {name!r} is registered already "
+                         f"({REGISTRY[name]!r}); pass replace=True to replace it")
+    parameters, attributes = kind.parameters, kind.attribute_names
+    if not (isinstance(parameters, tuple)
+            and all(isinstance(p, str) and p.isidentifier() for p in parameters)):
+        raise ValueError(f"{type(kind).__name__}.parameters must be a tuple of "
+                         f"parameter names, got {parameters!r}")
+    if not (isinstance(attributes, tuple) and attributes and all(
+            isinstance(a, str) and a.isidentifier() and a.endswith("_")
+            for a in attributes)):
+        raise ValueError(f"{type(kind).__name__}.attribute_names must be a non-empty "
+                         "tuple of fitted attribute names ending in '_', got "
+                         f"{attributes!r}")
+    REGISTRY[name] = kind
+    return kind
+
+
+def check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
     """Raise ``ValueError`` (scikit-learn's wording) unless ``array.shape == shape``."""
     if array.shape != shape:
         raise ValueError(f"The parameter '{name}' should have the shape of {shape}, "
                          f"but got {array.shape}")
 
 
-def not_upper_triangular_message(name, entry, value):
+def not_upper_triangular_message(name: str, entry: tuple[int, int],
+                                 value: float) -> str:
     """Error text for a factor ``name`` with ``value`` at ``entry`` (i, j) below its
     diagonal."""
     i, j = entry
@@ -102,61 +173,64 @@ class CovarianceType(ABC):
         (:meth:`fitted_attributes`).
     """
 
-    name = None
-    shared = False
-    triangular = False
-    statistics_need_products = False
-    stores_covariances = False
-    streams_blocks = False
-    variational = True
-    parameters = ()
-    attribute_names = ("covariances_", "precisions_cholesky_", "precisions_")
+    name: str
+    shared: bool = False
+    triangular: bool = False
+    statistics_need_products: bool = False
+    stores_covariances: bool = False
+    streams_blocks: bool = False
+    variational: bool = True
+    parameters: tuple[str, ...] = ()
+    attribute_names: tuple[str, ...] = ("covariances_", "precisions_cholesky_",
+                                        "precisions_")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<covariance type {self.name!r}>"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
         # one instance per type, also in worker processes
         return (get_covariance_type, (self.name,))
 
     # ------------------------------------------------------------ shapes, sizes
 
     @abstractmethod
-    def covariance_shape(self, n_components, n_features):
+    def covariance_shape(self, n_components: int, n_features: int) -> tuple[int, ...]:
         """Shape of the covariances, precisions and their factors (a tuple)."""
 
     @abstractmethod
-    def n_parameters(self, n_components, n_features):
+    def n_parameters(self, n_components: int, n_features: int) -> int:
         """Free parameters of the covariances (an int)."""
 
     @abstractmethod
-    def statistics_values(self, n_components, n_features):
+    def statistics_values(self, n_components: int, n_features: int) -> int:
         """float64 values of one task's second-moment statistics (an int)."""
 
     @abstractmethod
-    def work_per_row(self, n_features):
+    def work_per_row(self, n_features: int) -> float:
         """Multiply-adds per row and component of one E step plus statistics."""
 
-    def for_params(self, params):
+    def for_params(self, params: Mapping[str, Any]) -> CovarianceType:
         """The type as an estimator with ``params`` (``get_params()``) uses it (a
         type with a size parameter, such as 'factor', reads it from there)."""
         return self
 
-    def for_model(self, model):
+    def for_model(self, model: Opaque) -> CovarianceType:
         """The type as it applies to ``model`` (a type with a size parameter, such
         as 'factor', reads it off the model's arrays)."""
         return self
 
-    def stored_shapes(self, n_components, n_features):
+    def stored_shapes(self, n_components: int,
+                      n_features: int) -> dict[str, tuple[int, ...]]:
         """``{name: shape}`` of the fitted arrays that hold the covariances, as
         estimators (with a trailing ``_``) and model files store them."""
         return {"precisions_cholesky": self.covariance_shape(n_components, n_features)}
 
-    def check_n_features(self, n_features):  # noqa: B027 (an optional hook)
+    def check_n_features(self, n_features: int) -> None:  # noqa: B027 (optional)
         """Raise ``ValueError`` when the configured type cannot model
         ``n_features`` features."""
 
-    def fitted_attributes(self, model, dtype, precisions):
+    def fitted_attributes(self, model: Opaque, dtype: DTypeLike,
+                          precisions: np.ndarray | None) -> dict[str, np.ndarray]:
         """``{name: array}``: the fitted attributes of ``model``'s covariances in
         ``dtype`` (``precisions`` formed by the caller, as the fit's BLAS threads
         round them)."""
@@ -169,7 +243,8 @@ class CovarianceType(ABC):
             attributes["precisions_"] = precisions
         return attributes
 
-    def model_arrays(self, attributes):
+    def model_arrays(self, attributes: Mapping[str, Any]
+                     ) -> tuple[np.ndarray, np.ndarray]:
         """``(covariances, precisions_cholesky)`` in float64 from the fitted
         attributes (a mapping of name to array).
 
@@ -190,17 +265,17 @@ class CovarianceType(ABC):
             raise ValueError(not_upper_triangular_message(name, (i, j), value))
         return np.asarray(attributes["covariances_"], dtype=np.float64), factors
 
-    def derived_attribute(self, attributes, name):
+    def derived_attribute(self, attributes: Mapping[str, Any], name: str) -> Any:
         """A fitted attribute formed on demand from the stored ones (``attributes``,
         a mapping); ``AttributeError`` when the type has no such attribute."""
         raise AttributeError(name)
 
-    def stored_problem(self, stored):
+    def stored_problem(self, stored: Mapping[str, np.ndarray]) -> str | None:
         """What makes the stored arrays (:meth:`stored_shapes`) no covariances, or
         ``None``; the precision Cholesky factors are checked by the model file."""
         return None
 
-    def bytes_per_row(self, n_features, n_components, itemsize):
+    def bytes_per_row(self, n_features: int, n_components: int, itemsize: int) -> int:
         """Bytes of working memory one row of a block needs during a pass: the block
         in the compute dtype, a centred copy, a float64 copy for the first-order
         statistics, and a few ``B x K`` float64 arrays; plus the rows' split when some
@@ -210,68 +285,72 @@ class CovarianceType(ABC):
         return (4 * n_features * itemsize + 2 * n_features * 8 + 6 * n_components * 8
                 + 16)
 
-    def covariance_values(self, n_components, n_features):
+    def covariance_values(self, n_components: int, n_features: int) -> int:
         """float64 values of one covariance array."""
         return int(np.prod(self.covariance_shape(n_components, n_features)))
 
-    def component_values(self, n_features):
+    def component_values(self, n_features: int) -> int:
         """float64 values of one component's factor (the component schedule's
         slices are cut by these)."""
         return int(np.prod(self.covariance_shape(1, n_features)))
 
-    def factor_terms(self, n_features):
+    def factor_terms(self, n_features: int) -> int:
         """Products of two factor entries summed in one precision entry."""
         return n_features
 
     # ------------------------------------------------------- parameterisation
 
-    def factor_limit(self, n_features, dtype=np.float64):
+    def factor_limit(self, n_features: int, dtype: DTypeLike = np.float64) -> float:
         """The bound on ``|U_ij|`` below which every precision formed from the
         factors is finite in ``dtype``: ``sqrt(max / terms)`` (an entry of
         ``U U^T`` sums ``terms`` products of two entries of ``U``)."""
-        return np.sqrt(np.finfo(dtype).max / self.factor_terms(n_features))
+        return float(np.sqrt(np.finfo(dtype).max / self.factor_terms(n_features)))
 
     @abstractmethod
-    def factorize(self, covariances, dtype=np.float64, threads=1):
+    def factorize(self, covariances: np.ndarray, dtype: DTypeLike = np.float64,
+                  threads: int = 1) -> tuple[np.ndarray, list[int]]:
         """Precision Cholesky factors and the components whose covariance is not
         positive definite (see :func:`emgmm.covariance.cholesky.factorize`)."""
 
     @abstractmethod
-    def precisions_cholesky_from_precisions(self, precisions):
+    def precisions_cholesky_from_precisions(self, precisions: np.ndarray) -> np.ndarray:
         """Upper factors ``U`` with ``U U^T = precision``."""
 
     @abstractmethod
-    def precisions_from_cholesky(self, precisions_cholesky):
+    def precisions_from_cholesky(self, precisions_cholesky: np.ndarray) -> np.ndarray:
         """Precisions ``U U^T``."""
 
     @abstractmethod
-    def covariances_from_cholesky(self, precisions_cholesky):
+    def covariances_from_cholesky(self, precisions_cholesky: np.ndarray) -> np.ndarray:
         """Covariances ``(U U^T)^{-1}``."""
 
     @abstractmethod
-    def log_det_cholesky(self, precisions_cholesky, n_features):
+    def log_det_cholesky(self, precisions_cholesky: np.ndarray,
+                         n_features: int) -> np.ndarray | float:
         """``log det U_k`` per component ((K,), or a scalar when shared)."""
 
     @abstractmethod
-    def feature_variances(self, a):
+    def feature_variances(self, a: np.ndarray) -> np.ndarray:
         """The diagonals of covariances or precisions ``a``, broadcastable to
         ``(K, d)``."""
 
-    def per_component(self, a):
+    def per_component(self, a: ArrayLike) -> np.ndarray:
         """``a`` with one component per entry of its first axis (shared: one)."""
         return np.asarray(a)
 
-    def slice_factors(self, precisions_cholesky, k0, k1):
+    def slice_factors(self, precisions_cholesky: np.ndarray, k0: int,
+                      k1: int) -> np.ndarray:
         """The factors of components ``k0:k1`` (shared: all of them)."""
         return precisions_cholesky[k0:k1]
 
-    def pooled_covariance(self, weights, covariances, healthy):
+    def pooled_covariance(self, weights: np.ndarray, covariances: np.ndarray,
+                          healthy: np.ndarray) -> np.ndarray | None:
         """The covariance a re-seeded component gets: the weighted mean of the
         healthy components' (``None`` when shared: the shared one is kept)."""
         hw = weights[healthy] / weights[healthy].sum()
         return np.tensordot(hw, covariances[healthy], axes=1)
 
-    def widest_axis(self, covariance, n_features):
+    def widest_axis(self, covariance: ArrayLike, n_features: int) -> np.ndarray:
         """One standard deviation along the widest axis of one component's
         ``covariance``, as a vector (d,) along that axis; here for covariances
         given by their diagonal or one variance (every axis is widest then: the
@@ -283,15 +362,16 @@ class CovarianceType(ABC):
         axis[j] = np.sqrt(variances[j])
         return axis
 
-    def first_failure(self, bad):
+    def first_failure(self, bad: Sequence[int]) -> int | None:
         """The component to name in an error for the failed components ``bad``
         (``None`` when shared)."""
         return bad[0]
 
     # ----------------------------------------------------------- the kernels
 
-    def prepare_log_prob(self, weights, means, precisions_cholesky, dtype,
-                         screen=None):
+    def prepare_log_prob(self, weights: np.ndarray, means: np.ndarray,
+                         precisions_cholesky: np.ndarray, dtype: DTypeLike,
+                         screen: Mapping[str, np.ndarray] | None = None) -> Any:
         """Work on the parameters that every block of a pass shares, or ``None``;
         ``screen``: the arrays of a screen of these parameters that a run kept
         (:class:`~emgmm.covariance.screen.ProjectionScreen`), used instead of a
@@ -299,15 +379,17 @@ class CovarianceType(ABC):
         return None
 
     @abstractmethod
-    def log_prob(self, X, means, precisions_cholesky, g, offset, margin=None,
-                 products=None, out=None):
+    def log_prob(self, X: FloatArray, means: np.ndarray, precisions_cholesky: Any,
+                 g: np.ndarray, offset: np.ndarray, margin: float | None = None,
+                 products: Any = None, out: np.ndarray | None = None) -> np.ndarray:
         """``offset_k - 1/2 (x - mu_k)^T Lambda_k (x - mu_k)`` of every row and
         component, (n, K) float64, with the distances expanded around the shift
         ``g`` (d,); ``offset`` (K,) holds ``log det U_k - d/2 log(2 pi)`` and, for
         the E step, ``log w_k``. See
         :func:`emgmm.covariance.log_density.log_gaussian_prob`."""
 
-    def block_products(self, X, model, g=None):
+    def block_products(self, X: FloatArray, model: Opaque,
+                       g: np.ndarray | None = None) -> Any:
         """What the E step of a block computes once for its log-densities and its
         statistics (``products`` of :meth:`log_prob` and :meth:`block_statistics`),
         or ``None`` (this default): types whose kernels share such products
@@ -315,13 +397,16 @@ class CovarianceType(ABC):
         return None
 
     @abstractmethod
-    def block_statistics(self, X, resp, centers, resp_threshold=0.0, products=None,
-                         out=None):
+    def block_statistics(self, X: FloatArray, resp: np.ndarray, centers: np.ndarray,
+                         resp_threshold: float = 0.0, products: Any = None,
+                         out: Any = None) -> Opaque:
         """Sufficient statistics of one block centred on ``centers`` (see
         :func:`emgmm.covariance.statistics.block_statistics`)."""
 
-    def weighted_block_statistics(self, X, resp, centers, sample_weight,
-                                  resp_threshold=0.0, products=None, out=None):
+    def weighted_block_statistics(self, X: FloatArray, resp: np.ndarray,
+                                  centers: np.ndarray, sample_weight: np.ndarray,
+                                  resp_threshold: float = 0.0, products: Any = None,
+                                  out: Any = None) -> Opaque:
         """:meth:`block_statistics` of the weighted responsibilities ``w_i r_ik``:
         ``resp`` (the caller's work buffer) is multiplied by ``sample_weight`` (n,)
         in place. The pairs left out are those with ``r_ik <= resp_threshold``,
@@ -333,11 +418,12 @@ class CovarianceType(ABC):
         return self.block_statistics(X, resp, centers, 0.0, products, out)
 
     @abstractmethod
-    def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
+    def m_step_covariances(self, stats: Opaque, nk: np.ndarray, shift: np.ndarray,
+                           reg_covar: float, overwrite: bool = False) -> np.ndarray:
         """Covariances of the M step from the summed statistics, the regularised
         counts ``nk`` (K,) and the shifts ``s_k / N_k`` (K, d) of the means."""
 
-    def concatenate_statistics(self, parts):
+    def concatenate_statistics(self, parts: Sequence[Opaque]) -> Opaque:
         """Statistics of consecutive component slices joined along the components
         (shared: the one part)."""
         if self.shared:
@@ -350,7 +436,8 @@ class CovarianceType(ABC):
             sum_xx=np.concatenate([p.sum_xx for p in parts]),
             log_likelihood=0.0, n_samples=0)
 
-    def m_step(self, stats, centers, reg_covar, overwrite=False):
+    def m_step(self, stats: Opaque, centers: ArrayLike, reg_covar: float,
+               overwrite: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Weights, means and covariances from summed statistics (see
         :func:`emgmm.covariance.m_step.m_step`): ``mu_k = c_k + s_k / N_k`` and
         :meth:`m_step_covariances`."""
@@ -362,8 +449,9 @@ class CovarianceType(ABC):
         covariances = self.m_step_covariances(stats, nk, shift, reg_covar, overwrite)
         return weights, means, covariances
 
-    def covariances_from_responsibilities(self, X, resp, means, nk, reg_covar,
-                                          sample_weight=None):
+    def covariances_from_responsibilities(
+            self, X: ArrayLike, resp: ArrayLike, means: ArrayLike, nk: np.ndarray,
+            reg_covar: float, sample_weight: np.ndarray | None = None) -> np.ndarray:
         """Initial covariances from a sample ``X`` and its responsibilities
         (scikit-learn's ``_estimate_gaussian_parameters``), the rows weighted by
         ``sample_weight`` (n,) when given."""
@@ -379,26 +467,29 @@ class CovarianceType(ABC):
     # ------------------------------------- variational Bayes (Bishop 2006, 10.2)
 
     @abstractmethod
-    def covariance_prior_shape(self, n_features):
+    def covariance_prior_shape(self, n_features: int) -> tuple[int, ...]:
         """Shape of ``covariance_prior`` (``W_0^{-1}``): a tuple, ``()`` a float."""
 
     @abstractmethod
-    def default_covariance_prior(self, data_covariance):
+    def default_covariance_prior(self, data_covariance: np.ndarray
+                                 ) -> np.ndarray | float:
         """scikit-learn's default ``covariance_prior`` from the data's covariance
         (``ddof=1``; (d, d), or its diagonal (d,) for a type with a vector prior)."""
 
     @abstractmethod
-    def check_covariance_prior(self, covariance_prior):
+    def check_covariance_prior(self, covariance_prior: np.ndarray | float) -> None:
         """Raise ``ValueError`` unless ``covariance_prior`` (float64, of
         :meth:`covariance_prior_shape`) is positive (definite)."""
 
-    def posterior_degrees_of_freedom(self, degrees_of_freedom_prior, nk):
+    def posterior_degrees_of_freedom(self, degrees_of_freedom_prior: float,
+                                     nk: np.ndarray) -> np.ndarray | float:
         """``nu_k = nu_0 + N_k`` (Bishop eq. 10.63; (K,), a float when shared)."""
         return degrees_of_freedom_prior + nk
 
     @abstractmethod
-    def posterior_covariances(self, nk, xk, sk, priors, mean_precision,
-                              degrees_of_freedom):
+    def posterior_covariances(self, nk: np.ndarray, xk: np.ndarray, sk: np.ndarray,
+                              priors: Opaque, mean_precision: np.ndarray,
+                              degrees_of_freedom: np.ndarray | float) -> np.ndarray:
         """``(W_0^{-1} + N_k S_k + beta_0 N_k / beta_k (x_k - m_0)(x_k - m_0)^T) /
         nu_k`` (Bishop eq. 10.62, scikit-learn's ``_estimate_wishart_*``), from
         ``nk`` (K,), the means ``xk`` and covariances ``sk`` of the statistics and
@@ -406,22 +497,23 @@ class CovarianceType(ABC):
         ``covariance_prior``)."""
 
     @abstractmethod
-    def weighted_mahalanobis(self, stats, delta, precisions_cholesky):
+    def weighted_mahalanobis(self, stats: Opaque, delta: np.ndarray,
+                             precisions_cholesky: np.ndarray) -> np.ndarray | float:
         """``sum_i r_ik ||(x_i - mu_k) U_k||^2`` per component (summed over the
         components when shared) from statistics around centres ``mu_k - delta_k``:
         ``tr(U^T S_k U) - 2 (delta_k U).(s_k U) + N_k ||delta_k U||^2``."""
 
     # -------------------------------------------------------- model files
 
-    def factor_name(self, index):
+    def factor_name(self, index: int) -> str:
         """How messages name the precision Cholesky factor of component ``index``."""
         return f"precisions_cholesky of component {index}"
 
-    def factor_diagonals(self, stack):
+    def factor_diagonals(self, stack: ArrayLike) -> np.ndarray:
         """The diagonals of the factors ``stack`` (one component per entry)."""
         return np.asarray(stack)
 
-    def first_below_diagonal(self, stack):
+    def first_below_diagonal(self, stack: np.ndarray) -> tuple[int, int, int] | None:
         """``(k, i, j)`` of the first nonzero entry below a factor's diagonal in
         ``stack``, or ``None``."""
         return None
@@ -429,18 +521,20 @@ class CovarianceType(ABC):
     # ---------------------------------------------------------- validation
 
     @abstractmethod
-    def check_precisions(self, precisions, n_components, n_features):
+    def check_precisions(self, precisions: np.ndarray, n_components: int,
+                         n_features: int) -> None:
         """Raise ``ValueError`` (scikit-learn's wording) unless ``precisions``, a
         float array, has the type's shape and is positive (definite)."""
 
     # ---------------------------------------------------------- sampling
 
-    def sampling_covariances(self, estimator):
+    def sampling_covariances(self, estimator: Opaque) -> np.ndarray:
         """The covariances :meth:`sample` takes, from a fitted ``estimator``."""
         return estimator.covariances_
 
     @abstractmethod
-    def sample(self, rng, means, covariances, counts):
+    def sample(self, rng: np.random.RandomState, means: np.ndarray,
+               covariances: np.ndarray, counts: ArrayLike) -> list[np.ndarray]:
         """``counts[k]`` draws of each component, as scikit-learn draws them: a
         list of arrays, one per component."""
 
@@ -448,36 +542,39 @@ class CovarianceType(ABC):
 
     #: Whether the type has the running statistics of ``partial_fit`` (the
     #: methods below); a type without them refuses ``partial_fit``.
-    has_online_statistics = False
+    has_online_statistics: bool = False
 
-    def _no_online(self):
+    def _no_online(self) -> NotImplementedError:
         return NotImplementedError(f"covariance_type={self.name!r} has no running "
                                    "statistics for stepwise online EM (partial_fit).")
 
-    def second_moments_shape(self, n_components, n_features):
+    def second_moments_shape(self, n_components: int,
+                             n_features: int) -> tuple[int, ...]:
         """Shape of the statistics' ``sum_xx`` (a tuple)."""
         raise self._no_online()
 
-    def shift_second_moments(self, sum_xx, nk, sum_x, delta):
+    def shift_second_moments(self, sum_xx: np.ndarray, nk: np.ndarray,
+                             sum_x: np.ndarray, delta: np.ndarray) -> np.ndarray:
         """``sum_xx`` around centres moved by ``delta`` (K, d): the parallel-axis
         shift ``S - s delta^T - delta s^T + N delta delta^T`` in the type's
         layout, from the statistics ``nk`` (K,) and ``sum_x`` (K, d) around the
         old centres. A new array."""
         raise self._no_online()
 
-    def implied_second_moments(self, weights, covariances, reg_covar, n_features):
+    def implied_second_moments(self, weights: np.ndarray, covariances: np.ndarray,
+                               reg_covar: float, n_features: int) -> np.ndarray:
         """``sum_xx`` around the means that the M step maps to ``covariances``
         for component weights ``weights`` (K,) summing to one: ``w_k (Sigma_k -
         reg_covar I)`` in the type's layout (its inverse with ``s_k = 0``)."""
         raise self._no_online()
 
-    def symmetrised_second_moments(self, sum_xx):
+    def symmetrised_second_moments(self, sum_xx: np.ndarray) -> np.ndarray:
         """``sum_xx`` with what the M step does not read filled from what it
         reads (in place; 'full': the lower triangles from the upper)."""
         return sum_xx
 
 
-def widest_axis_of_matrix(covariance):
+def widest_axis_of_matrix(covariance: ArrayLike) -> np.ndarray:
     """One standard deviation along the leading eigenvector of the (d, d)
     ``covariance`` (:meth:`CovarianceType.widest_axis` of the dense types)."""
     values, vectors = np.linalg.eigh(np.asarray(covariance, dtype=np.float64))

@@ -202,11 +202,11 @@ class ProjectionScreen:
     q_norm: np.ndarray
     m_norm: np.ndarray
     p: int
-    u_norm: np.ndarray = None
-    offset_err: np.ndarray = None
-    log_det: np.ndarray = None
-    log_det_err: np.ndarray = None
-    directions: np.ndarray = None
+    u_norm: np.ndarray | None = None
+    offset_err: np.ndarray | None = None
+    log_det: np.ndarray | None = None
+    log_det_err: np.ndarray | None = None
+    directions: np.ndarray | None = None
 
     @staticmethod
     def shapes(n_components, n_features, p=SCREEN_DIRECTIONS):

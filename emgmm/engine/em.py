@@ -67,7 +67,7 @@ class DataPass:
     compute_dtype: type
     resp_threshold: float
     weights: object = None
-    total_weight: float = None
+    total_weight: float | None = None
 
     def __post_init__(self):
         if self.total_weight is None:

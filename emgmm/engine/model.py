@@ -26,11 +26,11 @@ class Model:
     precisions_cholesky: np.ndarray
     covariance_type: str
     prepared: object = field(default=None, repr=False, compare=False)
-    prepared_for: str = field(default=None, repr=False, compare=False)
+    prepared_for: str | None = field(default=None, repr=False, compare=False)
     #: The pairs schedule's screen of this model (its arrays by name, see
     #: :meth:`~emgmm.covariance.screen.ProjectionScreen.shapes`), or ``None``: what a
     #: run resumed from this model screens with.
-    screen: dict = field(default=None, repr=False, compare=False)
+    screen: dict | None = field(default=None, repr=False, compare=False)
 
     def prepare(self, compute_dtype):
         """:func:`~emgmm.covariance.packed_estimate.prepare_log_prob` for

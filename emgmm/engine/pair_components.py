@@ -45,7 +45,7 @@ class ComponentRows:
     bounds: np.ndarray
     rows: np.ndarray
     values: np.ndarray
-    weights: np.ndarray = None
+    weights: np.ndarray | None = None
 
     def of(self, j):
         """``(rows, values, weights or None)`` of the range's ``j``-th component."""

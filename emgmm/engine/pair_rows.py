@@ -46,7 +46,7 @@ class RowScreen:
 
     top: np.ndarray
     second: np.ndarray
-    weights: np.ndarray = None
+    weights: np.ndarray | None = None
     carried: int = 0
 
 
@@ -66,7 +66,7 @@ class CarryPlan:
     n_groups: int
     terms: GroupTerms
     fresh: np.ndarray
-    fresh_screen: ProjectionScreen = None
+    fresh_screen: ProjectionScreen | None = None
     reset: bool = False
     margin: float = 0.0
 

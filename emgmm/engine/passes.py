@@ -39,7 +39,7 @@ class Worst:
     size: int
     values: np.ndarray = field(default_factory=lambda: np.empty(0))
     rows: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    data: np.ndarray = None
+    data: np.ndarray | None = None
 
     def update(self, values, first_row, X):
         if self.size == 0:

@@ -90,7 +90,7 @@ class _Request:
     kind: str
     args: tuple
     result: object = None
-    error: BaseException = None
+    error: BaseException | None = None
     done: bool = False
 
 

@@ -205,7 +205,7 @@ class VariationalModel(Model):
     """
 
     weight_concentration: object = None
-    mean_precision: np.ndarray = None
+    mean_precision: np.ndarray | None = None
     degrees_of_freedom: object = None
     resp_log_resp: float = 0.0
 

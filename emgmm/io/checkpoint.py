@@ -211,8 +211,8 @@ class ResumeState:
     init_index: int
     run: RunResult
     rng_state: tuple
-    best_score: float = None
-    best_run: RunResult = None
+    best_score: float | None = None
+    best_run: RunResult | None = None
 
 
 def _run_arrays(prefix, run):

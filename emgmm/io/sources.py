@@ -13,12 +13,24 @@ from __future__ import annotations
 import abc
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from ..runtime.executor import dump_array
+
+if TYPE_CHECKING:
+    import h5py
+    from typing_extensions import Self
+
+#: What the methods taking ``X`` accept: array-likes, ``np.memmap``, a ``.npy``
+#: path, an ``h5py.Dataset``, ``"file.h5:/path/to/dataset"`` or a :class:`Source`.
+DataLike = Union[ArrayLike, str, "os.PathLike[str]", "h5py.Dataset", "Source"]
+#: What ``sample_weight`` accepts: the same kinds of source, 1-D, or one number.
+WeightLike = Union[DataLike, float]  # noqa: UP007 (DataLike holds strings)
 
 #: Serialises the lazy opening of file handles: two threads opening at once would
 #: each store a handle, and the one dropped closes while its thread reads from it.
@@ -262,12 +274,15 @@ class Source(abc.ABC):
         :meth:`read` does not check each block).
     """
 
-    chunk_rows = None
-    known_finite = False
+    shape: tuple[int, int]
+    dtype: np.dtype
+    description: str
+    chunk_rows: int | None = None
+    known_finite: bool = False
     #: Whether worker processes can read the source by reference (reopening files).
-    shareable = True
+    shareable: bool = True
 
-    def copy_for_workers(self, parent):
+    def copy_for_workers(self, parent: str) -> tuple[str | None, Source]:
         """What worker processes read in place of this source: the source itself
         (they reopen its file by name); sources of data in memory override it.
 
@@ -286,23 +301,23 @@ class Source(abc.ABC):
         return None, self
 
     @property
-    def n_samples(self):
+    def n_samples(self) -> int:
         return self.shape[0]
 
     @property
-    def n_features(self):
+    def n_features(self) -> int:
         return self.shape[1]
 
     @property
-    def compute_dtype(self):
+    def compute_dtype(self) -> type[np.floating[Any]]:
         """float32 for float32 data, float64 for everything else."""
         return np.float32 if self.dtype == np.float32 else np.float64
 
     @abc.abstractmethod
-    def _read(self, start, stop):
+    def _read(self, start: int, stop: int) -> np.ndarray:
         """The stored rows ``start:stop`` as an array of their own (unchecked)."""
 
-    def read(self, start, stop, dtype=None):
+    def read(self, start: int, stop: int, dtype: DTypeLike | None = None) -> np.ndarray:
         """Rows ``start:stop`` as a float array, checked for NaN and infinity.
 
         Parameters
@@ -334,7 +349,7 @@ class Source(abc.ABC):
             check_block_finite(block, start, self.description)
         return block
 
-    def take(self, indices, block_size):
+    def take(self, indices: np.ndarray, block_size: int) -> np.ndarray:
         """Rows at sorted ``indices``, read block by block in increasing order.
 
         Parameters
@@ -350,7 +365,7 @@ class Source(abc.ABC):
         pos = 0
         for start in range(0, self.n_samples, block_size):
             stop = min(start + block_size, self.n_samples)
-            hi = np.searchsorted(indices, stop)
+            hi = int(np.searchsorted(indices, stop))
             if hi > pos:
                 block = self.read(start, stop)
                 out[pos:hi] = block[indices[pos:hi] - start]
@@ -359,7 +374,8 @@ class Source(abc.ABC):
                 break
         return out
 
-    def take_rows(self, rows, dtype=None):
+    def take_rows(self, rows: Sequence[int] | np.ndarray,
+                  dtype: DTypeLike | None = None) -> np.ndarray:
         """The rows at sorted, distinct ``rows`` (a gather), checked for NaN and
         infinity as :meth:`read` checks a block (the message names the row).
 
@@ -399,7 +415,8 @@ class Source(abc.ABC):
             out[a:b] = self._read(int(rows[a]), int(rows[b - 1]) + 1)
         return out
 
-    def blocks(self, block_size, dtype=None):
+    def blocks(self, block_size: int, dtype: DTypeLike | None = None
+               ) -> Iterator[tuple[int, int, np.ndarray]]:
         """Yield ``(start, stop, block)`` over all rows.
 
         Parameters
@@ -413,7 +430,7 @@ class Source(abc.ABC):
             stop = min(start + block_size, self.n_samples)
             yield start, stop, self.read(start, stop, dtype)
 
-    def check_unchanged(self):
+    def check_unchanged(self) -> None:
         """Raise if the file behind the source was deleted, replaced, truncated or
         modified since the source was made (a no-op for in-memory data).
 
@@ -427,15 +444,17 @@ class Source(abc.ABC):
         """
         state = getattr(self, "_state", None)
         if state is not None:
-            _check_file_unchanged(self.filename, state, self.description)
+            # (only file-backed sources, which define filename, have a state)
+            _check_file_unchanged(self.filename,  # type: ignore[attr-defined]
+                                  state, self.description)
 
-    def close(self):  # noqa: B027 (a no-op for sources without file handles)
+    def close(self) -> None:  # noqa: B027 (a no-op without file handles)
         """Release open file handles (reopened on the next read)."""
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -878,7 +897,7 @@ def split_hdf5_spec(spec):
     return None
 
 
-def as_source(X: Any) -> Source:
+def as_source(X: DataLike) -> Source:
     """Wrap any supported input in a :class:`Source`.
 
     Parameters
@@ -1091,7 +1110,7 @@ def _is_hdf5(path):
     return bool(h5py.is_hdf5(path))
 
 
-def is_hdf5_dataset(X):
+def is_hdf5_dataset(X: object) -> TypeGuard[h5py.Dataset]:
     """True for an ``h5py.Dataset`` (without importing h5py when it isn't one)."""
     return type(X).__module__.startswith("h5py") and hasattr(X, "file")
 

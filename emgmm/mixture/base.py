@@ -25,10 +25,9 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import TYPE_CHECKING, TypeVar, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import ArrayLike
 from sklearn import config_context, get_config
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import ConvergenceWarning
@@ -43,7 +42,13 @@ from ..engine.pair_step import PairStep, pairs_apply
 from ..engine.passes import output_pass, rows_statistics_pass, score_pass
 from ..engine.update import MaximumLikelihood
 from ..io.checkpoint import open_checkpointer
-from ..io.sources import ArraySource, as_source, is_file_backed
+from ..io.sources import (
+    ArraySource,
+    DataLike,
+    WeightLike,
+    as_source,
+    is_file_backed,
+)
 from ..io.weights import as_weight_source, check_weights
 from ..runtime.executor import Executor
 from ..runtime.memory import (
@@ -68,14 +73,7 @@ from .validation import (
 )
 
 if TYPE_CHECKING:
-    import h5py
-
-#: What the methods taking ``X`` accept: array-likes, ``np.memmap``, a ``.npy``
-#: path, an ``h5py.Dataset`` or ``"file.h5:/path/to/dataset"``.
-DataLike = Union[ArrayLike, str, "os.PathLike[str]", "h5py.Dataset"]
-#: What ``sample_weight`` accepts: the same kinds of source, 1-D, or one number.
-WeightLike = DataLike | float
-_Mixture = TypeVar("_Mixture", bound="BaseMixture")
+    from typing_extensions import Self
 
 def _as_stored(model, dtype):
     """``model`` as the fitted attributes of ``dtype`` hold it, in float64."""
@@ -170,7 +168,7 @@ class FitPlan:
     block_nbytes: int
     checkpointer: object
     sample_weights: object = None
-    total_weight: float = None
+    total_weight: float | None = None
     weights: object = None  # the sample weights as the tasks read them (once entered)
     #: The scoring pass (a shared one when several fits read the data together).
     score_pass: object = score_pass
@@ -411,8 +409,8 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMet
 
     # -------------------------------------------------------------------- fit
 
-    def fit(self: _Mixture, X: DataLike, y: None = None,
-            sample_weight: WeightLike | None = None) -> _Mixture:
+    def fit(self, X: DataLike, y: None = None,
+            sample_weight: WeightLike | None = None) -> Self:
         """Estimate the parameters with EM, keeping the best of ``n_init`` runs.
 
         Parameters

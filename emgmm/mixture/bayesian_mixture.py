@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from numbers import Real
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..covariance import REGISTRY
 from ..engine.variational import (
@@ -23,11 +27,21 @@ from .initialization import (
     initial_responsibilities,
     parameters_from_responsibilities,
 )
+from .parameter_docs import fill_parameter_docs
 from .validation import Interval, StrOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _POSITIVE = Interval(Real, 0.0, None, closed="neither")
 
 
+@fill_parameter_docs(
+    headings={"schedule": "schedule : {'auto', 'rows', 'components'}, default='auto'"},
+    schedule="'pairs' is maximum likelihood's (:class:`emgmm.GaussianMixture`): it\n"
+             "does not apply to the variational fit.",
+    checkpoint="The checkpoint holds the posterior; the priors are recomputed from\n"
+               "the data, which it fingerprints.")
 class BayesianGaussianMixture(BaseMixture):
     """Variational Bayesian Gaussian mixture, fitted by blocked, out-of-core passes.
 
@@ -87,33 +101,18 @@ default='dirichlet_process'
         1 prints each initialisation and iteration; 2 also times and lower bounds.
     verbose_interval : int, default=10
         Iterations between two messages.
-    n_jobs : int or None, default=None
-        As :class:`emgmm.GaussianMixture`'s: joblib's meaning, ``1`` one core.
-    temp_folder : str, os.PathLike or None, default=None
-        Folder of the fit's temporary files with process workers, as
-        :class:`emgmm.GaussianMixture`'s.
-    working_memory : float or None, default=None
-        MiB per worker for one block, as :class:`emgmm.GaussianMixture`'s.
-    block_size : int or None, default=None
-        Rows per block; overrides ``working_memory``.
-    memory_limit : float or None, default=None
-        MiB for the copies of the model, as :class:`emgmm.GaussianMixture`'s.
-    schedule : {'auto', 'rows', 'components'}, default='auto'
-        As :class:`emgmm.GaussianMixture`'s.
-    init_max_samples : int, default=100_000
-        Rows in the initialisation subsample, at most as many float64 rows as fit
-        in 256 MiB (3,355 at 10,000 features) and no fewer than ``n_components``.
-    compute_dtype : {'float32', 'float64'} or None, default=None
-        As :class:`emgmm.GaussianMixture`'s; ``None`` follows the data.
-    resp_threshold : float, default=1e-20
-        As :class:`emgmm.GaussianMixture`'s.
-    callback : callable or None, default=None
-        Called after every iteration, as :class:`emgmm.GaussianMixture`'s.
-    checkpoint : str, os.PathLike or None, default=None
-        As :class:`emgmm.GaussianMixture`'s; the checkpoint holds the posterior,
-        and the priors are recomputed from the data, which it fingerprints.
-    checkpoint_interval : float, default=0.0
-        Minimum seconds between two checkpoint writes.
+    %(n_jobs)s
+    %(temp_folder)s
+    %(working_memory)s
+    %(block_size)s
+    %(memory_limit)s
+    %(schedule)s
+    %(init_max_samples)s
+    %(compute_dtype)s
+    %(resp_threshold)s
+    %(callback)s
+    %(checkpoint)s
+    %(checkpoint_interval)s
 
     Attributes
     ----------
@@ -168,16 +167,41 @@ default='dirichlet_process'
     # (starved ones fall back to the prior, kept as scikit-learn keeps them)
     on_degenerate = "raise"
 
-    def __init__(self, *, n_components=1, covariance_type="full", tol=1e-3,
-                 reg_covar=1e-6, max_iter=100, n_init=1, init_params="kmeans",
-                 weight_concentration_prior_type="dirichlet_process",
-                 weight_concentration_prior=None, mean_precision_prior=None,
-                 mean_prior=None, degrees_of_freedom_prior=None, covariance_prior=None,
-                 random_state=None, warm_start=False, verbose=0, verbose_interval=10,
-                 n_jobs=None, temp_folder=None, working_memory=None, block_size=None,
-                 memory_limit=None, schedule="auto", init_max_samples=100_000,
-                 compute_dtype=None, resp_threshold=1e-20, callback=None,
-                 checkpoint=None, checkpoint_interval=0.0):
+    def __init__(
+        self,
+        *,
+        n_components: int = 1,
+        covariance_type: str = "full",
+        tol: float = 1e-3,
+        reg_covar: float = 1e-6,
+        max_iter: int = 100,
+        n_init: int = 1,
+        init_params: Literal["kmeans", "k-means++", "random",
+                             "random_from_data"] = "kmeans",
+        weight_concentration_prior_type: Literal[
+            "dirichlet_process", "dirichlet_distribution"] = "dirichlet_process",
+        weight_concentration_prior: float | None = None,
+        mean_precision_prior: float | None = None,
+        mean_prior: ArrayLike | None = None,
+        degrees_of_freedom_prior: float | None = None,
+        covariance_prior: float | ArrayLike | None = None,
+        random_state: int | np.random.RandomState | None = None,
+        warm_start: bool = False,
+        verbose: int = 0,
+        verbose_interval: int = 10,
+        n_jobs: int | None = None,
+        temp_folder: str | os.PathLike[str] | None = None,
+        working_memory: float | None = None,
+        block_size: int | None = None,
+        memory_limit: float | None = None,
+        schedule: Literal["auto", "rows", "components"] = "auto",
+        init_max_samples: int = 100_000,
+        compute_dtype: Literal["float32", "float64"] | None = None,
+        resp_threshold: float = 1e-20,
+        callback: Callable[[dict[str, Any]], Any] | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
+        checkpoint_interval: float = 0.0,
+    ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -209,8 +233,9 @@ default='dirichlet_process'
         self.checkpoint_interval = checkpoint_interval
 
     # the variational fit takes no sample_weight yet (as scikit-learn's): these
-    # signatures say so to scikit-learn's checks and to users
-    def fit(self, X: DataLike, y: None = None) -> BayesianGaussianMixture:
+    # signatures say so to scikit-learn's checks and to users (narrower than the
+    # base class's, hence the ignored override checks)
+    def fit(self, X: DataLike, y: None = None) -> Self:  # type: ignore[override]
         """Estimate the variational posterior: the best of ``n_init`` runs.
 
         As :meth:`emgmm.GaussianMixture.fit`, without ``sample_weight``.
@@ -229,7 +254,8 @@ default='dirichlet_process'
         """
         return super().fit(X)
 
-    def fit_predict(self, X: DataLike, y: None = None) -> np.ndarray:
+    def fit_predict(self, X: DataLike,  # type: ignore[override]
+                    y: None = None) -> np.ndarray:
         """Fit, then return the labels of ``X`` from a final E step.
 
         Parameters
@@ -246,7 +272,7 @@ default='dirichlet_process'
         """
         return super().fit_predict(X)
 
-    def score(self, X: DataLike, y: None = None) -> float:
+    def score(self, X: DataLike, y: None = None) -> float:  # type: ignore[override]
         """Mean per-sample log-likelihood of ``X`` under the expected parameters.
 
         Parameters

@@ -26,6 +26,7 @@ from .initialization import (
     initial_responsibilities,
     parameters_from_responsibilities,
 )
+from .parameter_docs import fill_parameter_docs
 from .validation import (
     Interval,
     StrOptions,
@@ -34,11 +35,9 @@ from .validation import (
     check_weights,
 )
 
-#: The covariances' fitted attributes of every type.
-_COVARIANCE_ATTRIBUTES = {name for kind in REGISTRY.values()
-                          for name in kind.attribute_names}
 
-
+@fill_parameter_docs(
+    checkpoint_interval=":meth:`partial_fit` writes after every call.")
 class GaussianMixture(BaseMixture):
     """Gaussian mixture fitted by exact, blocked, out-of-core EM.
 
@@ -97,53 +96,15 @@ default='kmeans'
         1 prints each initialisation and iteration; 2 also times and lower bounds.
     verbose_interval : int, default=10
         Iterations between two messages.
-    n_jobs : int or None, default=None
-        Workers for the passes over the data, with joblib's meaning (``-1``: all
-        cores). ``None`` follows ``joblib.parallel_config``; when that gives one
-        worker, the blocks of a pass run in threads of this process with one BLAS
-        thread each (the same result bit for bit). ``1`` means one core: blocks one
-        after the other, BLAS on one thread. See the user guide, "Parallelism".
-    temp_folder : str, os.PathLike or None, default=None
-        Folder of the fit's temporary files with process workers (a copy of
-        in-memory data, shared arrays); joblib's ``temp_folder`` of ``Parallel``,
-        whose memory-mapping folders go inside. ``None``: ``JOBLIB_TEMP_FOLDER``,
-        else the system temporary folder (the model shared under
-        ``schedule='pairs'``: ``/dev/shm`` where it has room). joblib offers no
-        public getter of ``parallel_config(temp_folder=...)``, so it is not read.
-    working_memory : float or None, default=None
-        Memory for one block's working set, in MiB, per worker. ``None`` uses
-        ``sklearn.get_config()["working_memory"]`` (1024 by default).
-    block_size : int or None, default=None
-        Rows per block; overrides ``working_memory``.
-    memory_limit : float or None, default=None
-        Budget in MiB for the copies of the model held by the parent and its
-        workers; ``fit`` raises ``MemoryError`` up front when the estimate exceeds
-        it. ``None`` uses the physical memory available when ``fit`` starts.
-    schedule : {'auto', 'rows', 'components', 'pairs'}, default='auto'
-        How a pass shares the work: 'rows' gives a task a range of rows and all
-        components; 'components' a slice of components and a range of rows, so no
-        worker holds the whole model (``X`` read twice per iteration); 'pairs'
-        ('full', ``resp_threshold > 0``, large ``d``) screens the pairs by rows
-        and gives each component its rows, statistics, M step and factor, the
-        model shared by every worker. 'auto' picks 'pairs' where it applies, else
-        'components' when workers would hold over 64 MiB of statistics each, or
-        when only it fits the memory. See the user guide, "Parallelism".
-    init_max_samples : int, default=100_000
-        Rows in the initialisation subsample, at most as many float64 rows as fit
-        in 256 MiB (3,355 at 10,000 features) and no fewer than ``n_components``.
-    compute_dtype : {'float32', 'float64'} or None, default=None
-        Dtype of the heavy products of the E step; ``None`` follows the data.
-        ``'float32'`` on float64 data fits the data rounded to float32. The pairs
-        that may reach ``resp_threshold`` are recomputed in float64 where float32
-        is not accurate enough, and every sum is accumulated in float64. See the
-        user guide, "float32".
-    resp_threshold : float, default=1e-20
-        Responsibilities at most this are left out of the statistics ``N_k``,
-        ``s_k``, ``S_k`` ('full'; 'diag' and 'spherical' from 24 features on), and
-        'full' computes exactly only the pairs that may exceed it. A pair left out
-        moves ``S_k``, in its metric, by at most ``r_ik`` times its squared
-        Mahalanobis distance: ~1e-18 at the default. ``0.0`` computes every pair
-        exactly.
+    %(n_jobs)s
+    %(temp_folder)s
+    %(working_memory)s
+    %(block_size)s
+    %(memory_limit)s
+    %(schedule)s
+    %(init_max_samples)s
+    %(compute_dtype)s
+    %(resp_threshold)s
     on_degenerate : {'reinit', 'raise'}, default='reinit'
         For a component whose covariance is not positive definite after
         ``reg_covar``, or whose weight falls below a thousandth of one sample
@@ -155,28 +116,9 @@ default='kmeans'
         (its weight near 0, its covariance ``reg_covar``). Both raise when no
         component is healthy or one re-seeded 10 times degenerates again. See the
         user guide, "Degenerate components".
-    callback : callable or None, default=None
-        Called after every EM iteration with a dict (``event='iteration'``,
-        ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,
-        ``reseeded``; under ``schedule='pairs'`` also ``pairs_per_row``, the
-        pairs computed, the others proven negligible). True attributes
-        ``wants_progress`` and ``wants_plan`` ask for the ``'progress'`` and
-        ``'final_pass'`` events during passes and the ``'plan'`` event before the
-        first (user guide, "Progress and callbacks").
-    checkpoint : str, os.PathLike or None, default=None
-        Path of a checkpoint file (``.npz``, no pickle), written atomically after EM
-        iterations. A fit of the same data and parameters resumes from it to the
-        model of an uninterrupted fit; other data or parameters raise
-        ``ValueError``, an unwritable folder ``OSError``, a concurrent fit on the
-        same path ``RuntimeError``. ``{fingerprint}`` in the path is replaced by
-        16 hex digits of the SHA-256 of the data and parameters the checkpoint is
-        matched on (``checkpoint='ck-{fingerprint}.npz'``): each fit of other data
-        or parameters, such as the clones of a parallel ``GridSearchCV``, then has a
-        file of its own, and a fit started again finds its own. Removed when
-        ``fit`` completes (user guide, "Checkpoints").
-    checkpoint_interval : float, default=0.0
-        Minimum seconds between two checkpoint writes; 0 writes after every
-        iteration; :meth:`partial_fit` writes after every call.
+    %(callback)s
+    %(checkpoint)s
+    %(checkpoint_interval)s
     learning_decay : float, default=0.7
         ``alpha`` of the step size ``eta_t = (t + learning_offset) ** -alpha`` of
         :meth:`partial_fit`, in ``(0.5, 1]`` (scikit-learn's name and default, from
@@ -293,7 +235,8 @@ default='kmeans'
         reg_covar: float = 1e-6,
         max_iter: int = 100,
         n_init: int = 1,
-        init_params: str = "kmeans",
+        init_params: Literal["kmeans", "k-means++", "random",
+                             "random_from_data"] = "kmeans",
         weights_init: ArrayLike | None = None,
         means_init: ArrayLike | None = None,
         precisions_init: ArrayLike | None = None,
@@ -406,8 +349,10 @@ default='kmeans'
                      self.covariance_type)
 
     def _set_model(self, model, dtype, precisions):
-        for name in _COVARIANCE_ATTRIBUTES:
-            self.__dict__.pop(name, None)  # those of an earlier fit of another type
+        # the covariances' attributes of an earlier fit of another type (any
+        # registered one, also registered after this module was imported)
+        for name in {n for kind in REGISTRY.values() for n in kind.attribute_names}:
+            self.__dict__.pop(name, None)
         self.weights_ = model.weights.astype(dtype)
         self.means_ = model.means.astype(dtype)
         self.__dict__.update(self._kind().fitted_attributes(model, dtype, precisions))
@@ -415,7 +360,7 @@ default='kmeans'
     _precisions_on_demand = True
 
     @functools.cached_property
-    def precisions_(self):
+    def precisions_(self) -> np.ndarray:
         """Inverses of the covariances, ``U U^T`` from ``precisions_cholesky_``:
         formed on first access (one BLAS thread: the same for any ``n_jobs``) and
         kept; a fit sets it anew. ('factor': formed from the loadings.)"""

@@ -18,8 +18,9 @@ def _estimator_for(bayesian):
     return BayesianGaussianMixture() if bayesian else GaussianMixture()
 
 
-def load_model(path: str | os.PathLike[str]) -> GaussianMixture:
-    """Load a fitted :class:`emgmm.GaussianMixture` from an HDF5 model file.
+def load_model(path: str | os.PathLike[str]
+               ) -> GaussianMixture | BayesianGaussianMixture:
+    """Load a fitted estimator from an HDF5 model file.
 
     Parameters
     ----------
@@ -28,13 +29,14 @@ def load_model(path: str | os.PathLike[str]) -> GaussianMixture:
 
     Returns
     -------
-    emgmm.GaussianMixture
-        The fitted estimator: ``weights_``, ``means_`` and ``precisions_cholesky_``
-        as stored, ``covariances_`` and ``precisions_`` recomputed from the factors
-        (in float64), all five in the dtype of the fitted model; the fit metadata
-        (``n_iter_``, ``converged_``, ``lower_bound_``, ``lower_bounds_``),
-        ``n_features_in_``, the state of a ``partial_fit`` stream (``n_steps_``, 0
-        for a fit, and its running statistics) and ``feature_names_in_`` if stored.
+    emgmm.GaussianMixture or emgmm.BayesianGaussianMixture
+        The fitted estimator, of the class the file was saved from: ``weights_``,
+        ``means_`` and ``precisions_cholesky_`` as stored, ``covariances_`` and
+        ``precisions_`` recomputed from the factors (in float64), all five in the dtype
+        of the fitted model; the fit metadata (``n_iter_``, ``converged_``,
+        ``lower_bound_``, ``lower_bounds_``), ``n_features_in_``, the state of a
+        ``partial_fit`` stream (``n_steps_``, 0 for a fit, and its running statistics)
+        and ``feature_names_in_`` if stored.
         Parameters listed in ``params_dropped`` keep their defaults.
 
     Raises

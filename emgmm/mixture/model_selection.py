@@ -1,9 +1,14 @@
 """Choosing the number of components (and the covariance type) by BIC or AIC."""
 
+from __future__ import annotations
+
 import dataclasses
 import math
+import os
 import threading
+from collections.abc import Sequence
 from numbers import Integral
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from sklearn import get_config
@@ -13,7 +18,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..covariance import REGISTRY
 from ..engine.shared_pass import FitCancelled, SharedPasses
-from ..io.sources import as_source, is_file_backed
+from ..io.sources import DataLike, as_source, is_file_backed
 from ..runtime.executor import Executor
 from ..runtime.memory import (
     available_memory,
@@ -24,7 +29,11 @@ from ..runtime.memory import (
 from ..runtime.worker_loss import explain_worker_loss
 from .base import FitPlan
 from .gaussian_mixture import GaussianMixture
+from .parameter_docs import fill_parameter_docs
 from .validation import validate_params
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 #: The candidate covariance types: those that no further parameter configures
 #: ('factor' is not one: its n_factors would be a grid axis of its own).
@@ -64,6 +73,11 @@ def _covariance_types(covariance_type):
     return types
 
 
+@fill_parameter_docs(
+    n_jobs="Here for the passes that all the candidates share.",
+    block_size="The blocks are sized for the largest candidate.",
+    memory_limit="Here for the models of all the candidates together.",
+    init_max_samples="Each candidate has its own.")
 class GaussianMixtureIC(DensityMixin, BaseEstimator):
     """Gaussian mixture with its number of components chosen by BIC or AIC.
 
@@ -101,23 +115,14 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
         :class:`emgmm.GaussianMixture`'s.
     random_state : int, RandomState instance or None, default=None
         An integer gives every candidate the fit it would have alone.
-    n_jobs : int or None, default=None
-        Workers for the shared passes, as :class:`emgmm.GaussianMixture`'s.
-    temp_folder : str, os.PathLike or None, default=None
-        Folder of the fit's temporary files with process workers, as
-        :class:`emgmm.GaussianMixture`'s.
-    working_memory : float or None, default=None
-        MiB per worker for one block, as :class:`emgmm.GaussianMixture`'s.
-    block_size : int or None, default=None
-        Rows per block (the blocks are sized for the largest candidate).
-    memory_limit : float or None, default=None
-        MiB for the copies of all the candidates' models together.
-    init_max_samples : int, default=100_000
-        Rows in each candidate's initialisation subsample.
-    compute_dtype : {'float32', 'float64'} or None, default=None
-        As :class:`emgmm.GaussianMixture`'s.
-    resp_threshold : float, default=1e-20
-        As :class:`emgmm.GaussianMixture`'s.
+    %(n_jobs)s
+    %(temp_folder)s
+    %(working_memory)s
+    %(block_size)s
+    %(memory_limit)s
+    %(init_max_samples)s
+    %(compute_dtype)s
+    %(resp_threshold)s
     on_degenerate : {'reinit', 'raise'}, default='reinit'
         As :class:`emgmm.GaussianMixture`'s.
     verbose : int, default=0
@@ -162,13 +167,31 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
     (4, 2)
     """
 
-    def __init__(self, min_components=1, max_components=10, *, covariance_type="full",
-                 criterion="bic", tol=1e-3, reg_covar=1e-6, max_iter=100, n_init=1,
-                 init_params="kmeans", random_state=None, n_jobs=None,
-                 temp_folder=None, working_memory=None, block_size=None,
-                 memory_limit=None,
-                 init_max_samples=100_000, compute_dtype=None, resp_threshold=1e-20,
-                 on_degenerate="reinit", verbose=0):
+    def __init__(
+        self,
+        min_components: int = 1,
+        max_components: int = 10,
+        *,
+        covariance_type: str | Sequence[str] = "full",
+        criterion: Literal["bic", "aic"] = "bic",
+        tol: float = 1e-3,
+        reg_covar: float = 1e-6,
+        max_iter: int = 100,
+        n_init: int = 1,
+        init_params: Literal["kmeans", "k-means++", "random",
+                             "random_from_data"] = "kmeans",
+        random_state: int | np.random.RandomState | None = None,
+        n_jobs: int | None = None,
+        temp_folder: str | os.PathLike[str] | None = None,
+        working_memory: float | None = None,
+        block_size: int | None = None,
+        memory_limit: float | None = None,
+        init_max_samples: int = 100_000,
+        compute_dtype: Literal["float32", "float64"] | None = None,
+        resp_threshold: float = 1e-20,
+        on_degenerate: Literal["reinit", "raise"] = "reinit",
+        verbose: int = 0,
+    ) -> None:
         self.min_components = min_components
         self.max_components = max_components
         self.covariance_type = covariance_type
@@ -222,7 +245,7 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
                           ensure_min_samples=2, ensure_all_finite=False)
         return X, X.shape[0]
 
-    def fit(self, X, y=None):
+    def fit(self, X: DataLike, y: None = None) -> Self:
         """Fit every candidate and keep the best by ``criterion``.
 
         Parameters
@@ -303,7 +326,7 @@ or h5py.Dataset
         check_is_fitted(self)
         return self.best_estimator_
 
-    def predict(self, X):
+    def predict(self, X: DataLike) -> np.ndarray:
         """Label of the most responsible component of each sample, chosen model.
 
         Parameters
@@ -318,7 +341,7 @@ or h5py.Dataset
         """
         return self._best().predict(X)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: DataLike) -> np.ndarray:
         """Compute the responsibilities of each sample under the chosen model.
 
         Parameters
@@ -333,7 +356,7 @@ or h5py.Dataset
         """
         return self._best().predict_proba(X)
 
-    def score_samples(self, X):
+    def score_samples(self, X: DataLike) -> np.ndarray:
         """Log-likelihood of each sample under the chosen model.
 
         Parameters
@@ -348,7 +371,7 @@ or h5py.Dataset
         """
         return self._best().score_samples(X)
 
-    def score(self, X, y=None):
+    def score(self, X: DataLike, y: None = None) -> float:
         """Mean per-sample log-likelihood under the chosen model.
 
         Parameters
@@ -365,7 +388,7 @@ or h5py.Dataset
         """
         return self._best().score(X)
 
-    def sample(self, n_samples=1):
+    def sample(self, n_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Draw samples from the chosen model.
 
         Parameters
@@ -382,7 +405,7 @@ or h5py.Dataset
         """
         return self._best().sample(n_samples)
 
-    def bic(self, X):
+    def bic(self, X: DataLike) -> float:
         """Bayesian information criterion of the chosen model on ``X``.
 
         Parameters
@@ -397,7 +420,7 @@ or h5py.Dataset
         """
         return self._best().bic(X)
 
-    def aic(self, X):
+    def aic(self, X: DataLike) -> float:
         """Akaike information criterion of the chosen model on ``X``.
 
         Parameters
@@ -412,7 +435,7 @@ or h5py.Dataset
         """
         return self._best().aic(X)
 
-    def fit_predict(self, X, y=None):
+    def fit_predict(self, X: DataLike, y: None = None) -> np.ndarray:
         """Fit every candidate, then label ``X`` with the chosen one.
 
         Parameters

@@ -9,11 +9,14 @@ files and checkpoints keep it (:mod:`emgmm.io.model_file`,
 :mod:`emgmm.io.stream_checkpoint`), ``clone`` drops it.
 """
 
+from __future__ import annotations
+
 import os
 import shutil
 import time
 import warnings
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sklearn import config_context
@@ -27,11 +30,15 @@ from ..engine.degenerate import initial_factors
 from ..engine.model import Model
 from ..engine.update import MaximumLikelihood
 from ..io.checkpoint import checkpoint_path
+from ..io.sources import DataLike, WeightLike
 from ..io.stream_checkpoint import read_stream, stream_fingerprint, write_stream
 from ..io.weights import ArrayWeights, dump_weights
 from ..runtime.executor import make_temp_folder
 from ..runtime.worker_loss import explain_worker_loss
 from .validation import check_attributes_hold
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _MODEL_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
 
@@ -95,8 +102,12 @@ class OnlineMixin:
     """``partial_fit`` over the base class's sources, plan and hooks (present only
     for estimators whose update rule has an online M step)."""
 
+    if TYPE_CHECKING:  # the base class's, which the mixin's methods call
+        def _validate(self) -> None: ...
+
     @available_if(_has_online_update)
-    def partial_fit(self, X, y=None, sample_weight=None):
+    def partial_fit(self, X: DataLike, y: None = None,
+                    sample_weight: WeightLike | None = None) -> Self:
         """One step of stepwise online EM on the mini-batch ``X``.
 
         The first call on an unfitted estimator initialises the parameters from its
