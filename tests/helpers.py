@@ -43,6 +43,19 @@ def not_converging():
         yield
 
 
+def quiet_fit(est, X, **fit_params):
+    """``est.fit(X)``, ignoring the ConvergenceWarning of a fit that max_iter
+    stopped (tests that run a fixed number of iterations)."""
+    with not_converging():
+        return est.fit(X, **fit_params)
+
+
+def quiet_fit_predict(est, X, **fit_params):
+    """``est.fit_predict(X)``, as :func:`quiet_fit`."""
+    with not_converging():
+        return est.fit_predict(X, **fit_params)
+
+
 def make_blobs_data(
     n_samples=600,
     n_features=3,
@@ -196,6 +209,41 @@ def min_eigenvalues(gm):
     if gm.covariance_type == "diag":
         return cov.min(axis=1)
     return cov
+
+
+def dense_covariances(gm):
+    """(K, d, d) covariances of a fitted model of one of scikit-learn's types."""
+    K, d = gm.means_.shape
+    c = np.asarray(gm.covariances_, dtype=np.float64)
+    if gm.covariance_type == "full":
+        return c
+    if gm.covariance_type == "tied":
+        return np.stack([c] * K)
+    if gm.covariance_type == "diag":
+        return np.stack([np.diag(v) for v in c])
+    return np.stack([np.eye(d) * v for v in c])
+
+
+def variances(gm):
+    """(K, d) variances of a fitted model of one of scikit-learn's types."""
+    return np.diagonal(dense_covariances(gm), axis1=1, axis2=2)
+
+
+def assert_variances_at_least(gm, reg_covar):
+    """Every variance >= reg_covar (the data's own variance is >= 0). One rounding of
+    the sum reg_covar + variance into the output dtype may fall 1 ulp below."""
+    eps = np.finfo(gm.covariances_.dtype).eps
+    assert np.all(variances(gm) >= reg_covar * (1 - 2 * eps)), variances(gm)
+    if gm.covariance_type in ("full", "tied"):
+        covs = dense_covariances(gm)
+        eig = np.linalg.eigvalsh(covs)
+        # eigenvalues of the *stored* matrix: rounding each entry to the output dtype
+        # moves them by at most d * u * max|entry| (Weyl); for float32 entries of ~50
+        # that is ~1e-5, more than reg_covar=1e-6 itself, so only that much is asked.
+        d = covs.shape[-1]
+        u = np.finfo(gm.covariances_.dtype).eps / 2
+        slack = 2 * d * u * np.abs(covs).max(axis=(1, 2)) + 1e-6 * reg_covar
+        assert np.all(eig >= reg_covar - slack[:, None]), eig
 
 
 def assert_valid_model(gm):

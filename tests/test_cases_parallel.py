@@ -17,7 +17,7 @@ import h5py
 import joblib
 import numpy as np
 import pytest
-from helpers import IGNORE_NOT_CONVERGED, make_blobs_data, not_converging
+from helpers import IGNORE_NOT_CONVERGED, make_blobs_data, quiet_fit
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.model_selection import GridSearchCV
 from threadpoolctl import threadpool_info, threadpool_limits
@@ -34,9 +34,6 @@ STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_choles
 CORES = joblib.cpu_count()
 
 
-def quiet_fit(est, X):
-    with not_converging():  # small max_iter
-        return est.fit(X)
 
 
 def assert_same_state(a, b, rtol=None, precision_rtol=None):

@@ -4,7 +4,14 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, assert_bound_monotone, assert_valid_model
+from helpers import (
+    COVARIANCE_TYPES,
+    PARAMS,
+    assert_bound_monotone,
+    assert_valid_model,
+    assert_variances_at_least,
+)
+from numpy.testing import assert_allclose
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
@@ -281,3 +288,28 @@ def test_a_k_means_singleton_is_kept_as_scikit_learn_keeps_it():
             warnings.simplefilter("ignore", ConvergenceWarning)  # (tol=0)
             gm = GaussianMixture(12, random_state=seed, max_iter=30, tol=0).fit(X)
         assert [k for record in gm.history_ for k in record["reseeded"]] == []
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("init_params", ["kmeans", "k-means++", "random",
+                                         "random_from_data"])
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_case_c08_exact_duplicates(covariance_type, init_params, dtype):
+    X = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0).astype(dtype)
+    gm = GaussianMixture(n_components=5, covariance_type=covariance_type,
+                         init_params=init_params, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # KMeans warns about 2 distinct points
+        gm.fit(X)
+    for name in PARAMS:
+        assert np.all(np.isfinite(getattr(gm, name))), name
+    assert_variances_at_least(gm, gm.reg_covar)
+    assert_allclose(gm.weights_.sum(), 1.0, rtol=1e-6)
+    proba = gm.predict_proba(X)
+    assert not np.any(np.isnan(proba))
+    assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-6)
+    assert np.all(np.isfinite(gm.score_samples(X)))
+    labels = gm.predict(X)
+    # each location is one cluster, and the two are different
+    assert len(set(labels[:500])) == 1 and len(set(labels[500:])) == 1
+    assert labels[0] != labels[-1]

@@ -36,13 +36,18 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, random_spd
+from helpers import (
+    COVARIANCE_TYPES,
+    quiet_fit,
+    random_spd,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
+from emgmm import GaussianMixture
 from emgmm.covariance import cholesky as _cholesky
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import m_step as _m_step
@@ -1190,3 +1195,44 @@ def test_needs_recentring(covariance_type):
                                              covariance_type)
     _, means, cov = _m_step.m_step(one_point, centers, 1e-6, covariance_type)
     assert not _m_step.needs_recentring(one_point, means, cov, covariance_type).any()
+
+
+def _upper(P):
+    return np.linalg.inv(np.linalg.cholesky(np.linalg.inv(P))).T
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("d", [5, 20, 128])
+def test_case_c06_log_density_against_scipy(d, covariance_type):
+    rng = np.random.default_rng(d)
+    K, n = 3, 40
+    means = rng.normal(size=(K, d))
+    if covariance_type == "full":
+        P = np.stack([random_spd(rng, d, cond=30.0) * 2.0 for _ in range(K)])
+        U = np.stack([_upper(p) for p in P])
+        prec_init = P
+    elif covariance_type == "tied":
+        p = random_spd(rng, d, cond=30.0) * 2.0
+        P, U, prec_init = np.stack([p] * K), _upper(p), p
+    elif covariance_type == "diag":
+        v = rng.uniform(0.2, 5.0, size=(K, d))
+        P, U, prec_init = np.stack([np.diag(x) for x in v]), np.sqrt(v), v
+    else:
+        v = rng.uniform(0.2, 5.0, size=K)
+        P, U, prec_init = np.stack([np.eye(d) * x for x in v]), np.sqrt(v), v
+    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
+    expected = np.stack(
+        [multivariate_normal(m, np.linalg.inv(p)).logpdf(X)
+         for m, p in zip(means, P, strict=True)], axis=1
+    )
+    # the kernel, per component
+    got = _log_density.log_gaussian_prob(X, means, U, covariance_type)
+    assert_allclose(got, expected, rtol=1e-10)
+    # the estimator, initialised with these parameters and no EM iteration
+    weights = np.full(K, 1.0 / K)
+    gm = quiet_fit(GaussianMixture(n_components=K, covariance_type=covariance_type,
+                                   max_iter=0,
+                                   weights_init=weights, means_init=means,
+                                   precisions_init=prec_init), X)
+    assert_allclose(gm.score_samples(X), logsumexp(expected + np.log(weights), axis=1),
+                    rtol=1e-10)
