@@ -23,6 +23,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.exceptions import ConvergenceWarning
 
 SOURCE_KINDS = ("ndarray", "memmap", "npy", "npy_path", "h5", "h5_chunked", "h5_string")
@@ -189,6 +190,23 @@ class SourceFactory:
         self._files.clear()
 
 
+class PlanSpy:
+    """A callback recording what each fit chose (its ``'plan'`` event): the
+    schedule, block size and workers."""
+
+    wants_plan = True
+
+    def __init__(self):
+        self.plans = []
+
+    def __call__(self, record):
+        if record["event"] == "plan":
+            self.plans.append(record)
+
+    def __getitem__(self, key):
+        return [plan[key] for plan in self.plans]
+
+
 def file_fingerprint(path):
     """Bytes and modification time of a file (to prove it was not modified)."""
     path = Path(path)
@@ -209,6 +227,30 @@ def min_eigenvalues(gm):
     if gm.covariance_type == "diag":
         return cov.min(axis=1)
     return cov
+
+
+def assert_same_state(a, b, rtol=None, precision_rtol=None):
+    """Bitwise (rtol=None) or to ``rtol`` relative to each array's largest entry.
+
+    The precisions are inverses of the covariances: they carry the covariances'
+    rounding times their condition number, and get ``precision_rtol`` (by default
+    ``100 * rtol``).
+    """
+    for name in PARAMS:
+        x, y = getattr(a, name), getattr(b, name)
+        if rtol is not None and name.startswith("precisions"):
+            tol = 100 * rtol if precision_rtol is None else precision_rtol
+            assert_allclose(x, y, rtol=0, atol=tol * np.abs(y).max(), err_msg=name)
+        elif rtol is None:
+            assert_array_equal(x, y, err_msg=name)
+        else:
+            assert_allclose(x, y, rtol=0, atol=rtol * np.abs(y).max(), err_msg=name)
+    if rtol is None:
+        assert a.lower_bounds_ == b.lower_bounds_
+        assert a.lower_bound_ == b.lower_bound_
+    else:
+        assert_allclose(a.lower_bounds_, b.lower_bounds_, rtol=rtol)
+    assert a.n_iter_ == b.n_iter_
 
 
 def dense_covariances(gm):

@@ -1236,3 +1236,26 @@ def test_case_c06_log_density_against_scipy(d, covariance_type):
                                    precisions_init=prec_init), X)
     assert_allclose(gm.score_samples(X), logsumexp(expected + np.log(weights), axis=1),
                     rtol=1e-10)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_case_c15_kernels_never_write_into_inputs(covariance_type):
+    rng = np.random.default_rng(0)
+    n, d, K = 64, 6, 4
+    X = rng.normal(size=(n, d))
+    means = rng.normal(size=(K, d))
+    cov = {"full": np.stack([np.eye(d) * 1.5] * K), "tied": np.eye(d) * 2.0,
+           "diag": np.full((K, d), 1.5), "spherical": np.full(K, 1.5)}[covariance_type]
+    u, _ = _cholesky.factorize(cov, covariance_type)
+    weights = np.full(K, 1 / K)
+    resp = rng.dirichlet(np.ones(K), size=n)
+    inputs = [X, means, u, weights, resp, X.astype(np.float32)]
+    copies = [a.copy() for a in inputs]
+    for a in inputs:
+        a.setflags(write=False)  # a write would raise
+    for Xc in (X, inputs[-1]):
+        _log_density.log_gaussian_prob(Xc, means, u, covariance_type, weights)
+        _estep.estimate_log_prob_resp(Xc, weights, means, u, covariance_type)
+        _statistics.block_statistics(Xc, resp, means, covariance_type, 0.1)
+    for a, c in zip(inputs, copies, strict=False):
+        assert_array_equal(a, c)
