@@ -1,5 +1,7 @@
-"""Issue 29.1: ``n_jobs=1`` keeps the fit on one core: one BLAS thread while it
-runs (threadpoolctl's threadpool_info inside the fit), the limit restored after."""
+"""BLAS threads: ``n_jobs=1`` keeps a fit, predict and score_samples on one core
+(one BLAS thread while they run, threadpoolctl's threadpool_info inside, the limit
+restored after), and workers times their BLAS threads stay within the cores, also
+inside GridSearchCV (CASES.md C18)."""
 
 import glob
 import json
@@ -142,3 +144,26 @@ def test_case_c18_inside_grid_search(tmp_path, inner_n_jobs):
     per_process = max(r["n_workers"] * (r["blas"] if r["n_workers"] == 1
                                         else r["blas_threads"]) for r in recs)
     assert len(pids) * per_process <= CORES, recs
+
+
+def test_predict_with_n_jobs_1_runs_one_blas_thread():
+    if not _blas_threads():
+        pytest.skip("no BLAS loaded")
+    from emgmm.io import sources
+
+    X = np.random.default_rng(0).standard_normal((3000, 8))
+    gm = emgmm.GaussianMixture(3, random_state=0, n_jobs=1, max_iter=3, tol=1e3).fit(X)
+    seen = []
+
+    class Recording(sources.ArraySource):
+        def _read(self, start, stop):
+            seen.append(_blas_threads())
+            return super()._read(start, stop)
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        if max(_blas_threads()) < 2:
+            pytest.skip("BLAS runs one thread here")
+        gm.predict(Recording(X))
+        gm.score_samples(Recording(X))
+        assert max(_blas_threads()) == 2
+    assert seen and all(t == [1] * len(t) for t in seen), seen

@@ -3,6 +3,8 @@ from the origin, 'tied' initialisations of clusters far apart, and data beyond t
 range of the compute dtype (CASES.md C07).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 from helpers import (
@@ -198,3 +200,34 @@ def test_tied_initialisation_too_ill_conditioned_says_why(init_params):
             "pools the spread") in str(info.value)
     message = str(info.value)
     assert "init_params='kmeans' pools only the spread within clusters" in message
+
+
+@pytest.mark.parametrize("dtype,scale,match", [
+    (np.float32, 1e20, "does not fit in float32 attributes"),
+    (np.float64, 1e160, "not finite: the data's variances overflow float64")])
+def test_data_beyond_the_dtypes_range_is_refused_before_the_first_pass(dtype, scale,
+                                                                     match):
+    rng = np.random.default_rng(0)
+    X = (np.vstack([rng.normal(c, 1.0, (300, 3)) for c in (0, 6, 12)]) * scale)
+    X = X.astype(dtype)
+    iterations = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not one numpy RuntimeWarning on the way
+        with pytest.raises(ValueError, match=match):
+            GaussianMixture(3, random_state=0,
+                            callback=lambda record: iterations.append(record)).fit(X)
+    assert iterations == []
+
+
+def test_clusters_far_apart_but_tight_are_not_refused():
+    """The check is on the components' variances, not the data's spread: float32
+    clusters at -1e20 and +1e20 with unit spread fit float32 attributes."""
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(c, 1.0, (300, 2)) for c in (-1e20, 1e20)]).astype(
+        np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            GaussianMixture(2, random_state=0, max_iter=3).fit(X)
+        except ValueError as exc:
+            assert "does not fit in float32 attributes" not in str(exc)

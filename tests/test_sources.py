@@ -29,8 +29,10 @@ from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from emgmm import GaussianMixture
+from emgmm.covariance import REGISTRY as KINDS
 from emgmm.io import sources as _sources
 from emgmm.io.sources import MemmapSource, as_source
+from emgmm.runtime import memory
 
 N = 200  # 7 and 64 do not divide 200
 BLOCK_SIZES = (1, 7, 64, N)
@@ -891,3 +893,23 @@ def test_case_c11_rows_permuted(c11_data, covariance_type, block_size):
     gm = quiet_fit(GaussianMixture(**kw, block_size=block_size), X[perm])
     _assert_c11(gm, ref, rtol=1e-10)
     assert_array_equal(gm.predict(X[perm]), ref.predict(X)[perm])
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_chunk_warning_names_the_limiting_row_count_and_the_init_read(covariance_type):
+    n, d, K = 200_000, 50, 4
+    per_row = KINDS["full"].bytes_per_row(d, K, 4)
+    budget = int(8 * 2**20 // per_row)
+    chunk = 2 * budget
+    with pytest.warns(UserWarning) as record:
+        rows = memory.block_rows(n, d, K, 4, 8, chunk_rows=chunk,
+                                 covariance_type=KINDS[covariance_type],
+                                 description="X.h5:/x")
+    (warning,) = record
+    text = str(warning.message)
+    # the count that limits the block, and what sets it
+    assert (f"one chunk ({chunk} rows) exceeds the {budget} rows that fit "
+            f"working_memory (8 MiB at {per_row} bytes per row)") in text, text
+    assert f"blocks of {rows} rows" in text
+    # the initialisation's subsample read pays the same
+    assert "initialisation" in text and "init_max_samples" in text
