@@ -130,7 +130,7 @@ class ExecutorProbe:
 
 
 @pytest.mark.parametrize("inner_n_jobs", [None, 2])
-def test_case_c18_inside_grid_search(tmp_path, inner_n_jobs):
+def test_case_c18_blas_threads_within_cores_inside_grid_search(tmp_path, inner_n_jobs):
     X = make_blobs_data(400, 3, 3, seed=4)
     est = GaussianMixture(n_jobs=inner_n_jobs, max_iter=3, tol=0, random_state=0,
                           callback=ExecutorProbe(str(tmp_path), inner_n_jobs))

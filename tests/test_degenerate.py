@@ -297,7 +297,8 @@ def test_a_k_means_singleton_is_kept_as_scikit_learn_keeps_it():
 @pytest.mark.parametrize("init_params", ["kmeans", "k-means++", "random",
                                          "random_from_data"])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_case_c08_exact_duplicates(covariance_type, init_params, dtype):
+def test_case_c08_exact_duplicates_give_a_finite_model_of_two_clusters(
+        covariance_type, init_params, dtype):
     X = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0).astype(dtype)
     gm = GaussianMixture(n_components=5, covariance_type=covariance_type,
                          init_params=init_params, random_state=0)
@@ -391,7 +392,7 @@ def test_case_c09_singleton_recovery_converges():
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_case_c10_starved_component_after_warm_start(covariance_type):
+def test_case_c10_component_starved_by_a_warm_start_is_reseeded(covariance_type):
     rng = np.random.default_rng(0)
     centers = [(-5, 0), (0, 5), (5, 0)]
     batch1 = np.vstack([rng.normal(c, 0.5, size=(200, 2)) for c in centers])
@@ -419,7 +420,8 @@ def test_case_c10_starved_component_after_warm_start(covariance_type):
 @pytest.mark.slow
 @pytest.mark.parametrize("covariance_type,block_size,max_iter",
                          [("diag", 16, 5), ("full", 256, 2)])
-def test_case_c10_200_components_small_blocks(covariance_type, block_size, max_iter):
+def test_case_c10_200_components_in_small_blocks_stay_finite(
+        covariance_type, block_size, max_iter):
     rng = np.random.default_rng(0)
     centers = rng.uniform(-10, 10, size=(30, 6))
     X = centers[rng.integers(30, size=20_000)] + 0.3 * rng.normal(size=(20_000, 6))

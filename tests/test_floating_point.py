@@ -19,7 +19,7 @@ from emgmm import GaussianMixture
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_case_c07_two_points_float32(covariance_type):
+def test_case_c07_two_float32_points_keep_variances_above_reg_covar(covariance_type):
     X32 = np.array([[9999.0], [0.0]], dtype=np.float32)
     kw = dict(n_components=2, reg_covar=0.1, covariance_type=covariance_type,
               random_state=0)

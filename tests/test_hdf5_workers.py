@@ -22,7 +22,7 @@ from emgmm import GaussianMixture
 from emgmm.io.sources import as_source
 
 
-def test_case_c22_open_h5py_dataset_with_process_workers(tmp_path):
+def test_case_c22_open_h5py_dataset_fits_with_process_workers(tmp_path):
     X = make_blobs_data(1000, 3, 3, seed=5)
     path = tmp_path / "c22.h5"
     with h5py.File(path, "w") as f:

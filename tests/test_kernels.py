@@ -1203,7 +1203,7 @@ def _upper(P):
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 @pytest.mark.parametrize("d", [5, 20, 128])
-def test_case_c06_log_density_against_scipy(d, covariance_type):
+def test_case_c06_log_density_equals_scipys(d, covariance_type):
     rng = np.random.default_rng(d)
     K, n = 3, 40
     means = rng.normal(size=(K, d))

@@ -63,7 +63,7 @@ def test_case_c13_refused_up_front_without_large_allocation(c13_npy):
 
 
 @pytest.mark.slow
-def test_case_c13_diag_runs(c13_npy):
+def test_case_c13_diag_fits_the_same_data(c13_npy):
     gm = GaussianMixture(200, covariance_type="diag", max_iter=2, tol=0.0,
                          init_params="random_from_data", random_state=0)
     with not_converging():
@@ -156,7 +156,8 @@ def _loky_workers():
 @pytest.mark.slow
 @pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)  # fits of 2 and 3 iterations
 @pytest.mark.parametrize("memory", ["tight", "plenty"])
-def test_case_c21_worker_killed_for_memory(tmp_path, monkeypatch, memory):
+def test_case_c21_worker_killed_for_memory_is_named_as_the_cause(
+        tmp_path, monkeypatch, memory):
     """Workers SIGKILLed in the middle of a pass, as the out-of-memory killer does.
 
     (Workers killed while idle between two passes are replaced by joblib without

@@ -757,7 +757,7 @@ def test_case_c12_same_seed_same_answer(X_c12, schedule):
     assert_allclose(two_threads.lower_bounds_, one_thread.lower_bounds_, rtol=1e-12)
 
 
-def test_case_c12_schedules_agree(X_c12):
+def test_case_c12_both_schedules_give_the_same_model(X_c12):
     fits = [quiet_fit(GaussianMixture(5, random_state=42, n_jobs=2, max_iter=15,
                                       schedule=s, block_size=256), X_c12)
             for s in ("rows", "components")]

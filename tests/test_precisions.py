@@ -25,7 +25,8 @@ def three_blobs():
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_case_c04_initialise_from_fitted_model(three_blobs, covariance_type):
+def test_case_c04_fitted_model_as_init_gives_that_model_back(
+        three_blobs, covariance_type):
     X = three_blobs
     A = quiet_fit(GaussianMixture(n_components=3, covariance_type=covariance_type,
                                   tol=1e-12, max_iter=1000, random_state=0), X)
@@ -50,7 +51,8 @@ def test_case_c04_initialise_from_fitted_model(three_blobs, covariance_type):
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_case_c05_which_factor_is_stored(three_blobs, covariance_type):
+def test_case_c05_stored_factor_times_its_transpose_is_the_precision(
+        three_blobs, covariance_type):
     gm = GaussianMixture(n_components=3, covariance_type=covariance_type,
                          random_state=0)
     gm.fit(three_blobs)

@@ -103,7 +103,7 @@ def test_case_c02_kept_run_is_the_best_of_all_runs():
 
 @pytest.mark.parametrize("shift", [1e-4, 0.3])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_case_c02_warm_start_on_new_data(covariance_type, shift):
+def test_case_c02_warm_start_on_new_data_runs_two_iterations(covariance_type, shift):
     rng = np.random.default_rng(0)
     X = rng.uniform(size=(1000, 10))
     gm = quiet_fit(GaussianMixture(n_components=2, covariance_type=covariance_type,
@@ -147,7 +147,7 @@ def test_case_c03_tol_is_documented_as_mean_loglik_change():
     assert "change" in text or "difference" in text or "gain" in text, text
 
 
-def test_case_c03_tol_semantics(c03_data):
+def test_case_c03_tol_bounds_the_change_of_the_mean_log_likelihood(c03_data):
     X = c03_data
     n_iters = []
     for tol in (1e-1, 1e-3, 1e-5, 1e-8):

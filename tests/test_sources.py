@@ -868,8 +868,8 @@ def _assert_c11(gm, ref, rtol):
 @pytest.mark.slow
 @pytest.mark.parametrize("block_size", [1, 7, 128, 1000])
 @pytest.mark.parametrize("kind", ["ndarray", "memmap", "npy", "h5", "h5_chunked"])
-def test_case_c11_statistics_across_blocks(make_sources, c11_data, c11_reference, kind,
-                                           block_size):
+def test_case_c11_every_source_and_block_size_agree(
+        make_sources, c11_data, c11_reference, kind, block_size):
     if block_size == 1 and kind in ("npy", "h5"):
         pytest.skip("1-row blocks: covered by ndarray, memmap and h5_chunked "
                     "(run time)")
@@ -881,7 +881,8 @@ def test_case_c11_statistics_across_blocks(make_sources, c11_data, c11_reference
 @pytest.mark.slow
 @pytest.mark.parametrize("block_size", [7, 1000])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_case_c11_rows_permuted(c11_data, covariance_type, block_size):
+def test_case_c11_permuted_rows_give_the_same_model(
+        c11_data, covariance_type, block_size):
     X = c11_data
     perm = np.random.default_rng(3).permutation(len(X))
     kw = dict(C11_FIT, covariance_type=covariance_type, **_c11_init(X))

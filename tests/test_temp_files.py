@@ -98,7 +98,7 @@ def tiny_tmpfs(tmp_path):
     subprocess.run(["umount", str(folder)], check=True)
 
 
-def test_case_c19_temp_folder_too_small(tiny_tmpfs, monkeypatch):
+def test_case_c19_temp_folder_too_small_is_an_error_naming_it(tiny_tmpfs, monkeypatch):
     monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(tiny_tmpfs))
     X = np.random.default_rng(0).normal(size=(5000, 100))  # 4 MB > 1 MiB
     gm = GaussianMixture(2, random_state=0, max_iter=3).fit(X[:500])
@@ -114,7 +114,7 @@ def test_case_c19_temp_folder_too_small(tiny_tmpfs, monkeypatch):
         np.testing.assert_array_equal(getattr(gm, name), value)
 
 
-def test_case_c19_temp_folder_missing(tmp_path, monkeypatch):
+def test_case_c19_missing_temp_folder_is_an_error_naming_it(tmp_path, monkeypatch):
     missing = tmp_path / "does-not-exist"
     monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(missing))
     X = np.random.default_rng(0).normal(size=(500, 3))
