@@ -25,10 +25,33 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.mixture import GaussianMixture as SkGaussianMixture
+
+from emgmm.covariance import REGISTRY, get_covariance_type
 
 SOURCE_KINDS = ("ndarray", "memmap", "npy", "npy_path", "h5", "h5_chunked", "h5_string")
 FILE_KINDS = tuple(k for k in SOURCE_KINDS if k != "ndarray")
-COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+#: Every registered covariance type (``emgmm.covariance.REGISTRY``), in its order: the
+#: generic tests run over these, so that a newly registered type gets their coverage.
+COVARIANCE_TYPES = tuple(REGISTRY)
+#: The registered types that scikit-learn's GaussianMixture has too (read from its
+#: parameter constraints): the tests that compare with scikit-learn run over these.
+SKLEARN_COVARIANCE_TYPES = tuple(
+    name for name in REGISTRY
+    if name in SkGaussianMixture._parameter_constraints["covariance_type"][0].options)
+
+
+def covariance_types_where(capability):
+    """The registered types whose :class:`~emgmm.covariance.CovarianceType` has
+    ``capability`` (an attribute name, e.g. ``"variational"`` or
+    ``"has_online_statistics"``) true."""
+    return tuple(name for name, kind in REGISTRY.items() if getattr(kind, capability))
+
+
+#: The types with the conjugate prior of BayesianGaussianMixture.
+VARIATIONAL_COVARIANCE_TYPES = covariance_types_where("variational")
+#: The types with the running statistics of partial_fit (stepwise online EM).
+ONLINE_COVARIANCE_TYPES = covariance_types_where("has_online_statistics")
 #: The start of the ConvergenceWarning of a fit that max_iter stopped: expected by the
 #: tests that run a fixed number of iterations (tol=0, or a small max_iter).
 NOT_CONVERGED = "Best performing initialization did not converge"
@@ -220,11 +243,11 @@ PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_chole
 def min_eigenvalues(gm):
     """Smallest eigenvalue of every covariance (per component; tied: one)."""
     cov = np.asarray(gm.covariances_, dtype=np.float64)
-    if gm.covariance_type == "full":
+    if cov.ndim == 3:  # a matrix per component
         return np.linalg.eigvalsh(cov).min(axis=1)
-    if gm.covariance_type == "tied":
+    if get_covariance_type(gm.covariance_type).shared:  # one matrix
         return np.linalg.eigvalsh(cov).min(keepdims=True)
-    if gm.covariance_type == "diag":
+    if cov.ndim == 2:  # variances per component
         return cov.min(axis=1)
     return cov
 
@@ -306,7 +329,7 @@ def assert_valid_model(gm):
     # positive definite: the precision factors have a positive diagonal (a float32
     # covariance of condition number above 1/eps may not be PD once rounded)
     u = np.asarray(gm.precisions_cholesky_)
-    if gm.covariance_type in ("full", "tied"):
+    if get_covariance_type(gm.covariance_type).triangular:
         u = np.diagonal(u, axis1=-2, axis2=-1)
     assert np.all(u > 0)
 

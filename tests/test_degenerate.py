@@ -5,8 +5,8 @@ import warnings
 import numpy as np
 import pytest
 from helpers import (
-    COVARIANCE_TYPES,
     PARAMS,
+    SKLEARN_COVARIANCE_TYPES,
     assert_bound_monotone,
     assert_valid_model,
     assert_variances_at_least,
@@ -33,7 +33,7 @@ def fit_recording(gm, X):
     return [str(w.message) for w in caught]
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_case_c08_duplicates_reinit(covariance_type):
     gm = GaussianMixture(5, covariance_type=covariance_type, random_state=0)
     messages = fit_recording(gm, DUPLICATES)
@@ -165,7 +165,7 @@ def test_initial_factors_pools_healthy_covariances():
         initial_factors(np.zeros((2, 2, 2)), "full", "reinit")
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_every_component_collapsed_is_a_clear_error(dtype, covariance_type):
     """Case C07's data with reg_covar=0: every cluster is one exact point. When no
@@ -212,7 +212,7 @@ def test_smallest_equals_stable_argsort():
 @pytest.mark.parametrize("case", ["shift 1e-2, reg 1e-20",
                                   "at 1000, shift 1, reg 1e-6"])
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_tight_component_whose_mean_moves_far_keeps_its_variance(covariance_type,
                                                                  schedule, case):
     """A component of spread 1e-8 whose mean moves by 1e-2 in one M step: summed
@@ -296,7 +296,7 @@ def test_a_k_means_singleton_is_kept_as_scikit_learn_keeps_it():
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("init_params", ["kmeans", "k-means++", "random",
                                          "random_from_data"])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_case_c08_exact_duplicates_give_a_finite_model_of_two_clusters(
         covariance_type, init_params, dtype):
     X = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0).astype(dtype)
@@ -344,7 +344,7 @@ def test_case_c09_raise_names_component_and_reg_covar(make):
     assert not hasattr(gm, "weights_")
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("make", [c09a_data, c09b_data], ids=["singleton", "flat"])
 def test_case_c09_reinit_gives_finite_model(make, covariance_type):
     X = make()
@@ -391,7 +391,7 @@ def test_case_c09_singleton_recovery_converges():
     assert_valid_model(gm)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_case_c10_component_starved_by_a_warm_start_is_reseeded(covariance_type):
     rng = np.random.default_rng(0)
     centers = [(-5, 0), (0, 5), (5, 0)]

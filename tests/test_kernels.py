@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 from helpers import (
     COVARIANCE_TYPES,
+    SKLEARN_COVARIANCE_TYPES,
     quiet_fit,
     random_spd,
 )
@@ -158,7 +159,7 @@ def data_for(rng, means, n, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("d", [1, 6])
 def test_log_det_cholesky(covariance_type, dtype, d):
     rng = np.random.default_rng(10 + d)
@@ -184,7 +185,7 @@ def test_log_det_cholesky(covariance_type, dtype, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("d", [1, 5, 20])
 def test_log_gaussian_prob(covariance_type, dtype, d):
     rng = np.random.default_rng(100 + d)
@@ -236,7 +237,7 @@ def test_full_dense_products_by_column_blocks(monkeypatch, dtype, d, block):
         assert np.all(err <= bound), f"max err/bound {np.max(err / bound):.3g}"
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_log_gaussian_prob_far_points_and_single_row(covariance_type):
     """Rows very far from every mean (log p ~ -1e6) and a block of one row."""
     rng = np.random.default_rng(7)
@@ -281,7 +282,7 @@ def test_log_gaussian_prob_of_clusters_far_apart(covariance_type, separation, ma
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_estimate_log_prob_resp(covariance_type, dtype):
     rng = np.random.default_rng(3)
     K, d, n = 4, 5, 300
@@ -414,7 +415,7 @@ def random_resp(rng, n, K, zero_frac=0.3):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_block_statistics(covariance_type, dtype):
     rng = np.random.default_rng(11)
     n, d, K = 2000, 4, 3
@@ -425,7 +426,7 @@ def test_block_statistics(covariance_type, dtype):
     assert_stats_match(stats, X, resp, centers, covariance_type)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_block_statistics_float32_accumulates_in_float64(covariance_type):
     """4096 identical float32 rows: float32 accumulation drifts by ~1e-5 relative
     (systematic rounding of a growing partial sum); float64 accumulation does not."""
@@ -439,7 +440,7 @@ def test_block_statistics_float32_accumulates_in_float64(covariance_type):
     assert_stats_match(stats, X, resp, centers, covariance_type)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_block_statistics_far_from_origin_float32(covariance_type):
     """Data at 1e4 with spread 1, centres at the data mean: the centred statistics keep
     the relative accuracy of the spread (no E[x^2] - mu^2 cancellation)."""
@@ -461,7 +462,7 @@ def test_block_statistics_far_from_origin_float32(covariance_type):
     assert_allclose(got, sum_xx, rtol=4 * U32 * 1e4 * 2)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_block_statistics_far_from_origin_float64(covariance_type):
     """Clusters 10 apart at 1e12, unit spread, mixed responsibilities: the statistics
     keep the accuracy of the centred sums (against a long-double oracle, relative to
@@ -517,7 +518,7 @@ def _as_tuple(stats):
     )
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_statistics_merge_equals_whole(covariance_type):
     """Statistics of blocks, merged with ``+``, equal the statistics of the whole array;
     ``+`` does not modify its operands; ``log_likelihood`` adds up."""
@@ -812,7 +813,7 @@ def test_packed_moments_kept_for_ill_conditioned_components(shift):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_m_step(covariance_type, dtype):
     rng = np.random.default_rng(4)
     n, d, K = 1500, 4, 3
@@ -862,7 +863,7 @@ def test_m_step(covariance_type, dtype):
                                                                     / cov_err)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_m_step_covariances_do_not_change_when_the_data_are_shifted(covariance_type):
     """A five-point component of spread 0.01 beside a large one, then everything moved
     by 1e6: the covariances must stay those of the unshifted data (to the rounding of
@@ -882,7 +883,7 @@ def test_m_step_covariances_do_not_change_when_the_data_are_shifted(covariance_t
     assert_allclose(covs[1], covs[0], rtol=1e-5)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_m_step_empty_component_keeps_its_centre(covariance_type):
     """A component with no responsibility: mean = its centre (c + 0 / (10 eps)),
     covariance = reg_covar, weight ~ 0, all finite."""
@@ -933,7 +934,7 @@ def as_dense(a, covariance_type, K, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_factorize(covariance_type, dtype):
     rng = np.random.default_rng(21)
     K, d = 3, 6
@@ -959,7 +960,7 @@ def test_factorize(covariance_type, dtype):
             assert_allclose(u @ u.T, P, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_factorize_failure_names_component(covariance_type):
     rng = np.random.default_rng(22)
     K, d = 4, 3
@@ -987,7 +988,7 @@ def test_factorize_failure_names_component(covariance_type):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_precisions_cholesky_from_precisions(covariance_type, dtype):
     rng = np.random.default_rng(23)
     K, d = 3, 5
@@ -1155,7 +1156,7 @@ def test_tight_component_far_from_shift_is_exact(covariance_type, margin):
     assert_array_equal(stats.sum_x[0], 0.0)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_statistics_pickle_round_trip(covariance_type):
     """Statistics sent from a worker ('full': upper triangles only) give the same M
     step, bitwise, in about half the bytes."""
@@ -1176,7 +1177,7 @@ def test_statistics_pickle_round_trip(covariance_type):
         assert len(data) < 0.6 * full_bytes
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_needs_recentring(covariance_type):
     """Flagged: a component whose squared mean shift is 1e12 times its regularised
     variance. Not flagged: a one-point component (variance 0 + reg_covar, shift 1e-40),
@@ -1201,7 +1202,7 @@ def _upper(P):
     return np.linalg.inv(np.linalg.cholesky(np.linalg.inv(P))).T
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("d", [5, 20, 128])
 def test_case_c06_log_density_equals_scipys(d, covariance_type):
     rng = np.random.default_rng(d)

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 from helpers import (
-    COVARIANCE_TYPES,
     PARAMS,
+    SKLEARN_COVARIANCE_TYPES,
     PlanSpy,
     assert_same_state,
     make_blobs_data,
@@ -75,7 +75,7 @@ def X():
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_n_jobs_2_equals_n_jobs_1_bitwise(X, schedule, covariance_type, temp_folder):
     one = fit(X, n_jobs=1, schedule=schedule, covariance_type=covariance_type)
     two = fit(X, n_jobs=2, schedule=schedule, covariance_type=covariance_type)
@@ -88,7 +88,7 @@ def test_n_jobs_4_equals_n_jobs_1_bitwise(X):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_schedules_agree(X, covariance_type):
     rows = fit(X, n_jobs=2, schedule="rows", covariance_type=covariance_type)
     comps = fit(X, n_jobs=2, schedule="components", covariance_type=covariance_type)
@@ -147,7 +147,7 @@ def sklearn_init(X, K, covariance_type, seed=0):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_both_schedules_match_sklearn(X, covariance_type):
     init = sklearn_init(X, 4, covariance_type)
     common = dict(n_components=4, covariance_type=covariance_type, tol=0, max_iter=5,
@@ -372,7 +372,7 @@ class ThreadSpy:
         return Recording(np.asarray(X))
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_row_threads_equal_serial_bitwise(X, covariance_type, monkeypatch):
     """n_jobs=None runs the row tasks of a pass in threads (one BLAS thread each) when
     BLAS may use several threads; the result is the serial one, bit for bit."""

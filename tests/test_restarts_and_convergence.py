@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from helpers import (
     COVARIANCE_TYPES,
+    SKLEARN_COVARIANCE_TYPES,
     dense_covariances,
     quiet_fit,
     quiet_fit_predict,
@@ -38,7 +39,7 @@ def oracle_log_resp(gm, X):
 
 @pytest.mark.parametrize("max_iter", [2, 100])
 @pytest.mark.parametrize("n_init", [1, 5])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_case_c01_fit_predict_equals_fit_then_predict(covariance_type, n_init,
                                                       max_iter):
     rng = np.random.default_rng(0)

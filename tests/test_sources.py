@@ -15,10 +15,10 @@ import h5py
 import numpy as np
 import pytest
 from helpers import (
-    COVARIANCE_TYPES,
     FILE_KINDS,
     IGNORE_NOT_CONVERGED,
     PARAMS,
+    SKLEARN_COVARIANCE_TYPES,
     SOURCE_KINDS,
     file_fingerprint,
     make_blobs_data,
@@ -117,7 +117,7 @@ def test_fit_predict_from_file_equals_fit_then_predict(make_sources, data):
 @pytest.mark.slow
 @pytest.mark.parametrize("block_size", (1, 7, 64))
 @pytest.mark.parametrize("kind", ("memmap", "h5_chunked"))
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_float32_sources_agree(make_sources, data, covariance_type, kind, block_size):
     """float32 data: the fitted attributes are float32 (like sklearn's), so 1e-10 is
     below their resolution. With statistics accumulated in float64 (the contract), a
@@ -131,7 +131,7 @@ def test_float32_sources_agree(make_sources, data, covariance_type, kind, block_
     assert_same_fit(gm, ref, rtol=2 * float(np.finfo(np.float32).eps))
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)  # 10 iterations, tol=0
 def test_float32_lower_bound_is_the_score_of_the_returned_model(covariance_type):
     """float32 data: the fitted attributes are rounded to float32, and lower_bound_
@@ -149,7 +149,7 @@ def test_float32_lower_bound_is_the_score_of_the_returned_model(covariance_type)
     assert_array_equal(gm.fit_predict(X), gm.predict(X))
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_compute_dtype_float64_also_scores_float32_data_in_float64(covariance_type):
     """compute_dtype='float64' with float32 data: predict, score_samples and
     predict_proba compute in float64, as fit does (same results as for the same
@@ -187,7 +187,7 @@ def test_integer_data_cast_per_block(make_sources, data, kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, block_size", [("ndarray", N), ("h5_chunked", 7), ("npy",
                                                                                   64)])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_lower_bound_never_decreases(make_sources, covariance_type, kind, block_size):
     """EM never decreases the likelihood (exact M step: reg_covar=0 on data that needs
     no regularisation); allow rounding of 1e-12 relative. Random init so that the run
@@ -880,7 +880,7 @@ def test_case_c11_every_source_and_block_size_agree(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block_size", [7, 1000])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_case_c11_permuted_rows_give_the_same_model(
         c11_data, covariance_type, block_size):
     X = c11_data
