@@ -37,7 +37,6 @@ import warnings
 import numpy as np
 import pytest
 from helpers import (
-    COVARIANCE_TYPES,
     SKLEARN_COVARIANCE_TYPES,
     quiet_fit,
     random_spd,
@@ -548,7 +547,7 @@ def test_statistics_merge_equals_whole(covariance_type):
 @settings(max_examples=25, deadline=None)
 @given(
     cuts=st.lists(st.integers(1, 59), min_size=0, max_size=6, unique=True),
-    covariance_type=st.sampled_from(COVARIANCE_TYPES),
+    covariance_type=st.sampled_from(SKLEARN_COVARIANCE_TYPES),
     seed=st.integers(0, 2**16),
 )
 def test_statistics_any_partition(cuts, covariance_type, seed):
