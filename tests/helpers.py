@@ -23,11 +23,35 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.mixture import GaussianMixture as SkGaussianMixture
+
+from emgmm.covariance import REGISTRY, get_covariance_type
 
 SOURCE_KINDS = ("ndarray", "memmap", "npy", "npy_path", "h5", "h5_chunked", "h5_string")
 FILE_KINDS = tuple(k for k in SOURCE_KINDS if k != "ndarray")
-COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+#: Every registered covariance type (``emgmm.covariance.REGISTRY``), in its order: the
+#: generic tests run over these, so that a newly registered type gets their coverage.
+COVARIANCE_TYPES = tuple(REGISTRY)
+#: The registered types that scikit-learn's GaussianMixture has too (read from its
+#: parameter constraints): the tests that compare with scikit-learn run over these.
+SKLEARN_COVARIANCE_TYPES = tuple(
+    name for name in REGISTRY
+    if name in SkGaussianMixture._parameter_constraints["covariance_type"][0].options)
+
+
+def covariance_types_where(capability):
+    """The registered types whose :class:`~emgmm.covariance.CovarianceType` has
+    ``capability`` (an attribute name, e.g. ``"variational"`` or
+    ``"has_online_statistics"``) true."""
+    return tuple(name for name, kind in REGISTRY.items() if getattr(kind, capability))
+
+
+#: The types with the conjugate prior of BayesianGaussianMixture.
+VARIATIONAL_COVARIANCE_TYPES = covariance_types_where("variational")
+#: The types with the running statistics of partial_fit (stepwise online EM).
+ONLINE_COVARIANCE_TYPES = covariance_types_where("has_online_statistics")
 #: The start of the ConvergenceWarning of a fit that max_iter stopped: expected by the
 #: tests that run a fixed number of iterations (tol=0, or a small max_iter).
 NOT_CONVERGED = "Best performing initialization did not converge"
@@ -41,6 +65,19 @@ def not_converging():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", NOT_CONVERGED, ConvergenceWarning)
         yield
+
+
+def quiet_fit(est, X, **fit_params):
+    """``est.fit(X)``, ignoring the ConvergenceWarning of a fit that max_iter
+    stopped (tests that run a fixed number of iterations)."""
+    with not_converging():
+        return est.fit(X, **fit_params)
+
+
+def quiet_fit_predict(est, X, **fit_params):
+    """``est.fit_predict(X)``, as :func:`quiet_fit`."""
+    with not_converging():
+        return est.fit_predict(X, **fit_params)
 
 
 def make_blobs_data(
@@ -176,6 +213,23 @@ class SourceFactory:
         self._files.clear()
 
 
+class PlanSpy:
+    """A callback recording what each fit chose (its ``'plan'`` event): the
+    schedule, block size and workers."""
+
+    wants_plan = True
+
+    def __init__(self):
+        self.plans = []
+
+    def __call__(self, record):
+        if record["event"] == "plan":
+            self.plans.append(record)
+
+    def __getitem__(self, key):
+        return [plan[key] for plan in self.plans]
+
+
 def file_fingerprint(path):
     """Bytes and modification time of a file (to prove it was not modified)."""
     path = Path(path)
@@ -189,13 +243,72 @@ PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_chole
 def min_eigenvalues(gm):
     """Smallest eigenvalue of every covariance (per component; tied: one)."""
     cov = np.asarray(gm.covariances_, dtype=np.float64)
-    if gm.covariance_type == "full":
+    if cov.ndim == 3:  # a matrix per component
         return np.linalg.eigvalsh(cov).min(axis=1)
-    if gm.covariance_type == "tied":
+    if get_covariance_type(gm.covariance_type).shared:  # one matrix
         return np.linalg.eigvalsh(cov).min(keepdims=True)
-    if gm.covariance_type == "diag":
+    if cov.ndim == 2:  # variances per component
         return cov.min(axis=1)
     return cov
+
+
+def assert_same_state(a, b, rtol=None, precision_rtol=None):
+    """Bitwise (rtol=None) or to ``rtol`` relative to each array's largest entry.
+
+    The precisions are inverses of the covariances: they carry the covariances'
+    rounding times their condition number, and get ``precision_rtol`` (by default
+    ``100 * rtol``).
+    """
+    for name in PARAMS:
+        x, y = getattr(a, name), getattr(b, name)
+        if rtol is not None and name.startswith("precisions"):
+            tol = 100 * rtol if precision_rtol is None else precision_rtol
+            assert_allclose(x, y, rtol=0, atol=tol * np.abs(y).max(), err_msg=name)
+        elif rtol is None:
+            assert_array_equal(x, y, err_msg=name)
+        else:
+            assert_allclose(x, y, rtol=0, atol=rtol * np.abs(y).max(), err_msg=name)
+    if rtol is None:
+        assert a.lower_bounds_ == b.lower_bounds_
+        assert a.lower_bound_ == b.lower_bound_
+    else:
+        assert_allclose(a.lower_bounds_, b.lower_bounds_, rtol=rtol)
+    assert a.n_iter_ == b.n_iter_
+
+
+def dense_covariances(gm):
+    """(K, d, d) covariances of a fitted model of one of scikit-learn's types."""
+    K, d = gm.means_.shape
+    c = np.asarray(gm.covariances_, dtype=np.float64)
+    if gm.covariance_type == "full":
+        return c
+    if gm.covariance_type == "tied":
+        return np.stack([c] * K)
+    if gm.covariance_type == "diag":
+        return np.stack([np.diag(v) for v in c])
+    return np.stack([np.eye(d) * v for v in c])
+
+
+def variances(gm):
+    """(K, d) variances of a fitted model of one of scikit-learn's types."""
+    return np.diagonal(dense_covariances(gm), axis1=1, axis2=2)
+
+
+def assert_variances_at_least(gm, reg_covar):
+    """Every variance >= reg_covar (the data's own variance is >= 0). One rounding of
+    the sum reg_covar + variance into the output dtype may fall 1 ulp below."""
+    eps = np.finfo(gm.covariances_.dtype).eps
+    assert np.all(variances(gm) >= reg_covar * (1 - 2 * eps)), variances(gm)
+    if gm.covariance_type in ("full", "tied"):
+        covs = dense_covariances(gm)
+        eig = np.linalg.eigvalsh(covs)
+        # eigenvalues of the *stored* matrix: rounding each entry to the output dtype
+        # moves them by at most d * u * max|entry| (Weyl); for float32 entries of ~50
+        # that is ~1e-5, more than reg_covar=1e-6 itself, so only that much is asked.
+        d = covs.shape[-1]
+        u = np.finfo(gm.covariances_.dtype).eps / 2
+        slack = 2 * d * u * np.abs(covs).max(axis=(1, 2)) + 1e-6 * reg_covar
+        assert np.all(eig >= reg_covar - slack[:, None]), eig
 
 
 def assert_valid_model(gm):
@@ -216,7 +329,7 @@ def assert_valid_model(gm):
     # positive definite: the precision factors have a positive diagonal (a float32
     # covariance of condition number above 1/eps may not be PD once rounded)
     u = np.asarray(gm.precisions_cholesky_)
-    if gm.covariance_type in ("full", "tied"):
+    if get_covariance_type(gm.covariance_type).triangular:
         u = np.diagonal(u, axis1=-2, axis2=-1)
     assert np.all(u > 0)
 

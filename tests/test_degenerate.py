@@ -4,12 +4,22 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, assert_bound_monotone, assert_valid_model
+from helpers import (
+    PARAMS,
+    SKLEARN_COVARIANCE_TYPES,
+    assert_bound_monotone,
+    assert_valid_model,
+    assert_variances_at_least,
+    min_eigenvalues,
+    not_converging,
+)
+from numpy.testing import assert_allclose
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from emgmm import GaussianMixture
 from emgmm.covariance.cholesky import factorize
+from emgmm.engine import degenerate
 from emgmm.engine.degenerate import initial_factors, reseed
 from emgmm.engine.passes import Worst, smallest
 
@@ -23,7 +33,7 @@ def fit_recording(gm, X):
     return [str(w.message) for w in caught]
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_case_c08_duplicates_reinit(covariance_type):
     gm = GaussianMixture(5, covariance_type=covariance_type, random_state=0)
     messages = fit_recording(gm, DUPLICATES)
@@ -155,7 +165,7 @@ def test_initial_factors_pools_healthy_covariances():
         initial_factors(np.zeros((2, 2, 2)), "full", "reinit")
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_every_component_collapsed_is_a_clear_error(dtype, covariance_type):
     """Case C07's data with reg_covar=0: every cluster is one exact point. When no
@@ -202,7 +212,7 @@ def test_smallest_equals_stable_argsort():
 @pytest.mark.parametrize("case", ["shift 1e-2, reg 1e-20",
                                   "at 1000, shift 1, reg 1e-6"])
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_tight_component_whose_mean_moves_far_keeps_its_variance(covariance_type,
                                                                  schedule, case):
     """A component of spread 1e-8 whose mean moves by 1e-2 in one M step: summed
@@ -281,3 +291,200 @@ def test_a_k_means_singleton_is_kept_as_scikit_learn_keeps_it():
             warnings.simplefilter("ignore", ConvergenceWarning)  # (tol=0)
             gm = GaussianMixture(12, random_state=seed, max_iter=30, tol=0).fit(X)
         assert [k for record in gm.history_ for k in record["reseeded"]] == []
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("init_params", ["kmeans", "k-means++", "random",
+                                         "random_from_data"])
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+def test_case_c08_exact_duplicates_give_a_finite_model_of_two_clusters(
+        covariance_type, init_params, dtype):
+    X = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0).astype(dtype)
+    gm = GaussianMixture(n_components=5, covariance_type=covariance_type,
+                         init_params=init_params, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # KMeans warns about 2 distinct points
+        gm.fit(X)
+    for name in PARAMS:
+        assert np.all(np.isfinite(getattr(gm, name))), name
+    assert_variances_at_least(gm, gm.reg_covar)
+    assert_allclose(gm.weights_.sum(), 1.0, rtol=1e-6)
+    proba = gm.predict_proba(X)
+    assert not np.any(np.isnan(proba))
+    assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-6)
+    assert np.all(np.isfinite(gm.score_samples(X)))
+    labels = gm.predict(X)
+    # each location is one cluster, and the two are different
+    assert len(set(labels[:500])) == 1 and len(set(labels[500:])) == 1
+    assert labels[0] != labels[-1]
+
+
+def c09a_data():
+    rng = np.random.default_rng(0)
+    centers = [(0, 0), (5, 0), (0, 5), (5, 5)]
+    X = np.vstack([rng.normal(c, 0.01, size=(50, 2)) for c in centers])
+    return np.vstack([X, [[20.0, 20.0]]])
+
+
+def c09b_data():
+    rng = np.random.default_rng(0)
+    cloud = 3.0 * rng.normal(size=(200, 30))
+    flat = rng.normal(size=(20, 2)) @ rng.normal(size=(2, 30)) + 10.0
+    return np.vstack([cloud, flat])
+
+
+@pytest.mark.parametrize("make", [c09a_data, c09b_data], ids=["singleton", "flat"])
+def test_case_c09_raise_names_component_and_reg_covar(make):
+    X = make()
+    gm = GaussianMixture(5 if make is c09a_data else 3, reg_covar=0.0, random_state=0,
+                         on_degenerate="raise")
+    with pytest.raises(ValueError, match=r"ill-defined empirical covariance "
+                                         r"\(component \d+\).*increase reg_covar"):
+        gm.fit(X)
+    assert not hasattr(gm, "weights_")
+
+
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("make", [c09a_data, c09b_data], ids=["singleton", "flat"])
+def test_case_c09_reinit_gives_finite_model(make, covariance_type):
+    X = make()
+    gm = GaussianMixture(5 if make is c09a_data else 3, covariance_type=covariance_type,
+                         reg_covar=0.0, random_state=0, max_iter=40)
+    if make is c09b_data and covariance_type == "full":
+        # the flat cluster takes every re-seed back (it was re-seeded 20 times in 40
+        # iterations, and the fit returned its last re-seed, unconverged)
+        # (the flat cluster's starting covariance is singular too)
+        with pytest.warns(UserWarning, match="re-seeded"), \
+                pytest.warns(UserWarning, match=r"Initialisation: components \[1\] "
+                             "had a covariance that is not positive definite"), \
+                pytest.raises(ValueError, match=r"component \d+ is degenerate again "
+                              r"after 10 consecutive re-seeds.*increase reg_covar"):
+            gm.fit(X)
+        assert not hasattr(gm, "weights_")
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gm.fit(X)
+    # (no monotonicity check: with reg_covar=0 the likelihood is unbounded here and
+    # the variances of collapsed components are set by rounding floors, not by EM)
+    assert_valid_model(gm)
+    reseeded = [k for h in gm.history_ for k in h["reseeded"]]
+    texts = " ".join(str(w.message) for w in caught)
+    for k in reseeded:
+        assert f"components [{k}" in texts or f", {k}" in texts
+    if reseeded:
+        assert "reg_covar" in texts
+    proba = gm.predict_proba(X)
+    assert np.all(np.isfinite(proba))
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_case_c09_singleton_recovery_converges():
+    """A singleton that no component can hold with reg_covar=0 is used for one
+    re-seed only: the fit converges instead of re-seeding on it forever."""
+    gm = GaussianMixture(5, reg_covar=0.0, random_state=0, max_iter=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm.fit(c09a_data())
+    assert gm.converged_
+    assert any(h["reseeded"] for h in gm.history_)
+    assert_valid_model(gm)
+
+
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+def test_case_c10_component_starved_by_a_warm_start_is_reseeded(covariance_type):
+    rng = np.random.default_rng(0)
+    centers = [(-5, 0), (0, 5), (5, 0)]
+    batch1 = np.vstack([rng.normal(c, 0.5, size=(200, 2)) for c in centers])
+    batch2 = np.vstack([rng.normal(c, 0.5, size=(200, 2)) for c in centers[:2]])
+    gm = GaussianMixture(3, covariance_type=covariance_type, warm_start=True,
+                         random_state=0, max_iter=200)
+    gm.fit(batch1)
+    assert_valid_model(gm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gm.fit(batch2)
+    assert_valid_model(gm)
+    assert_bound_monotone(gm)
+    # the component of the missing blob starved and was re-seeded on the data,
+    # neither left at the origin with variance reg_covar nor with weight 0
+    assert gm.history_[0]["reseeded"]
+    assert any("re-seeded" in str(w.message) for w in caught)
+    assert np.all(gm.weights_ > 0.01)
+    assert np.all(np.linalg.norm(gm.means_, axis=1) > 1.0)
+    assert np.all(min_eigenvalues(gm) > 100 * gm.reg_covar)
+    # every component explains part of the new data
+    assert np.all(np.linalg.norm(gm.means_ - np.array([[0.0, 5.0]]), axis=1).min() < 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("covariance_type,block_size,max_iter",
+                         [("diag", 16, 5), ("full", 256, 2)])
+def test_case_c10_200_components_in_small_blocks_stay_finite(
+        covariance_type, block_size, max_iter):
+    rng = np.random.default_rng(0)
+    centers = rng.uniform(-10, 10, size=(30, 6))
+    X = centers[rng.integers(30, size=20_000)] + 0.3 * rng.normal(size=(20_000, 6))
+    records = []
+    gm = GaussianMixture(200, covariance_type=covariance_type, block_size=block_size,
+                         max_iter=max_iter, tol=0.0, random_state=0,
+                         callback=records.append)
+    with not_converging():
+        gm.fit(X)
+    assert len(records) == max_iter
+    assert all(np.isfinite(r["lower_bound"]) for r in records)
+    assert_valid_model(gm)
+    assert_bound_monotone(gm)
+    # no component parked at the origin (not a blob centre) with variance reg_covar
+    at_origin = np.linalg.norm(gm.means_, axis=1) < 1e-3
+    tiny = min_eigenvalues(gm) < 10 * gm.reg_covar
+    assert not np.any(at_origin & tiny)
+
+
+def _reseed_warnings(fit):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit()
+    return [str(w.message) for w in caught if "re-seeded" in str(w.message)]
+
+
+def test_reseed_warning_for_a_starved_component_does_not_advise_reg_covar():
+    rng = np.random.default_rng(0)
+    centers = [(-5, 0), (0, 5), (5, 0)]
+    batch1 = np.vstack([rng.normal(c, 0.5, size=(200, 2)) for c in centers])
+    batch2 = np.vstack([rng.normal(c, 0.5, size=(200, 2)) for c in centers[:2]])
+    gm = GaussianMixture(3, warm_start=True, random_state=0, max_iter=200).fit(batch1)
+    (message,) = _reseed_warnings(lambda: gm.fit(batch2))
+    assert "weight below a thousandth of one sample" in message
+    assert "reg_covar" not in message
+    assert "fewer components" in message
+
+
+def test_reseed_warning_for_a_collapsed_covariance_advises_reg_covar():
+    rng = np.random.default_rng(0)
+    clusters = [rng.normal(c, 0.3, size=(50, 2))
+                for c in ((0, 0), (6, 0), (0, 6), (6, 6))]
+    X = np.vstack(clusters + [np.array([[30.0, 30.0]])])
+    messages = _reseed_warnings(lambda: GaussianMixture(
+        5, reg_covar=0.0, random_state=0, max_iter=50).fit(X))
+    collapsed = [m for m in messages if "not positive definite" in m]
+    assert collapsed and all("increase reg_covar" in m for m in collapsed), messages
+    assert not any("weight below a thousandth" in m for m in collapsed)
+
+
+def _history(reseeds):
+    """Iteration records re-seeding component 0 at the given iterations."""
+    last = max(reseeds)
+    return [{"n_iter": i, "reseeded": [0] if i in reseeds else []}
+            for i in range(1, last + 1)]
+
+
+def test_reseed_streaks_count_consecutive_collapses_only():
+    # every other iteration: one streak of 5
+    assert degenerate.reseed_streaks(_history([2, 4, 6, 8, 10]), 11)[0] == 5
+    # ten re-seeds, each after the component had settled: never more than 1
+    spaced = list(range(3, 60, 6))
+    assert len(spaced) == 10
+    assert degenerate.reseed_streaks(_history(spaced), spaced[-1] + 1)[0] == 1
+    # a streak ends when the component settles for longer than the gap
+    assert degenerate.reseed_streaks(_history([2, 4, 6]), 12)[0] == 0

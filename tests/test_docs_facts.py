@@ -1,4 +1,4 @@
-"""The documentation says what the code does (issue 36.10): numbers quoted once,
+"""The documentation says what the code does: numbers quoted once,
 the model file's layout complete, public pages linked, dtype differences listed."""
 
 import re

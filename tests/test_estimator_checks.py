@@ -11,14 +11,14 @@ allowed is scikit-learn's own: the array API check without ``SCIPY_ARRAY_API``.
 import warnings
 
 import pytest
+from helpers import SKLEARN_COVARIANCE_TYPES
 from sklearn.utils.estimator_checks import check_estimator
 
 from emgmm import GaussianMixture
 
-COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
-
 ESTIMATORS = [GaussianMixture()] + [
-    GaussianMixture(n_components=2, covariance_type=ct) for ct in COVARIANCE_TYPES
+    GaussianMixture(n_components=2, covariance_type=ct)
+    for ct in SKLEARN_COVARIANCE_TYPES
 ]
 
 # check name -> reason.

@@ -36,13 +36,18 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, random_spd
+from helpers import (
+    SKLEARN_COVARIANCE_TYPES,
+    quiet_fit,
+    random_spd,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
+from emgmm import GaussianMixture
 from emgmm.covariance import cholesky as _cholesky
 from emgmm.covariance import log_density as _log_density
 from emgmm.covariance import m_step as _m_step
@@ -153,7 +158,7 @@ def data_for(rng, means, n, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("d", [1, 6])
 def test_log_det_cholesky(covariance_type, dtype, d):
     rng = np.random.default_rng(10 + d)
@@ -179,7 +184,7 @@ def test_log_det_cholesky(covariance_type, dtype, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("d", [1, 5, 20])
 def test_log_gaussian_prob(covariance_type, dtype, d):
     rng = np.random.default_rng(100 + d)
@@ -231,7 +236,7 @@ def test_full_dense_products_by_column_blocks(monkeypatch, dtype, d, block):
         assert np.all(err <= bound), f"max err/bound {np.max(err / bound):.3g}"
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_log_gaussian_prob_far_points_and_single_row(covariance_type):
     """Rows very far from every mean (log p ~ -1e6) and a block of one row."""
     rng = np.random.default_rng(7)
@@ -276,7 +281,7 @@ def test_log_gaussian_prob_of_clusters_far_apart(covariance_type, separation, ma
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_estimate_log_prob_resp(covariance_type, dtype):
     rng = np.random.default_rng(3)
     K, d, n = 4, 5, 300
@@ -409,7 +414,7 @@ def random_resp(rng, n, K, zero_frac=0.3):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_block_statistics(covariance_type, dtype):
     rng = np.random.default_rng(11)
     n, d, K = 2000, 4, 3
@@ -420,7 +425,7 @@ def test_block_statistics(covariance_type, dtype):
     assert_stats_match(stats, X, resp, centers, covariance_type)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_block_statistics_float32_accumulates_in_float64(covariance_type):
     """4096 identical float32 rows: float32 accumulation drifts by ~1e-5 relative
     (systematic rounding of a growing partial sum); float64 accumulation does not."""
@@ -434,7 +439,7 @@ def test_block_statistics_float32_accumulates_in_float64(covariance_type):
     assert_stats_match(stats, X, resp, centers, covariance_type)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_block_statistics_far_from_origin_float32(covariance_type):
     """Data at 1e4 with spread 1, centres at the data mean: the centred statistics keep
     the relative accuracy of the spread (no E[x^2] - mu^2 cancellation)."""
@@ -456,7 +461,7 @@ def test_block_statistics_far_from_origin_float32(covariance_type):
     assert_allclose(got, sum_xx, rtol=4 * U32 * 1e4 * 2)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_block_statistics_far_from_origin_float64(covariance_type):
     """Clusters 10 apart at 1e12, unit spread, mixed responsibilities: the statistics
     keep the accuracy of the centred sums (against a long-double oracle, relative to
@@ -512,7 +517,7 @@ def _as_tuple(stats):
     )
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_statistics_merge_equals_whole(covariance_type):
     """Statistics of blocks, merged with ``+``, equal the statistics of the whole array;
     ``+`` does not modify its operands; ``log_likelihood`` adds up."""
@@ -542,7 +547,7 @@ def test_statistics_merge_equals_whole(covariance_type):
 @settings(max_examples=25, deadline=None)
 @given(
     cuts=st.lists(st.integers(1, 59), min_size=0, max_size=6, unique=True),
-    covariance_type=st.sampled_from(COVARIANCE_TYPES),
+    covariance_type=st.sampled_from(SKLEARN_COVARIANCE_TYPES),
     seed=st.integers(0, 2**16),
 )
 def test_statistics_any_partition(cuts, covariance_type, seed):
@@ -807,7 +812,7 @@ def test_packed_moments_kept_for_ill_conditioned_components(shift):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_m_step(covariance_type, dtype):
     rng = np.random.default_rng(4)
     n, d, K = 1500, 4, 3
@@ -857,7 +862,7 @@ def test_m_step(covariance_type, dtype):
                                                                     / cov_err)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_m_step_covariances_do_not_change_when_the_data_are_shifted(covariance_type):
     """A five-point component of spread 0.01 beside a large one, then everything moved
     by 1e6: the covariances must stay those of the unshifted data (to the rounding of
@@ -877,7 +882,7 @@ def test_m_step_covariances_do_not_change_when_the_data_are_shifted(covariance_t
     assert_allclose(covs[1], covs[0], rtol=1e-5)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_m_step_empty_component_keeps_its_centre(covariance_type):
     """A component with no responsibility: mean = its centre (c + 0 / (10 eps)),
     covariance = reg_covar, weight ~ 0, all finite."""
@@ -928,7 +933,7 @@ def as_dense(a, covariance_type, K, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_factorize(covariance_type, dtype):
     rng = np.random.default_rng(21)
     K, d = 3, 6
@@ -954,7 +959,7 @@ def test_factorize(covariance_type, dtype):
             assert_allclose(u @ u.T, P, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_factorize_failure_names_component(covariance_type):
     rng = np.random.default_rng(22)
     K, d = 4, 3
@@ -982,7 +987,7 @@ def test_factorize_failure_names_component(covariance_type):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_precisions_cholesky_from_precisions(covariance_type, dtype):
     rng = np.random.default_rng(23)
     K, d = 3, 5
@@ -1150,7 +1155,7 @@ def test_tight_component_far_from_shift_is_exact(covariance_type, margin):
     assert_array_equal(stats.sum_x[0], 0.0)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_statistics_pickle_round_trip(covariance_type):
     """Statistics sent from a worker ('full': upper triangles only) give the same M
     step, bitwise, in about half the bytes."""
@@ -1171,7 +1176,7 @@ def test_statistics_pickle_round_trip(covariance_type):
         assert len(data) < 0.6 * full_bytes
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_needs_recentring(covariance_type):
     """Flagged: a component whose squared mean shift is 1e12 times its regularised
     variance. Not flagged: a one-point component (variance 0 + reg_covar, shift 1e-40),
@@ -1190,3 +1195,67 @@ def test_needs_recentring(covariance_type):
                                              covariance_type)
     _, means, cov = _m_step.m_step(one_point, centers, 1e-6, covariance_type)
     assert not _m_step.needs_recentring(one_point, means, cov, covariance_type).any()
+
+
+def _upper(P):
+    return np.linalg.inv(np.linalg.cholesky(np.linalg.inv(P))).T
+
+
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("d", [5, 20, 128])
+def test_case_c06_log_density_equals_scipys(d, covariance_type):
+    rng = np.random.default_rng(d)
+    K, n = 3, 40
+    means = rng.normal(size=(K, d))
+    if covariance_type == "full":
+        P = np.stack([random_spd(rng, d, cond=30.0) * 2.0 for _ in range(K)])
+        U = np.stack([_upper(p) for p in P])
+        prec_init = P
+    elif covariance_type == "tied":
+        p = random_spd(rng, d, cond=30.0) * 2.0
+        P, U, prec_init = np.stack([p] * K), _upper(p), p
+    elif covariance_type == "diag":
+        v = rng.uniform(0.2, 5.0, size=(K, d))
+        P, U, prec_init = np.stack([np.diag(x) for x in v]), np.sqrt(v), v
+    else:
+        v = rng.uniform(0.2, 5.0, size=K)
+        P, U, prec_init = np.stack([np.eye(d) * x for x in v]), np.sqrt(v), v
+    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
+    expected = np.stack(
+        [multivariate_normal(m, np.linalg.inv(p)).logpdf(X)
+         for m, p in zip(means, P, strict=True)], axis=1
+    )
+    # the kernel, per component
+    got = _log_density.log_gaussian_prob(X, means, U, covariance_type)
+    assert_allclose(got, expected, rtol=1e-10)
+    # the estimator, initialised with these parameters and no EM iteration
+    weights = np.full(K, 1.0 / K)
+    gm = quiet_fit(GaussianMixture(n_components=K, covariance_type=covariance_type,
+                                   max_iter=0,
+                                   weights_init=weights, means_init=means,
+                                   precisions_init=prec_init), X)
+    assert_allclose(gm.score_samples(X), logsumexp(expected + np.log(weights), axis=1),
+                    rtol=1e-10)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_case_c15_kernels_never_write_into_inputs(covariance_type):
+    rng = np.random.default_rng(0)
+    n, d, K = 64, 6, 4
+    X = rng.normal(size=(n, d))
+    means = rng.normal(size=(K, d))
+    cov = {"full": np.stack([np.eye(d) * 1.5] * K), "tied": np.eye(d) * 2.0,
+           "diag": np.full((K, d), 1.5), "spherical": np.full(K, 1.5)}[covariance_type]
+    u, _ = _cholesky.factorize(cov, covariance_type)
+    weights = np.full(K, 1 / K)
+    resp = rng.dirichlet(np.ones(K), size=n)
+    inputs = [X, means, u, weights, resp, X.astype(np.float32)]
+    copies = [a.copy() for a in inputs]
+    for a in inputs:
+        a.setflags(write=False)  # a write would raise
+    for Xc in (X, inputs[-1]):
+        _log_density.log_gaussian_prob(Xc, means, u, covariance_type, weights)
+        _estep.estimate_log_prob_resp(Xc, weights, means, u, covariance_type)
+        _statistics.block_statistics(Xc, resp, means, covariance_type, 0.1)
+    for a, c in zip(inputs, copies, strict=False):
+        assert_array_equal(a, c)

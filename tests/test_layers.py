@@ -197,6 +197,15 @@ def test_the_module_map_of_contributing_names_every_module():
     assert not missing, missing
 
 
+def test_the_test_map_of_contributing_names_every_test_module():
+    """CONTRIBUTING.md's map of the tests names each test module, and no other."""
+    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    section = text[text.index("### Where the tests live"):text.index("## Lint")]
+    named = set(re.findall(r"\btest_\w+\.py\b", section))
+    present = {path.name for path in (PACKAGE.parent / "tests").glob("test_*.py")}
+    assert named == present, (sorted(present - named), sorted(named - present))
+
+
 def test_the_layout_of_the_design_notes_places_modules_where_they_are():
     """docs/design.rst's layout block names only modules that exist, each under the
     package (``name/`` line) it is listed in."""

@@ -1,4 +1,4 @@
-"""Issue 28.3: every way a damaged model file can fail to load raises
+"""Every way a damaged model file can fail to load raises
 ModelFileError naming the file and what is wrong (load_model, read_header and
 ``emgmm info``): truncation at many offsets, overwritten bytes, replaced datasets,
 attributes of the wrong type."""

@@ -11,7 +11,7 @@ import h5py
 import joblib
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, make_blobs_data
+from helpers import SKLEARN_COVARIANCE_TYPES, make_blobs_data
 
 import emgmm
 from emgmm.io.model_file import (
@@ -30,7 +30,7 @@ def _fit(X, covariance_type, **kwargs):
     ).fit(X)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_round_trip_gives_identical_predictions(tmp_path, blobs, covariance_type):
     model = _fit(blobs, covariance_type)
     path = tmp_path / "model.h5"
@@ -187,7 +187,7 @@ def test_damaged_model_file(tmp_path, blobs):
         load_model(tmp_path / "n.h5")
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("damage", ["negative_weight", "nan_mean", "zero_factor"])
 def test_model_file_with_invalid_parameters_is_refused(tmp_path, blobs,
                                                        covariance_type, damage):
@@ -222,7 +222,7 @@ def _entry(covariance_type, row, col):
 @pytest.mark.parametrize("covariance_type, damage", [
     (covariance_type, damage)
     for damage in ("lower_entry", "huge_entry", "tiny_diagonal")
-    for covariance_type in COVARIANCE_TYPES
+    for covariance_type in SKLEARN_COVARIANCE_TYPES
     # 'diag' and 'spherical' factors are square roots of the precisions: no triangle
     if damage != "lower_entry" or covariance_type in ("full", "tied")])
 def test_factor_not_upper_triangular_or_overflowing_is_refused(tmp_path, blobs,

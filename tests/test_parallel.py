@@ -8,7 +8,9 @@ of how many there are). The two schedules sum the same terms in a different orde
 so they agree to 1e-12 relative, not bitwise.
 """
 
+import glob
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,15 @@ import joblib
 import numpy as np
 import pytest
 import scipy.linalg
-from helpers import COVARIANCE_TYPES, make_blobs_data, not_converging
+from helpers import (
+    PARAMS,
+    SKLEARN_COVARIANCE_TYPES,
+    PlanSpy,
+    assert_same_state,
+    make_blobs_data,
+    not_converging,
+    quiet_fit,
+)
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 from threadpoolctl import threadpool_limits
@@ -34,8 +44,6 @@ from emgmm import GaussianMixture
 from emgmm.covariance import REGISTRY as KINDS
 from emgmm.io.sources import ArraySource
 
-STATE = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
-
 
 def fit(X, **params):
     kw = dict(n_components=4, random_state=0, max_iter=6, tol=0.0, block_size=256)
@@ -44,27 +52,6 @@ def fit(X, **params):
         return GaussianMixture(**kw).fit(X)
 
 
-def assert_same_state(a, b, rtol=None):
-    """Bitwise (rtol=None) or to ``rtol`` relative to each array's largest entry.
-
-    The precisions are inverses of the covariances: they carry the covariances'
-    rounding times their condition number, and get ``100 * rtol``.
-    """
-    for name in STATE:
-        x, y = getattr(a, name), getattr(b, name)
-        if rtol is not None and name.startswith("precisions"):
-            assert_allclose(x, y, rtol=0, atol=100 * rtol * np.abs(y).max(),
-                            err_msg=name)
-        elif rtol is None:
-            assert_array_equal(x, y, err_msg=name)
-        else:
-            assert_allclose(x, y, rtol=0, atol=rtol * np.abs(y).max(), err_msg=name)
-    if rtol is None:
-        assert a.lower_bounds_ == b.lower_bounds_
-        assert a.lower_bound_ == b.lower_bound_
-    else:
-        assert_allclose(a.lower_bounds_, b.lower_bounds_, rtol=rtol)
-    assert a.n_iter_ == b.n_iter_
 
 
 def emgmm_entries(folder):
@@ -88,7 +75,7 @@ def X():
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_n_jobs_2_equals_n_jobs_1_bitwise(X, schedule, covariance_type, temp_folder):
     one = fit(X, n_jobs=1, schedule=schedule, covariance_type=covariance_type)
     two = fit(X, n_jobs=2, schedule=schedule, covariance_type=covariance_type)
@@ -101,7 +88,7 @@ def test_n_jobs_4_equals_n_jobs_1_bitwise(X):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_schedules_agree(X, covariance_type):
     rows = fit(X, n_jobs=2, schedule="rows", covariance_type=covariance_type)
     comps = fit(X, n_jobs=2, schedule="components", covariance_type=covariance_type)
@@ -160,7 +147,7 @@ def sklearn_init(X, K, covariance_type, seed=0):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_both_schedules_match_sklearn(X, covariance_type):
     init = sklearn_init(X, 4, covariance_type)
     common = dict(n_components=4, covariance_type=covariance_type, tol=0, max_iter=5,
@@ -172,7 +159,7 @@ def test_both_schedules_match_sklearn(X, covariance_type):
                 for s in ("rows", "components")]
     for est in fits:
         assert_allclose(est.lower_bounds_, ref.lower_bounds_, rtol=1e-9)
-        for name in STATE:
+        for name in PARAMS:
             assert_allclose(getattr(est, name), getattr(ref, name), rtol=1e-7,
                             atol=1e-12 * np.abs(getattr(ref, name)).max(), err_msg=name)
 
@@ -385,7 +372,7 @@ class ThreadSpy:
         return Recording(np.asarray(X))
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_row_threads_equal_serial_bitwise(X, covariance_type, monkeypatch):
     """n_jobs=None runs the row tasks of a pass in threads (one BLAS thread each) when
     BLAS may use several threads; the result is the serial one, bit for bit."""
@@ -737,3 +724,148 @@ def test_passes_release_memory_after_large_blocks_only(monkeypatch, threshold,
     X = make_blobs_data(1500)
     fit(X, max_iter=3)
     assert len(calls) == expected
+
+
+@pytest.fixture(scope="module")
+def X_c12():
+    return np.random.default_rng(0).normal(size=(1000, 100))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_case_c12_same_seed_same_answer(X_c12, schedule):
+    """Fitted twice, n_jobs 1/2/4, BLAS 1 or 2 threads.
+
+    Bitwise identical whenever each task runs with the same number of BLAS threads
+    (n_jobs=2 and 4 give every worker one thread, like n_jobs=1 under a one-thread
+    limit). A multi-threaded BLAS splits a product differently from a one-thread
+    BLAS (OpenBLAS ``syrk``), so n_jobs=1 with 2 threads agrees with them to 1e-12
+    relative (measured: 3e-16 of the largest entry).
+    """
+    def run(n_jobs, threads):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            est = GaussianMixture(5, random_state=42, n_jobs=n_jobs, max_iter=15,
+                                  schedule=schedule, block_size=256)
+            return quiet_fit(est, X_c12)
+
+    one_thread = run(1, 1)
+    assert one_thread.n_iter_ >= 2
+    for n_jobs, threads in [(1, 1), (2, 2), (4, 1)]:
+        assert_same_state(run(n_jobs, threads), one_thread)
+    two_threads = run(1, 2)
+    assert_same_state(two_threads, one_thread, rtol=1e-12, precision_rtol=1e-10)
+    assert_allclose(two_threads.lower_bounds_, one_thread.lower_bounds_, rtol=1e-12)
+
+
+def test_case_c12_both_schedules_give_the_same_model(X_c12):
+    fits = [quiet_fit(GaussianMixture(5, random_state=42, n_jobs=2, max_iter=15,
+                                      schedule=s, block_size=256), X_c12)
+            for s in ("rows", "components")]
+    assert_same_state(fits[0], fits[1], rtol=1e-12, precision_rtol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def X_c15():
+    X = make_blobs_data(4096, 150, 6, seed=1)
+    X.setflags(write=False)
+    return X
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_case_c15_read_only_inputs_both_sides_of_joblib_threshold(X_c15, schedule,
+                                                                  temp_folder):
+    """A read-only X; blocks of 0.5 MB and 2 MB (joblib memmaps arguments above 1 MB,
+    read-only); the 6 x 150 x 150 factors (1.08 MB) reach the workers as read-only
+    memmaps, and those memmaps do not pile up from one iteration to the next.
+    n_jobs=2 equals n_jobs=1 bitwise on each side; the two sides agree to 1e-12
+    (different block sums)."""
+    before = X_c15.copy()
+    results = {}
+    footprints = []
+
+    def footprint(record):
+        files = [f for f in glob.glob(f"{temp_folder}/**", recursive=True)
+                 if os.path.isfile(f)]
+        footprints.append((len(files), sum(os.path.getsize(f) for f in files)))
+
+    for block_size in (512, 2048):
+        assert (block_size * 150 * 8 > 2**20) == (block_size == 2048)
+        for n_jobs in (1, 2):
+            est = GaussianMixture(6, random_state=0, max_iter=3, tol=0, n_jobs=n_jobs,
+                                  block_size=block_size, schedule=schedule,
+                                  callback=footprint if n_jobs == 2 else None)
+            # one BLAS thread per task on both sides, for bitwise equality (C12)
+            with threadpool_limits(limits=1, user_api="blas"):
+                results[block_size, n_jobs] = quiet_fit(est, X_c15)
+        assert_same_state(results[block_size, 1], results[block_size, 2])
+    # the precisions are inverses of 150 x 150 covariances of condition ~1e3: they
+    # carry the covariances' rounding (1e-15) times the condition number
+    assert_same_state(results[512, 2], results[2048, 2], rtol=1e-12,
+                      precision_rtol=1e-10)
+    assert_array_equal(X_c15, before)
+    assert len(footprints) == 6
+    # the first iteration shares one (K, d, d) array fewer than the later ones
+    # (measured: 2 files, then 3); from the second on the footprint stays the same
+    for first in (0, 3):
+        assert footprints[first] <= footprints[first + 1], footprints
+        assert footprints[first + 1] == footprints[first + 2], footprints
+    assert os.listdir(temp_folder) == []
+
+
+def test_case_c16_x_written_once_per_fit(temp_folder):
+    """200+ tasks share one 50 MB in-memory X: one dump per fit (one file, neither
+    rewritten nor joined by others from one iteration to the next); nothing left
+    afterwards."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(16384, 400))  # 50 MB
+    assert X.nbytes >= 50 * 10**6
+    spy = PlanSpy()
+    footprints = []
+
+    def footprint(record):
+        spy(record)
+        if record["event"] == "iteration":
+            files = [f for f in glob.glob(f"{temp_folder}/**", recursive=True)
+                     if os.path.isfile(f)]
+            footprints.append(sorted((f, os.stat(f).st_size, os.stat(f).st_mtime_ns)
+                                     for f in files))
+
+    footprint.wants_plan = True
+    # (arguments above joblib's 1 MB threshold: the 1 MB factors of C15)
+    est = GaussianMixture(2, covariance_type="diag", n_jobs=2, block_size=64,
+                          max_iter=3, tol=0, weights_init=[0.5, 0.5], means_init=X[:2],
+                          precisions_init=np.ones((2, 400)), callback=footprint)
+    quiet_fit(est, X)
+    assert (3 + 1) * spy["n_tasks"][0] >= 200  # passes: 3 iterations, final score
+    assert len(footprints) == 3
+    x_files = [f for f, size, _ in footprints[0] if size >= X.nbytes]
+    assert len(x_files) == 1, footprints[0]  # X was shared through the folder, once
+    assert footprints[-1] == footprints[0], footprints  # nothing rewritten or added
+    assert os.listdir(temp_folder) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["rows", "components"])
+def test_case_c17_task_payload_small_whatever_n(schedule, monkeypatch, temp_folder):
+    sizes = {}
+    real_map = parallel.Executor.map
+
+    def measuring_map(self, func, task_args):
+        for args in task_args:
+            payload = len(pickle.dumps((func, self.worker_source, args),
+                                       protocol=pickle.HIGHEST_PROTOCOL))
+            sizes[n] = max(sizes.get(n, 0), payload)
+        if self.n_workers > 1:  # X never travels by value to process workers
+            assert not isinstance(self.worker_source, ArraySource)
+        return real_map(self, func, task_args)
+
+    monkeypatch.setattr(parallel.Executor, "map", measuring_map)
+    rng = np.random.default_rng(0)
+    for n in (20_000, 400_000):  # 1.6 MB and 32 MB in memory
+        X = rng.normal(size=(n, 10))
+        est = GaussianMixture(3, n_jobs=2, max_iter=2, block_size=4096,
+                              schedule=schedule, random_state=0, init_max_samples=2000)
+        quiet_fit(est, X)
+    assert max(sizes.values()) < 64 * 1024, sizes
+    assert sizes[400_000] <= sizes[20_000] + 1024, sizes  # does not grow with n

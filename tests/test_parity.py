@@ -39,7 +39,7 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, make_blobs_data, not_converging
+from helpers import SKLEARN_COVARIANCE_TYPES, make_blobs_data, not_converging
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_digits
@@ -135,14 +135,14 @@ def digits():
     return load_digits().data.astype(np.float64)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_parity_blobs(blobs_parity, covariance_type):
     X = blobs_parity
     sk, em = fit_both(X, 4, covariance_type, reg_covar=1e-6)
     assert_parity(sk, em, X)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_parity_blobs_small_blocks(blobs_parity, covariance_type):
     """Same parity when the data is streamed in blocks of 37 rows.
 
@@ -153,7 +153,7 @@ def test_parity_blobs_small_blocks(blobs_parity, covariance_type):
     assert_parity(sk, em, X)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_parity_digits(digits, covariance_type):
     """Digits has pixels that are 0 in every image (zero-variance columns). With the
     default reg_covar=1e-6 their variance would be 1e-6 against ~10-40 for the other
@@ -267,7 +267,7 @@ def test_dropin_n_init_3(dropin_data, init_params, random_state):
         assert_allclose(em.score_samples(X), sk.score_samples(X), rtol=1e-5)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_dropin_every_covariance_type(dropin_data, covariance_type):
     """Default init (kmeans) for every covariance type."""
     X = dropin_data

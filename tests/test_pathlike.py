@@ -1,4 +1,4 @@
-"""Issue 28.4: every path-like is taken where a ``str`` path is (data, model files,
+"""Every path-like is taken where a ``str`` path is (data, model files,
 checkpoints, the temp_folder)."""
 
 import os

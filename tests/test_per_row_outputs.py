@@ -1,12 +1,11 @@
-"""Issue 29.2: per-row outputs in scikit-learn's dtypes, and ``out=`` to stream them
-into an array or memmap; 28.6: numeric strings refused as scikit-learn refuses them;
-29.1: predict and score_samples with n_jobs=1 on one BLAS thread."""
+"""Per-row outputs (predict, predict_proba, score_samples): scikit-learn's dtypes,
+``out=`` to stream them into an array or memmap, numeric strings refused as
+scikit-learn refuses them."""
 
 import numpy as np
 import pytest
 import sklearn.mixture
 from numpy.lib.format import open_memmap
-from threadpoolctl import threadpool_info, threadpool_limits
 
 import emgmm
 
@@ -74,31 +73,8 @@ def test_numeric_strings_are_refused(fitted, method):
                 method)(strings.tolist())
 
 
-def _blas_threads():
-    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 
 
-def test_predict_with_n_jobs_1_runs_one_blas_thread():
-    if not _blas_threads():
-        pytest.skip("no BLAS loaded")
-    from emgmm.io import sources
-
-    X = np.random.default_rng(0).standard_normal((3000, 8))
-    gm = emgmm.GaussianMixture(3, random_state=0, n_jobs=1, max_iter=3, tol=1e3).fit(X)
-    seen = []
-
-    class Recording(sources.ArraySource):
-        def _read(self, start, stop):
-            seen.append(_blas_threads())
-            return super()._read(start, stop)
-
-    with threadpool_limits(limits=2, user_api="blas"):
-        if max(_blas_threads()) < 2:
-            pytest.skip("BLAS runs one thread here")
-        gm.predict(Recording(X))
-        gm.score_samples(Recording(X))
-        assert max(_blas_threads()) == 2
-    assert seen and all(t == [1] * len(t) for t in seen), seen
 
 
 def test_out_is_no_routed_metadata():

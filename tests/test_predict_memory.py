@@ -1,4 +1,4 @@
-"""Issue 36.8: predicting is one E step whose memory does not grow with the rows.
+"""Predicting is one E step whose memory does not grow with the rows.
 
 ``score``, ``score_samples``, ``predict``, ``predict_proba`` and the command line's
 ``predict``/``score`` over a ``.npy`` of ``n`` and of ``4 n`` rows: the peak of the

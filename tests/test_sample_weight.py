@@ -10,7 +10,11 @@ import warnings
 import h5py
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, file_fingerprint, make_blobs_data
+from helpers import (
+    SKLEARN_COVARIANCE_TYPES,
+    file_fingerprint,
+    make_blobs_data,
+)
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 from sklearn.base import clone
@@ -71,7 +75,7 @@ def assert_same_model(a, b, rtol=1e-10):
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_integer_weights_equal_repeated_rows(X, covariance_type, schedule):
     w = np.random.default_rng(0).integers(1, 4, size=len(X))
     repeated = np.repeat(X, w, axis=0)
@@ -84,7 +88,7 @@ def test_integer_weights_equal_repeated_rows(X, covariance_type, schedule):
     np.testing.assert_array_equal(weighted.predict(X), plain.predict(X))
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_tol_keeps_its_meaning_on_the_weighted_mean(X, covariance_type):
     w = np.random.default_rng(1).integers(1, 4, size=len(X))
     repeated = np.repeat(X, w, axis=0)
@@ -97,7 +101,7 @@ def test_tol_keeps_its_meaning_on_the_weighted_mean(X, covariance_type):
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_zero_weight_equals_dropping_the_row(X, covariance_type, schedule):
     w = np.ones(len(X))
     w[[0, 5, 17, 60, 61, 149]] = 0.0
@@ -109,7 +113,7 @@ def test_zero_weight_equals_dropping_the_row(X, covariance_type, schedule):
     assert_same_model(weighted, dropped)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_constant_weight_equals_no_weights(X, covariance_type):
     weighted = _fit(_fixed(X, covariance_type), X, sample_weight=np.full(len(X), 2.5))
     plain = _fit(_fixed(X, covariance_type), X)
@@ -124,7 +128,7 @@ def test_all_ones_and_none_agree_bit_for_bit(X):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_scikit_learns_sample_weight_equivalence_check_from_a_fixed_init(
         covariance_type):
     """scikit-learn's own check (weights against repeated and dropped rows, the rows
@@ -260,7 +264,7 @@ def _n_parameters(d, covariance_type):
     return cov + K * d + K - 1
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_bic_aic_use_weighted_log_likelihood_and_total_weight(X, weights,
                                                                covariance_type):
     est = _fit(_fixed(X, covariance_type), X, sample_weight=weights)
@@ -335,7 +339,7 @@ def test_h5py_dataset_weights(X, weights, tmp_path):
     assert_same_model(est, ref, rtol=1e-13)
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_every_data_source_with_weights(X, weights, make_sources, covariance_type):
     ref = _fit(_fixed(X, covariance_type, block_size=32), X, sample_weight=weights)
     for source in make_sources(X):
@@ -346,7 +350,7 @@ def test_every_data_source_with_weights(X, weights, make_sources, covariance_typ
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_weights_with_process_workers(X, weights, tmp_path, covariance_type, schedule,
                                       temp_folder):
     npy = tmp_path / "w.npy"

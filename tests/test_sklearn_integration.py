@@ -8,7 +8,7 @@ import re
 import joblib
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, make_blobs_data
+from helpers import COVARIANCE_TYPES, SKLEARN_COVARIANCE_TYPES, make_blobs_data
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.base import clone
 from sklearn.decomposition import PCA
@@ -202,7 +202,7 @@ def test_n_jobs_zero_is_refused_naming_the_parameter(X):
     assert GaussianMixture(2, n_jobs=-2, random_state=0).fit(X).n_iter_ >= 1
 
 
-@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_pickle_and_joblib_round_trips(X, tmp_path, covariance_type):
     gm = GaussianMixture(n_components=3, covariance_type=covariance_type,
                          random_state=0).fit(X)
