@@ -198,7 +198,7 @@ class Projections:
     precision: FactorPrecision
     shift: np.ndarray
     dtype: object = np.float64
-    _products: tuple = field(default=None, repr=False, compare=False)
+    _products: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def computed(self):
