@@ -320,12 +320,11 @@ class FactorCovariance(CovarianceType):
         screened E step: :func:`~emgmm.covariance.factor_pairs.pair_statistics`)."""
         if products is None:
             raise ValueError("'factor' statistics need the block's projections")
-        if products.computed:
-            stats = block_statistics(X, resp, centers, products.precision, products,
-                                     resp_threshold)
-        else:
-            stats = pair_statistics(X, resp, centers, products.means,
-                                    products.precision, resp_threshold)
+        if not products.computed:
+            return pair_statistics(X, resp, centers, products.means,
+                                   products.precision, resp_threshold, out)
+        stats = block_statistics(X, resp, centers, products.precision, products,
+                                 resp_threshold)
         if out is None:
             return stats
         out += stats

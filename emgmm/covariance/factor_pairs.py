@@ -80,7 +80,8 @@ def _value_errors(diag, pp, u_norm, g_norm, values, d, q):
     return (0.5 * m_err + 2.0 * _U64 * np.abs(values)) * (1.0 + 1e-6)
 
 
-def pair_statistics(X, resp, centers, means, precision, resp_threshold=0.0):
+def pair_statistics(X, resp, centers, means, precision, resp_threshold=0.0,
+                    out=None):
     """:class:`~emgmm.covariance.factor_kernels.FactorStatistics` of a block summed
     over each component's rows of responsibility above ``resp_threshold`` only.
 
@@ -100,16 +101,20 @@ def pair_statistics(X, resp, centers, means, precision, resp_threshold=0.0):
     precision : FactorPrecision
         The E step's factorisation.
     resp_threshold : float, default=0.0
+    out : FactorStatistics or None, default=None
+        Running sums to add this block's to (in place; no ``(K, d, q)`` array of the
+        block is formed).
 
     Returns
     -------
     FactorStatistics
-        ``log_likelihood = 0``, ``n_samples = n``.
+        ``out`` with this block's sums and ``n`` rows added, or this block's alone
+        (``log_likelihood = 0``).
     """
     n, d = X.shape
     K, q = resp.shape[1], precision.n_factors
-    stats = zero_statistics(K, d, q)
-    stats.n_samples = n
+    stats = zero_statistics(K, d, q) if out is None else out
+    stats.n_samples += n
     cov_z = np.matmul(np.swapaxes(precision.cholesky_inv, 1, 2), precision.cholesky_inv)
     keep = resp > resp_threshold
     counts = keep.sum(axis=0)
@@ -132,10 +137,10 @@ def _component_sums(stats, k, u, r, delta, precision, cov_z):
     if np.any(delta):
         u -= delta
     nk = r.sum()
-    stats.nk[k] = nk
-    stats.sum_z[k] = re.sum(axis=0)
-    stats.sum_zz[k] = e.T @ re + nk * cov_z
-    stats.sum_xz[k] = u.T @ re
-    stats.sum_x[k] = r @ u
+    stats.nk[k] += nk
+    stats.sum_z[k] += re.sum(axis=0)
+    stats.sum_zz[k] += e.T @ re + nk * cov_z
+    stats.sum_xz[k] += u.T @ re
+    stats.sum_x[k] += r @ u
     np.square(u, out=u)
-    stats.sum_xx[k] = r @ u
+    stats.sum_xx[k] += r @ u
