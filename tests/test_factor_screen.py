@@ -298,3 +298,23 @@ def test_screen_is_built_only_from_min_features(monkeypatch):
     monkeypatch.setattr(factor_screen, "MIN_FEATURES", 8)
     fit(X, max_iter=2)
     assert calls["rows"] > 0
+
+
+@pytest.mark.slow
+def test_screened_fit_resumed_from_a_checkpoint_equals_the_uninterrupted_one(
+        tmp_path, monkeypatch):
+    X = blobs(seed=4)
+    straight = fit(X)
+    path = tmp_path / "ck.npz"
+
+    def stop(record):
+        if record["n_iter"] == 3:
+            raise KeyboardInterrupt
+
+    calls = counted(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        fit(X, checkpoint=path, callback=stop)
+    assert calls["rows"] > 0 and path.exists()
+    resumed = fit(X, checkpoint=path)
+    np.testing.assert_array_equal(resumed.lower_bounds_, straight.lower_bounds_)
+    np.testing.assert_array_equal(resumed.loadings_, straight.loadings_)

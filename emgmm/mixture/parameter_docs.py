@@ -73,8 +73,9 @@ compute_dtype : {'float32', 'float64'} or None, default=None
     "resp_threshold": """\
 resp_threshold : float, default=1e-20
     Responsibilities at most this are left out of the statistics ``N_k``,
-    ``s_k``, ``S_k`` ('full'; 'diag' and 'spherical' from 24 features on), and
-    'full' computes exactly only the pairs that may exceed it. A pair left out
+    ``s_k``, ``S_k`` ('full' and 'factor'; 'diag' and 'spherical' from 24
+    features on), and 'full' and 'factor' (from 64 features on) compute
+    exactly only the pairs that may exceed it. A pair left out
     moves ``S_k``, in its metric, by at most ``r_ik`` times its squared
     Mahalanobis distance: ~1e-18 at the default. ``0.0`` computes every pair
     exactly.""",
