@@ -12,6 +12,10 @@ resident memory.
 n_jobs=40 on a 2-core machine measures the CPU work and the memory of 40 workers,
 not their wall time.
 
+Configurations: E (30x30 patches, K=200, 'full'), G (50x50, K=50, 'full') and FS
+(50x50, K=200, 'factor' with q=32, screened: the start is a fitted estimator that
+each run warm-starts).
+
 Usage::
 
     python benchmarks/bench_workers.py --make-start E --n 20000
@@ -21,6 +25,7 @@ Usage::
 import argparse
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -105,7 +110,7 @@ def worker(spec):
 
     X = np.load(spec["data"], mmap_mode="r") if spec["memmap"] else np.load(
         spec["data"])
-    start = np.load(spec["start"])
+    start = dict(np.load(spec["start"]))
     me = psutil.Process()
     sampler = Sampler()
     cpu, seconds, pairs, phases = [], [], [], []
@@ -125,11 +130,16 @@ def worker(spec):
         phases.append(record.get("phase_seconds"))
         last[:] = [now, time.perf_counter()]
 
-    gm = GaussianMixture(
-        start["weights"].size, tol=0.0, max_iter=spec["iters"], reg_covar=1e-6,
-        weights_init=start["weights"], means_init=start["means"],
-        precisions_init=start["precisions"], n_jobs=spec["n_jobs"],
-        callback=callback)
+    if "estimator" in start:  # a fitted 'factor' start (FS), warm-started
+        gm = pickle.loads(start["estimator"].tobytes()).set_params(
+            tol=0.0, max_iter=spec["iters"], warm_start=True, n_jobs=spec["n_jobs"],
+            callback=callback)
+    else:
+        gm = GaussianMixture(
+            start["weights"].size, tol=0.0, max_iter=spec["iters"], reg_covar=1e-6,
+            weights_init=start["weights"], means_init=start["means"],
+            precisions_init=start["precisions"], n_jobs=spec["n_jobs"],
+            callback=callback)
     sampler.start()
     import warnings
 
@@ -157,10 +167,21 @@ def make_start(name, n, iters, out, start_n=None):
     bench_em.py, saved with its weights, means and precisions."""
     from emgmm import GaussianMixture
 
-    side = {"E": 30, "G": 50}[name]
-    K = {"E": 200, "G": 50}[name]
+    side = {"E": 30, "G": 50, "FS": 50}[name]
+    K = {"E": 200, "G": 50, "FS": 200}[name]
     X = patch_data(n, side, seed=0)
     head = X[:start_n or n]
+    if name == "FS":
+        gm = GaussianMixture(K, covariance_type="factor", n_factors=32, tol=0.0,
+                             max_iter=iters, random_state=0)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gm.fit(head)
+        np.save(out.with_suffix(".X.npy"), X)
+        np.savez(out, estimator=np.frombuffer(pickle.dumps(gm), dtype=np.uint8))
+        return
     weights, means, precisions = initial_parameters(head, K, "full", seed=0)
     gm = GaussianMixture(K, tol=0.0, max_iter=iters, reg_covar=1e-6,
                          weights_init=weights, means_init=means,

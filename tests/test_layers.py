@@ -267,3 +267,45 @@ def test_no_private_name_of_another_project():
     assert _private_uses(ast.parse(
         "from joblib import parallel as _jp\nx = _jp._backend")) == [
         "joblib.parallel._backend"]
+
+
+#: Lines of code (not docstrings, comments or blank lines) a function may take.
+MAX_FUNCTION_LINES = 60
+
+
+def _code_lines(node, lines):
+    """Lines of code of the function ``node`` (its docstring, comments and blank
+    lines left out)."""
+    body = node.body
+    first = body[0]
+    has_doc = (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+               and isinstance(first.value.value, str))
+    start = first.end_lineno if has_doc else node.lineno
+    return [line for line in lines[start:node.end_lineno]
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def _only_stores_parameters(node):
+    """An ``__init__`` that only stores its parameters (scikit-learn's estimators:
+    one line per parameter)."""
+    return node.name == "__init__" and all(
+        isinstance(stmt, ast.Assign) or (isinstance(stmt, ast.Expr)
+                                         and isinstance(stmt.value, ast.Constant))
+        for stmt in node.body)
+
+
+def test_no_function_is_longer_than_sixty_lines_of_code():
+    """Functions short enough to read at once (branches are held to 15 by ruff's
+    PLR0912 and C901, configured in pyproject.toml)."""
+    long = []
+    for module, (path, _) in MODULES.items():
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and not _only_stores_parameters(node)
+                    and len(_code_lines(node, lines)) > MAX_FUNCTION_LINES):
+                long.append(f"{module}.{node.name}")
+    assert not long, long
+    sample = "def f():\n    '''doc'''\n" + "    x = 1\n" * 61
+    assert len(_code_lines(ast.parse(sample).body[0], sample.splitlines())) == 61
