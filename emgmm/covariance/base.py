@@ -573,6 +573,49 @@ class CovarianceType(ABC):
         reads (in place; 'full': the lower triangles from the upper)."""
         return sum_xx
 
+    # The hooks below are what engine/online.py calls. Their defaults hold the
+    # Gaussian types' statistics (nk, sum_x, sum_xx) through the three methods
+    # above; a type with other running statistics (more arrays: 'factor')
+    # overrides all four.
+
+    def online_statistics_shapes(self, n_components: int, n_features: int,
+                                 arrays: Mapping[str, Any] | None = None
+                                 ) -> dict[str, tuple[int, ...]]:
+        """Names and shapes of the running statistics' arrays, in their order:
+        ``nk`` (K,), ``sum_x`` (K, d), ``sum_xx`` (:meth:`second_moments_shape`),
+        then the type's own. ``arrays``: statistics at hand, from which a type
+        configured by a parameter it was not given (the registry's 'factor',
+        without ``n_factors``) may read it."""
+        K, d = n_components, n_features
+        return {"nk": (K,), "sum_x": (K, d),
+                "sum_xx": self.second_moments_shape(K, d)}
+
+    def shift_online_statistics(self, arrays: Mapping[str, np.ndarray],
+                                delta: np.ndarray) -> dict[str, np.ndarray]:
+        """The running statistics (``arrays``, by the names of
+        :meth:`online_statistics_shapes`) around centres moved by ``delta``
+        (K, d), as new arrays: ``N' = N``, ``s' = s - N delta`` and
+        :meth:`shift_second_moments`."""
+        nk, s = arrays["nk"], arrays["sum_x"]
+        S = self.shift_second_moments(arrays["sum_xx"], nk, s, delta)
+        return {"nk": nk.copy(), "sum_x": s - nk[:, None] * delta, "sum_xx": S}
+
+    def implied_online_statistics(self, weights: np.ndarray,
+                                  covariances: np.ndarray, reg_covar: float,
+                                  n_features: int) -> dict[str, np.ndarray]:
+        """The running statistics beyond ``nk = weights`` and ``sum_x = 0`` that
+        :meth:`online_m_step` maps to ``covariances`` (around the means):
+        ``sum_xx`` (:meth:`implied_second_moments`) and the type's own."""
+        return {"sum_xx": self.implied_second_moments(weights, covariances,
+                                                      reg_covar, n_features)}
+
+    def online_m_step(self, stats: Opaque, reg_covar: float
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Weights, means and covariances of running statistics (an
+        :class:`~emgmm.engine.online.OnlineStatistics`, around its ``centers``):
+        :meth:`m_step`, as ``fit`` takes it."""
+        return self.m_step(stats, stats.centers, reg_covar)
+
 
 def widest_axis_of_matrix(covariance: ArrayLike) -> np.ndarray:
     """One standard deviation along the leading eigenvector of the (d, d)

@@ -22,16 +22,21 @@ batches' normalised statistics, each under the parameters before it.
 
 The statistics are the engine's ``N_k``, ``s_k = sum r_ik (x_i - c_k)`` and ``S_k =
 sum r_ik (x_i - c_k)(x_i - c_k)^T`` around centres ``c_k`` (the current means, so
-that no large terms cancel), in float64. Moving the centres is the parallel-axis
-shift (:func:`shift_centres`), which is linear in ``(N, s, S)``: the average above does
-not depend on the centres the batches were summed around. For 'full', every
-function reads and writes only what the upper triangles of ``sum_xx`` need (the
-engine's gathered statistics fill only them).
+that no large terms cancel), in float64, and any further arrays the covariance type
+names (:meth:`~emgmm.covariance.CovarianceType.online_statistics_shapes`; 'factor':
+the latent moments ``sum r u E[z|x]^T``, ``sum r E[z|x]`` and ``sum r E[z z^T|x]``
+with ``S_k`` kept as its diagonal, all ``O(K d q)``). Each type gives the shift of
+its arrays to new centres, the statistics of a given model and its M step; the
+functions here treat every array alike otherwise. Moving the centres is the
+parallel-axis shift (:func:`shift_centres`), which is linear in the statistics: the
+average above does not depend on the centres the batches were summed around. For
+'full', every function reads and writes only what the upper triangles of ``sum_xx``
+need (the engine's gathered statistics fill only them).
 
 Pure functions of their arguments: no state, no files, no scikit-learn.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 import numpy as np
@@ -60,11 +65,17 @@ class OnlineStatistics:
         (upper triangles meaningful), ``(d, d)`` 'tied' (summed over ``k``),
         ``(K, d)`` 'diag' and 'spherical' (the diagonals): the covariance type's
         ``second_moments_shape``.
+        'factor': ``(K, d)``, the diagonals.
     centers : ndarray of shape (K, d), float64
         The ``c_k``.
     covariance_type : str
         A name of :data:`emgmm.covariance.REGISTRY` whose type has online
         statistics.
+    extra : dict of str to ndarray, float64
+        The type's further arrays, normalised as the others (names and shapes:
+        :meth:`~emgmm.covariance.CovarianceType.online_statistics_shapes`; 'factor':
+        ``sum_xz`` (K, d, q), ``sum_z`` (K, q), ``sum_zz`` (K, q, q)); empty for the
+        Gaussian types.
     """
 
     nk: np.ndarray
@@ -72,6 +83,28 @@ class OnlineStatistics:
     sum_xx: np.ndarray
     centers: np.ndarray
     covariance_type: str
+    extra: dict = field(default_factory=dict)
+
+    def arrays(self):
+        """Every statistic by name (``nk``, ``sum_x``, ``sum_xx``, then ``extra``;
+        not ``centers``): the arrays themselves, not copies."""
+        return {"nk": self.nk, "sum_x": self.sum_x, "sum_xx": self.sum_xx,
+                **self.extra}
+
+    @property
+    def nbytes(self):
+        """Bytes of all the arrays, ``centers`` included."""
+        return sum(a.nbytes for a in self.arrays().values()) + self.centers.nbytes
+
+
+_BASE = ("nk", "sum_x", "sum_xx")
+
+
+def _from_arrays(arrays, centers, covariance_type):
+    """:class:`OnlineStatistics` of a dict of every statistic (no copies)."""
+    extra = {name: a for name, a in arrays.items() if name not in _BASE}
+    return OnlineStatistics(arrays["nk"], arrays["sum_x"], arrays["sum_xx"], centers,
+                            covariance_type, extra)
 
 
 def online_covariance_type(covariance_type):
@@ -90,27 +123,49 @@ def online_covariance_type(covariance_type):
     return kind
 
 
-def make_statistics(nk, sum_x, sum_xx, centers, covariance_type):
+def make_statistics(nk, sum_x, sum_xx, centers, covariance_type, **extra):
     """:class:`OnlineStatistics` of float64 copies, with the shapes checked.
+
+    ``extra``: the type's further arrays by name (none for the Gaussian types;
+    'factor': ``sum_xz``, ``sum_z``, ``sum_zz``).
 
     Raises
     ------
     ValueError
-        An unknown ``covariance_type``, one without online statistics, or arrays
-        whose shapes do not agree.
+        An unknown ``covariance_type``, one without online statistics, arrays
+        whose shapes do not agree, or other ``extra`` arrays than the type's.
     """
     kind = online_covariance_type(covariance_type)
-    arrays = [np.array(a, dtype=np.float64) for a in (nk, sum_x, sum_xx, centers)]
-    nk, sum_x, sum_xx, centers = arrays
+    centers = np.array(centers, dtype=np.float64)
+    arrays = {name: np.array(a, dtype=np.float64) for name, a in
+              {"nk": nk, "sum_x": sum_x, "sum_xx": sum_xx, **extra}.items()}
     K, d = centers.shape if centers.ndim == 2 else (-1, -1)
-    expected = [(K,), (K, d), kind.second_moments_shape(K, d), (K, d)]
-    for name, a, shape in zip(("nk", "sum_x", "sum_xx", "centers"), arrays, expected,
-                              strict=False):
+    expected = kind.online_statistics_shapes(K, d, arrays)
+    if set(arrays) != set(expected):
+        raise ValueError(f"The running statistics of covariance_type="
+                         f"{covariance_type!r} are {', '.join(expected)}; got "
+                         f"{', '.join(arrays)}.")
+    checks = [(name, arrays[name], shape) for name, shape in expected.items()]
+    for name, a, shape in checks + [("centers", centers, (K, d))]:
         if a.shape != shape or K < 1:
             raise ValueError(f"{name} has shape {a.shape}; expected {shape} for "
                              f"covariance_type={covariance_type!r} and centers of "
                              f"shape {centers.shape}.")
-    return OnlineStatistics(nk, sum_x, sum_xx, centers, kind.name)
+    return _from_arrays({name: arrays[name] for name in expected}, centers, kind.name)
+
+
+def zero_statistics(centers, covariance_type, **shape_parameters):
+    """:class:`OnlineStatistics` of no rows around ``centers`` (K, d): zeros of the
+    type's shapes (``shape_parameters``: what they need beyond ``K`` and ``d``, e.g.
+    ``n_factors`` for 'factor', given to the type's ``for_params``)."""
+    kind = online_covariance_type(covariance_type)
+    if shape_parameters:
+        kind = kind.for_params(shape_parameters)
+    centers = np.array(centers, dtype=np.float64)
+    K, d = centers.shape
+    arrays = {name: np.zeros(shape)
+              for name, shape in kind.online_statistics_shapes(K, d).items()}
+    return _from_arrays(arrays, centers, kind.name)
 
 
 def check_step_parameters(learning_decay, learning_offset):
@@ -154,7 +209,7 @@ def step_size(step, learning_decay=DEFAULT_LEARNING_DECAY,
     return float((step + learning_offset) ** -learning_decay)
 
 
-def normalised(nk, sum_x, sum_xx, centers, total_weight, covariance_type):
+def normalised(nk, sum_x, sum_xx, centers, total_weight, covariance_type, **extra):
     """A batch's summed statistics divided by its total sample weight.
 
     Parameters
@@ -167,6 +222,8 @@ def normalised(nk, sum_x, sum_xx, centers, total_weight, covariance_type):
     total_weight : float
         ``sum_i w_i`` over the batch (its row count when unweighted), ``> 0``.
     covariance_type : str
+    **extra : ndarray
+        The type's further sums (:class:`OnlineStatistics`), divided alike.
 
     Returns
     -------
@@ -180,12 +237,24 @@ def normalised(nk, sum_x, sum_xx, centers, total_weight, covariance_type):
     total_weight = float(total_weight)
     if not 0.0 < total_weight < np.inf:
         raise ValueError(f"total_weight must be finite and > 0; got {total_weight}.")
-    stats = make_statistics(nk, sum_x, sum_xx, centers, covariance_type)
-    for a in (stats.nk, stats.sum_x, stats.sum_xx):
+    stats = make_statistics(nk, sum_x, sum_xx, centers, covariance_type, **extra)
+    for a in stats.arrays().values():
         a /= total_weight
     # ('full': from the upper triangles, as the M step reads them)
     get_covariance_type(covariance_type).symmetrised_second_moments(stats.sum_xx)
     return stats
+
+
+def batch_statistics(stats, centers, total_weight, covariance_type):
+    """:func:`normalised` of a pass's summed statistics ``stats`` (the engine's
+    ``SufficientStatistics``, 'factor''s ``FactorStatistics``: read by the names of
+    the type's running statistics) around ``centers``."""
+    centers = np.asarray(centers)
+    kind = online_covariance_type(covariance_type)
+    names = kind.online_statistics_shapes(*centers.shape, vars(stats))
+    arrays = {name: getattr(stats, name) for name in names}
+    return normalised(centers=centers, total_weight=total_weight,
+                      covariance_type=covariance_type, **arrays)
 
 
 def shift_centres(stats, new_centers):
@@ -194,10 +263,13 @@ def shift_centres(stats, new_centers):
     With ``delta_k = c'_k - c_k``: ``N'_k = N_k``, ``s'_k = s_k - N_k delta_k`` and
     ``S'_k = S_k - s_k delta_k^T - delta_k s_k^T + N_k delta_k delta_k^T`` (the
     expansion of ``sum r (x - c - delta)(x - c - delta)^T``); 'tied' sums the terms
-    over ``k``, 'diag' and 'spherical' keep the diagonal ``S_kj - 2 delta_kj s_kj +
-    N_k delta_kj^2``. Rounding: the terms are of the size of ``N_k delta_k^2``, so a
-    shift far larger than the spread loses about ``log10(delta^2 / variance)`` digits
-    of ``S`` (callers shift by the M step's own move, ``s_k / N_k``).
+    over ``k``, 'diag', 'spherical' and 'factor' keep the diagonal ``S_kj - 2
+    delta_kj s_kj + N_k delta_kj^2``; 'factor' also moves ``sum_xz' = sum_xz - delta
+    sum_z^T`` (the type's
+    :meth:`~emgmm.covariance.CovarianceType.shift_online_statistics`).
+    Rounding: the terms are of the size of ``N_k delta_k^2``, so a shift far
+    larger than the spread loses about ``log10(delta^2 / variance)`` digits of
+    ``S`` (callers shift by the M step's own move, ``s_k / N_k``).
 
     Parameters
     ----------
@@ -214,11 +286,9 @@ def shift_centres(stats, new_centers):
         raise ValueError(f"new_centers has shape {new.shape}; the statistics are "
                          f"around centres of shape {stats.centers.shape}.")
     delta = new - stats.centers
-    nk, s = stats.nk, stats.sum_x
     kind = online_covariance_type(stats.covariance_type)
-    S = kind.shift_second_moments(stats.sum_xx, nk, s, delta)
-    return OnlineStatistics(nk.copy(), s - nk[:, None] * delta, S, new,
-                            stats.covariance_type)
+    return _from_arrays(kind.shift_online_statistics(stats.arrays(), delta), new,
+                        stats.covariance_type)
 
 
 def stepwise_update(running, batch, eta):
@@ -245,8 +315,9 @@ def stepwise_update(running, batch, eta):
     eta = float(eta)
     if not 0.0 <= eta <= 1.0:
         raise ValueError(f"eta must be in [0, 1]; got {eta}.")
+    shapes = {name: a.shape for name, a in running.arrays().items()}
     if (batch.covariance_type != running.covariance_type
-            or batch.sum_xx.shape != running.sum_xx.shape
+            or {name: a.shape for name, a in batch.arrays().items()} != shapes
             or batch.centers.shape != running.centers.shape):
         raise ValueError("The batch's statistics do not match the running ones "
                          f"({batch.covariance_type}, {batch.sum_xx.shape} against "
@@ -254,11 +325,10 @@ def stepwise_update(running, batch, eta):
     if not np.array_equal(batch.centers, running.centers):
         batch = shift_centres(batch, running.centers)
     keep = 1.0 - eta
-    return OnlineStatistics(
-        keep * running.nk + eta * batch.nk,
-        keep * running.sum_x + eta * batch.sum_x,
-        keep * running.sum_xx + eta * batch.sum_xx,
-        running.centers.copy(), running.covariance_type)
+    other = batch.arrays()
+    return _from_arrays({name: keep * a + eta * other[name]
+                         for name, a in running.arrays().items()},
+                        running.centers.copy(), running.covariance_type)
 
 
 def implied_statistics(weights, means, covariances, reg_covar, covariance_type):
@@ -268,16 +338,21 @@ def implied_statistics(weights, means, covariances, reg_covar, covariance_type):
     ``Sigma_k = S_k / N_k - (s_k / N_k)(s_k / N_k)^T + reg_covar I``; its inverse
     around ``c_k = mu_k`` is ``N_k = w_k``, ``s_k = 0``, ``S_k = w_k (Sigma_k -
     reg_covar I)`` ('tied': ``sum_k w_k (Sigma - reg_covar I)``; 'spherical':
-    ``w_k (sigma_k^2 - reg_covar)`` in every feature). Up to the M step's ``10 eps``
-    added to ``N_k`` (scikit-learn's guard), which moves the model by ~1e-15 relative.
-    These are ``s_0`` of a stream that starts from a given model.
+    ``w_k (sigma_k^2 - reg_covar)`` in every feature; 'factor': the expected
+    statistics of the model's own distribution, ``sum_xz = w_k W_k``, ``sum_z = 0``,
+    ``sum_zz = w_k I``, ``sum_xx = w_k diag(W_k W_k^T + Psi_k - reg_covar I)``: the
+    type's :meth:`~emgmm.covariance.CovarianceType.implied_online_statistics`).
+    Up to the M step's ``10 eps`` added to ``N_k`` (scikit-learn's guard), which
+    moves the model by ~1e-15 relative. These are ``s_0`` of a stream that starts
+    from a given model.
 
     Parameters
     ----------
     weights : array-like of shape (K,)
     means : array-like of shape (K, d)
     covariances : array-like
-        scikit-learn's ``covariances_`` shapes.
+        scikit-learn's ``covariances_`` shapes ('factor': the packed loadings and
+        noise variances of the engine's model).
     reg_covar : float
     covariance_type : str
 
@@ -290,21 +365,35 @@ def implied_statistics(weights, means, covariances, reg_covar, covariance_type):
     cov = np.array(covariances, dtype=np.float64)
     K, d = means.shape
     kind = online_covariance_type(covariance_type)
-    S = kind.implied_second_moments(w, cov, reg_covar, d)
-    return make_statistics(w, np.zeros((K, d)), S, means, covariance_type)
+    moments = kind.implied_online_statistics(w, cov, reg_covar, d)
+    return make_statistics(w, np.zeros((K, d)), moments.pop("sum_xx"), means,
+                           covariance_type, **moments)
+
+
+def m_step(stats, reg_covar):
+    """Weights, means and covariances (the engine's layout) of running statistics:
+    the type's :meth:`~emgmm.covariance.CovarianceType.online_m_step` (the M step of
+    ``fit`` from the same statistics)."""
+    kind = online_covariance_type(stats.covariance_type)
+    return kind.online_m_step(stats, reg_covar)
 
 
 def to_arrays(stats, prefix="online_"):
-    """The statistics as a dict of arrays (for model files and checkpoints)."""
-    return {prefix + name: getattr(stats, name)
-            for name in ("nk", "sum_x", "sum_xx", "centers")}
+    """The statistics as a dict of arrays (for model files and checkpoints):
+    ``nk``, ``sum_x``, ``sum_xx``, the type's ``extra`` arrays, ``centers``."""
+    named = {**stats.arrays(), "centers": stats.centers}
+    return {prefix + name: a for name, a in named.items()}
 
 
 def from_arrays(arrays, covariance_type, prefix="online_"):
-    """Inverse of :func:`to_arrays`; shapes checked (:func:`make_statistics`)."""
-    return make_statistics(*(arrays[prefix + name]
-                             for name in ("nk", "sum_x", "sum_xx", "centers")),
-                           covariance_type)
+    """Inverse of :func:`to_arrays` (every entry of ``arrays`` named ``prefix`` and
+    other than the four common ones is one of the type's ``extra`` arrays); shapes
+    and names checked (:func:`make_statistics`)."""
+    common = ("nk", "sum_x", "sum_xx", "centers")
+    extra = {name[len(prefix):]: a for name, a in arrays.items()
+             if name.startswith(prefix) and name[len(prefix):] not in common}
+    return make_statistics(*(arrays[prefix + name] for name in common),
+                           covariance_type, **extra)
 
 
 #: A component whose running weight ``N_k`` falls below this fraction of the mean
@@ -363,6 +452,7 @@ def split_starved(stats, covariances, reg_covar, fraction=STARVED_FRACTION):
     if not starved:
         return stats, []
     nk, sum_x, sum_xx = nk.copy(), stats.sum_x.copy(), stats.sum_xx.copy()
+    extra = {name: a.copy() for name, a in stats.extra.items()}
     centers = stats.centers.copy()
     old_total = nk.sum()
     nk[starved] = 0.0
@@ -378,12 +468,18 @@ def split_starved(stats, covariances, reg_covar, fraction=STARVED_FRACTION):
         sum_x[pair] = 0.0
         centers[pair] = centers[h] - shift, centers[h] + shift
         if not kind.shared:
-            sum_xx[pair] = kind.implied_second_moments(
+            implied = kind.implied_online_statistics(
                 np.full(2, half), np.stack([covariance] * 2), reg_covar, d)
+            sum_xx[pair] = implied.pop("sum_xx")
+            for name, a in implied.items():
+                extra[name][pair] = a
             covariances[k] = covariance
         splits.append((k, h))
     total = nk.sum()
-    if kind.shared:
+    if kind.shared:  # (a shared type's arrays beyond N and s are all pooled)
         sum_xx *= total / old_total
+        for a in extra.values():
+            a *= total / old_total
     return (OnlineStatistics(nk / total, sum_x / total, sum_xx / total, centers,
-                             stats.covariance_type), splits)
+                             stats.covariance_type,
+                             {name: a / total for name, a in extra.items()}), splits)

@@ -24,7 +24,6 @@ from sklearn.utils import check_random_state
 from sklearn.utils.metaestimators import available_if
 
 from ..covariance.cholesky import factorize, ill_defined_message
-from ..covariance.m_step import m_step
 from ..engine import online
 from ..engine.degenerate import initial_factors
 from ..engine.model import Model
@@ -238,8 +237,7 @@ class OnlineMixin:
         """The model of the running statistics (the maximum-likelihood M step);
         a subclass with another update rule overrides it."""
         ct = self.covariance_type
-        weights, means, covariances = m_step(running, running.centers, self.reg_covar,
-                                             ct)
+        weights, means, covariances = online.m_step(running, self.reg_covar)
         u, bad = factorize(covariances, ct, compute_dtype)
         if bad:
             kind = self._kind()
@@ -261,8 +259,7 @@ class OnlineMixin:
                 np.asarray(model.precisions_cholesky, dtype=np.float64))
             running = online.implied_statistics(model.weights, model.means,
                                                 covariances, self.reg_covar, ct)
-        batch = online.normalised(stats.nk, stats.sum_x, stats.sum_xx, model.means,
-                                  plan.total_weight, ct)
+        batch = online.batch_statistics(stats, model.means, plan.total_weight, ct)
         step = getattr(self, "n_steps_", 0) + 1
         # a start estimated from this batch is no evidence beyond it: s_1 is the
         # batch's statistics under the start (the start gives only the E step)
