@@ -350,6 +350,13 @@ class CovarianceType(ABC):
         hw = weights[healthy] / weights[healthy].sum()
         return np.tensordot(hw, covariances[healthy], axes=1)
 
+    def stream_start_covariance(self, weights: np.ndarray,
+                                covariances: np.ndarray) -> np.ndarray | None:
+        """The one covariance every component of a stream's first batch starts
+        with (``partial_fit``): here :meth:`pooled_covariance` of all of them."""
+        return self.pooled_covariance(weights, covariances,
+                                      np.arange(len(weights)))
+
     def widest_axis(self, covariance: ArrayLike, n_features: int) -> np.ndarray:
         """One standard deviation along the widest axis of one component's
         ``covariance``, as a vector (d,) along that axis; here for covariances

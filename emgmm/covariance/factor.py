@@ -6,11 +6,13 @@ The kernels are those of :mod:`emgmm.covariance.factor_kernels`.
 import warnings
 
 import numpy as np
+from scipy.sparse.linalg import LinearOperator, eigsh
 
 from . import factor_kernels, factor_screen
-from .base import CovarianceType
+from .base import CovarianceType, widest_axis_of_matrix
 from .factor_kernels import (
     FactorPrecision,
+    FactorStatistics,
     bad_components,
     block_statistics,
     bytes_per_row,
@@ -30,6 +32,9 @@ from .factor_pairs import pair_statistics
 DENSE_ATTRIBUTES = ("covariances_", "precisions_", "precisions_cholesky_")
 #: Above this size (MiB) forming a dense attribute warns.
 DENSE_WARN_MIB = 256
+#: Up to this many features the widest axis of a component (a stream's split)
+#: comes from its dense covariance; above, from Lanczos on ``W W^T + Psi``.
+_DENSE_AXIS_FEATURES = 64
 
 # ------------------------------------------------------------ the covariance type
 #
@@ -367,3 +372,94 @@ class FactorCovariance(CovarianceType):
         W, psi = unpack_parameters(covariances)
         return [sample(rng, m[None], w[None], p[None], [int(c)])
                 for m, w, p, c in zip(means, W, psi, counts, strict=False)]
+
+    # ------------------------ stepwise online EM (engine/online.py), O(K d q)
+    #
+    # The running statistics are those of the M step (FactorStatistics): the
+    # complete-data sufficient statistics of the mixture of factor analysers,
+    # linear in E[z | x] and E[z z^T | x], with only the diagonal of the second
+    # moments (Ghahramani & Hinton 1996, section 3); stepwise EM (Cappe &
+    # Moulines 2009) moves them as the Gaussian types' statistics.
+    has_online_statistics = True
+
+    _ONLINE_LATENT = ("sum_xz", "sum_z", "sum_zz")
+
+    def second_moments_shape(self, n_components, n_features):
+        return (n_components, n_features)
+
+    def online_statistics_shapes(self, n_components, n_features, arrays=None):
+        """``nk`` (K,), ``sum_x`` (K, d), ``sum_xx`` (K, d) (the diagonals),
+        ``sum_xz`` (K, d, q), ``sum_z`` (K, q), ``sum_zz`` (K, q, q): ``O(K d q)``,
+        no ``(d, d)`` array. ``q`` is ``n_factors``, or read off ``arrays["sum_zz"]``
+        by the registry's instance."""
+        q = self.n_factors
+        if q is None and arrays is not None and "sum_zz" in arrays:
+            q = np.shape(arrays["sum_zz"])[-1] if np.ndim(arrays["sum_zz"]) else 0
+        q = self._q() if q is None else q
+        K, d = n_components, n_features
+        return {"nk": (K,), "sum_x": (K, d), "sum_xx": (K, d), "sum_xz": (K, d, q),
+                "sum_z": (K, q), "sum_zz": (K, q, q)}
+
+    def shift_online_statistics(self, arrays, delta):
+        """With ``u' = u - delta``: ``sum_xx' = sum_xx - 2 delta sum_x + N delta^2``,
+        ``sum_x' = sum_x - N delta``, ``sum_xz' = sum_xz - delta sum_z^T``;
+        ``nk``, ``sum_z`` and ``sum_zz`` unchanged (``E[z | x]`` does not depend on
+        the centres). New arrays."""
+        nk, s, z = arrays["nk"], arrays["sum_x"], arrays["sum_z"]
+        return {"nk": nk.copy(), "sum_x": s - nk[:, None] * delta,
+                "sum_xx": (arrays["sum_xx"] - 2.0 * delta * s
+                           + nk[:, None] * delta**2),
+                "sum_xz": arrays["sum_xz"] - delta[:, :, None] * z[:, None, :],
+                "sum_z": z.copy(), "sum_zz": arrays["sum_zz"].copy()}
+
+    def implied_online_statistics(self, weights, covariances, reg_covar, n_features):
+        """The expected statistics of the model's own distribution around its
+        means, per unit of weight: ``sum_zz = w_k I`` (``E[z z^T] = I``), ``sum_z =
+        0``, ``sum_xz = w_k W_k`` (``E[u z^T] = W``) and ``sum_xx = w_k (diag(W_k
+        W_k^T) + psi_k - reg_covar)``; the M step maps them back to ``(W_k, psi_k)``
+        (up to its ``10 eps`` guards). ``covariances``: packed (K, d + q, q + 1)."""
+        W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
+        w = np.asarray(weights, dtype=np.float64)
+        K, _, q = W.shape
+        return {"sum_xx": w[:, None] * ((W**2).sum(axis=2) + psi - reg_covar),
+                "sum_xz": w[:, None, None] * W, "sum_z": np.zeros((K, q)),
+                "sum_zz": w[:, None, None] * np.eye(q)}
+
+    def online_m_step(self, stats, reg_covar):
+        """:meth:`m_step` of the running statistics (as a
+        :class:`~emgmm.covariance.factor_kernels.FactorStatistics`)."""
+        arrays = stats.arrays()
+        fs = FactorStatistics(*(arrays[name] for name in FactorStatistics._ARRAYS),
+                              0.0, 0)
+        return self.m_step(fs, stats.centers, reg_covar)
+
+    def stream_start_covariance(self, weights, covariances):
+        """The components' pooled covariance ``sum_k w_k (W_k W_k^T + Psi_k)`` as
+        one factor analyser: the loadings are the top ``q`` singular directions of
+        ``[sqrt(w_k) W_k]_k`` (d, K q) times their singular values, ``psi`` keeps the
+        pooled diagonal (``>= min psi_k``). Not ``pooled_covariance``'s ``W = 0``:
+        ``W = 0`` is a fixed point of the factor EM (``E[z | x] = 0``, so the M step
+        gives ``W = 0`` again), and a stream started there never leaves it."""
+        W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
+        K, d, q = W.shape
+        w = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+        marginal = w @ (psi + (W**2).sum(axis=2))
+        stacked = np.concatenate(np.sqrt(w)[:, None, None] * W, axis=1)  # (d, K q)
+        U, s, _ = np.linalg.svd(stacked, full_matrices=False)
+        loadings = U[:, :q] * s[:q]
+        noise = np.maximum(marginal - (loadings**2).sum(axis=1), psi.min(axis=0))
+        return pack_parameters(loadings[None], noise[None])[0]
+
+    def widest_axis(self, covariance, n_features):
+        """One standard deviation along the leading eigenvector of one packed
+        component ``W W^T + diag(psi)``, by Lanczos on its ``O(d q)`` product
+        (no ``(d, d)`` matrix; a fixed start, so deterministic)."""
+        W, psi = unpack_parameters(np.asarray(covariance, dtype=np.float64))
+        d = W.shape[0]
+        if d <= _DENSE_AXIS_FEATURES:
+            return widest_axis_of_matrix(W @ W.T + np.diag(psi))
+        op = LinearOperator((d, d), matvec=lambda v: W @ (W.T @ v) + psi * v.ravel(),
+                            dtype=np.float64)
+        start = np.sqrt(psi + (W**2).sum(axis=1))
+        values, vectors = eigsh(op, k=1, which="LA", v0=start, tol=0.0)
+        return np.sqrt(max(values[0], 0.0)) * vectors[:, 0]

@@ -223,8 +223,7 @@ class OnlineMixin:
         """
         kind = model.kind
         K = len(model.weights)
-        pooled = kind.pooled_covariance(model.weights, model.covariances,
-                                        np.arange(K))
+        pooled = kind.stream_start_covariance(model.weights, model.covariances)
         if pooled is None:  # a shared covariance is pooled already
             return model
         covariances = np.stack([pooled] * K)
