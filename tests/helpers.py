@@ -52,6 +52,11 @@ def covariance_types_where(capability):
 VARIATIONAL_COVARIANCE_TYPES = covariance_types_where("variational")
 #: The types with the running statistics of partial_fit (stepwise online EM).
 ONLINE_COVARIANCE_TYPES = covariance_types_where("has_online_statistics")
+#: The online types in scikit-learn's layouts: the tests whose oracle keeps Gaussian
+#: moments of (d, d) matrices and gives ``precisions_init`` ('factor' streams its
+#: own statistics, tested against its own oracle in test_online/test_partial_fit).
+SKLEARN_ONLINE_COVARIANCE_TYPES = tuple(
+    name for name in ONLINE_COVARIANCE_TYPES if name in SKLEARN_COVARIANCE_TYPES)
 #: The start of the ConvergenceWarning of a fit that max_iter stopped: expected by the
 #: tests that run a fixed number of iterations (tol=0, or a small max_iter).
 NOT_CONVERGED = "Best performing initialization did not converge"

@@ -7,7 +7,7 @@ kernels only ever see the summed statistics.
 
 import numpy as np
 import pytest
-from helpers import ONLINE_COVARIANCE_TYPES
+from helpers import SKLEARN_ONLINE_COVARIANCE_TYPES
 
 from emgmm.engine import online
 
@@ -65,7 +65,7 @@ def _assert_stats(stats, expected, rtol=1e-12, atol=1e-12):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("ct", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("ct", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_normalised_divides_by_the_total_weight(ct):
     X, resp, w, c = _problem(0)
     stats = _stats(X, resp, w, c, ct)
@@ -73,7 +73,7 @@ def test_normalised_divides_by_the_total_weight(ct):
     np.testing.assert_allclose(stats.nk.sum(), 1.0, rtol=1e-14)
 
 
-@pytest.mark.parametrize("ct", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("ct", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_shift_centres_equals_the_statistics_summed_around_the_new_centres(ct):
     X, resp, w, c = _problem(1)
     new = c + np.random.default_rng(5).normal(size=c.shape)
@@ -105,7 +105,7 @@ def test_shift_centres_does_not_modify_its_input():
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("ct", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("ct", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_stepwise_update_is_the_convex_combination_around_the_running_centres(ct):
     XA, rA, wA, cA = _problem(4)
     XB, rB, wB, cB = _problem(5)  # summed around other centres
@@ -141,7 +141,7 @@ def test_step_size_refuses_out_of_range(kwargs, match):
         online.step_size(**kwargs)
 
 
-@pytest.mark.parametrize("ct", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("ct", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_alpha_one_t0_zero_gives_the_plain_average_of_the_batches(ct):
     """s_t = s_{t-1} + (1/t)(sbar_t - s_{t-1}) from any s_0: the mean of sbar_1..t,
     whatever centres each batch was summed around."""
@@ -156,7 +156,7 @@ def test_alpha_one_t0_zero_gives_the_plain_average_of_the_batches(ct):
                   rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("ct", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("ct", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_implied_statistics_invert_the_m_step(ct):
     X, resp, w, c = _problem(6)
     reg = 1e-3
@@ -225,7 +225,7 @@ def test_normalised_full_statistics_are_symmetrised_from_the_upper_triangles():
     np.testing.assert_array_equal(stats.sum_xx, np.swapaxes(stats.sum_xx, 1, 2))
 
 
-@pytest.mark.parametrize("ct", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("ct", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_split_starved_halves_the_heaviest_and_keeps_the_others(ct):
     """A component below a tenth of the mean weight takes half of the heaviest
     one's weight and its covariance, the two means half a standard deviation either

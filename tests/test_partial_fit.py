@@ -19,7 +19,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import ONLINE_COVARIANCE_TYPES, make_blobs_data
+from helpers import SKLEARN_ONLINE_COVARIANCE_TYPES, make_blobs_data
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 from sklearn.base import clone
@@ -160,7 +160,7 @@ def _online(X, ct, **params):
     return GaussianMixture(K, covariance_type=ct, **_inits(X, ct), **params)
 
 
-@pytest.mark.parametrize("covariance_type", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_alpha_one_t0_zero_is_the_plain_average_of_the_batches(X, covariance_type):
     """eta_t = 1/t: s_t is the mean of sbar_1..sbar_t, each under theta_{t-1}."""
     est = _online(X, covariance_type, learning_decay=1.0, learning_offset=0.0,
@@ -175,7 +175,7 @@ def test_alpha_one_t0_zero_is_the_plain_average_of_the_batches(X, covariance_typ
         assert_matches(est, oracle, rtol=1e-11)
 
 
-@pytest.mark.parametrize("covariance_type", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_default_schedule_starts_from_the_statistics_of_the_initial_model(
         X, covariance_type):
     est = _online(X, covariance_type)
@@ -196,7 +196,7 @@ def _pooled(weights, covariances, covariance_type):
     return np.stack([pooled] * len(weights))
 
 
-@pytest.mark.parametrize("covariance_type", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_first_call_is_one_em_iteration_from_the_pooled_start_of_its_batch(
         X, covariance_type):
     """The first call's start is the batch's own init (weights, means) with the
@@ -270,7 +270,7 @@ def test_fit_and_partial_fit_interact_as_in_scikit_learn(X, make):
     assert np.abs(_centres(fitted) - start).max() < 0.05 * X.std()
 
 
-@pytest.mark.parametrize("covariance_type", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_partial_fit_after_fit_continues_from_the_fitted_model(X, covariance_type):
     est = GaussianMixture(K, covariance_type=covariance_type, random_state=0).fit(X)
     oracle = _oracle_from(est, 0.7, 10.0)
@@ -293,7 +293,7 @@ def _continue_in_subprocess(model_path, batch_path, out_path, env=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("covariance_type", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_model_file_keeps_the_stream_for_another_process(X, tmp_path, covariance_type):
     batches = _batches(X)
     est = GaussianMixture(K, covariance_type=covariance_type, random_state=0)
@@ -508,7 +508,7 @@ def test_a_covariance_type_without_online_statistics_is_refused(X, monkeypatch):
         .fit(X).means_, rtol=1e-12)
 
 
-@pytest.mark.parametrize("covariance_type", ONLINE_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_ONLINE_COVARIANCE_TYPES)
 def test_running_statistics_stay_accurate_far_from_the_origin(X, covariance_type):
     """The same stream moved by 1e6: centred running statistics keep the
     covariances to 1e-9 (1e-11 measured); uncentred moments (the oracle's, of
