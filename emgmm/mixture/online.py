@@ -293,10 +293,20 @@ class OnlineMixin:
 
     # ------------------------------------------------------------- checkpoint
 
+    def _model_fields(self):
+        """The fitted arrays a stream's checkpoint keeps: weights, means and those
+        of the type's attributes in ``_MODEL_FIELDS``, then the rest of what model
+        files store ('factor': ``loadings``, ``noise_variance``; never a dense
+        attribute that the type forms on demand)."""
+        kind = self._kind()
+        names = [name for name in _MODEL_FIELDS if name in ("weights", "means")
+                 or name + "_" in kind.attribute_names]
+        return names + [name for name in kind.stored_shapes(1, 1) if name not in names]
+
     def _stream_state(self):
         """The stream as float64 arrays and JSON metadata."""
         arrays = {name: np.asarray(getattr(self, name + "_"), dtype=np.float64)
-                  for name in _MODEL_FIELDS}
+                  for name in self._model_fields()}
         if getattr(self, "_online_statistics", None) is not None:
             arrays.update(online.to_arrays(self._online_statistics))
         meta = {"n_steps": int(self.n_steps_),
@@ -309,10 +319,11 @@ class OnlineMixin:
 
     def _set_stream_state(self, arrays, meta):
         dtype = np.dtype(meta["attributes_dtype"])
-        for name in _MODEL_FIELDS:
+        for name in self._model_fields():
             setattr(self, name + "_", arrays[name].astype(dtype))
-        self.precisions_ = self._kind().precisions_from_cholesky(
-            arrays["precisions_cholesky"].astype(dtype))
+        if "precisions_cholesky" in arrays:  # (else formed on demand: 'factor')
+            self.precisions_ = self._kind().precisions_from_cholesky(
+                arrays["precisions_cholesky"].astype(dtype))
         self._online_statistics = (online.from_arrays(arrays, self.covariance_type)
                                    if "online_nk" in arrays else None)
         self.n_steps_ = meta["n_steps"]
