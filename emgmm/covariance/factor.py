@@ -393,8 +393,10 @@ class FactorCovariance(CovarianceType):
         no ``(d, d)`` array. ``q`` is ``n_factors``, or read off ``arrays["sum_zz"]``
         by the registry's instance."""
         q = self.n_factors
-        if q is None and arrays is not None and "sum_zz" in arrays:
-            q = np.shape(arrays["sum_zz"])[-1] if np.ndim(arrays["sum_zz"]) else 0
+        if q is None and arrays is not None:
+            # (-1 without sum_zz: the names then differ, which is the error)
+            zz = arrays.get("sum_zz")
+            q = np.shape(zz)[-1] if zz is not None and np.ndim(zz) else -1
         q = self._q() if q is None else q
         K, d = n_components, n_features
         return {"nk": (K,), "sum_x": (K, d), "sum_xx": (K, d), "sum_xz": (K, d, q),

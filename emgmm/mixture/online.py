@@ -120,10 +120,13 @@ class OnlineMixin:
         after the call, and takes the M step (Cappé and Moulines 2009; Liang and
         Klein 2009; see :mod:`emgmm.engine.online`). ``sbar_t`` are the batch's
         statistics divided by its total weight, ``s_0`` those the M step maps to
-        the starting model. With ``on_degenerate='reinit'``, a component whose
-        running weight falls below a tenth of the mean weight is re-seeded by
-        splitting the heaviest one (:func:`emgmm.engine.online.split_starved`,
-        with a ``UserWarning``). A fitted estimator (``fit``, ``load_model``) continues
+        the starting model. The statistics are the covariance type's:
+        ``N_k``, ``s_k`` and ``S_k`` (its layout) for the Gaussian types; for
+        'factor' the diagonals of ``S_k`` and the factors' posterior moments,
+        ``O(K d q)`` (docs/online.rst). With ``on_degenerate='reinit'``, a
+        component whose running weight falls below a tenth of the mean weight is
+        re-seeded by splitting the heaviest one
+        (:func:`emgmm.engine.online.split_starved`, with a ``UserWarning``). A fitted estimator (``fit``, ``load_model``) continues
         from its parameters, ``t`` counting on from ``n_steps_`` (0 after ``fit``);
         ``fit`` starts afresh, as for scikit-learn's ``MiniBatchKMeans``, and
         ``clone`` drops the stream. ``tol``, ``max_iter``, ``n_init`` and
@@ -149,7 +152,9 @@ class OnlineMixin:
         Raises
         ------
         ValueError
-            Invalid parameters, data or weights (naming the row), features other
+            A covariance type without running statistics (all the built-in
+            ones have them), invalid parameters, data or weights (naming the
+            row), features other
             than the stream's, a covariance that is not positive definite after
             the step (whatever ``on_degenerate``: a stream re-seeds only starved
             components), or a
