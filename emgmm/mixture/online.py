@@ -126,7 +126,8 @@ class OnlineMixin:
         ``O(K d q)`` (docs/online.rst). With ``on_degenerate='reinit'``, a
         component whose running weight falls below a tenth of the mean weight is
         re-seeded by splitting the heaviest one
-        (:func:`emgmm.engine.online.split_starved`, with a ``UserWarning``). A fitted estimator (``fit``, ``load_model``) continues
+        (:func:`emgmm.engine.online.split_starved`, with a ``UserWarning``). A
+        fitted estimator (``fit``, ``load_model``) continues
         from its parameters, ``t`` counting on from ``n_steps_`` (0 after ``fit``);
         ``fit`` starts afresh, as for scikit-learn's ``MiniBatchKMeans``, and
         ``clone`` drops the stream. ``tol``, ``max_iter``, ``n_init`` and
