@@ -273,30 +273,29 @@ def test_a_temp_folder_that_does_not_exist_is_refused_at_fit(X, tmp_path, n_jobs
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder,
-                                                   monkeypatch):
+def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder):
     """A value whose squares overflow (1e200), written into the workers' copy of X at
     a late row (the copy of a checked array is not checked for NaN again): a worker
     raises."""
-    real_copy = ArraySource.copy_for_workers
+    class Spoiling(ArraySource):
+        """The array whose copy for the workers is spoilt once it is written."""
 
-    def copy_and_spoil(self, parent):
-        folder, source = real_copy(self, parent)
-        state = os.stat(source.filename)
-        mm = np.load(source.filename, mmap_mode="r+")
-        mm[1400, 2] = 1e200
-        mm.flush()
-        del mm
-        # behind the source's back: a file whose modification time changed since the
-        # source was made is refused as replaced before any row is read
-        os.utime(source.filename, ns=(state.st_atime_ns, state.st_mtime_ns))
-        return folder, source
+        def copy_for_workers(self, parent):
+            folder, source = super().copy_for_workers(parent)
+            state = os.stat(source.filename)
+            mm = np.load(source.filename, mmap_mode="r+")
+            mm[1400, 2] = 1e200
+            mm.flush()
+            del mm
+            # behind the source's back: a file whose modification time changed since
+            # the source was made is refused as replaced before any row is read
+            os.utime(source.filename, ns=(state.st_atime_ns, state.st_mtime_ns))
+            return folder, source
 
-    monkeypatch.setattr(ArraySource, "copy_for_workers", copy_and_spoil)
     est = GaussianMixture(4, n_jobs=2, schedule=schedule, block_size=53, random_state=0,
                           max_iter=3)
     with pytest.raises(ValueError, match=r"Row 1400 of X: .* at column 2;"):
-        est.fit(X)
+        est.fit(Spoiling(np.asarray(X)))
     assert not hasattr(est, "means_")  # the estimator keeps its previous state
     assert os.listdir(temp_folder) == []
 
