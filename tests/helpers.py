@@ -48,6 +48,58 @@ def covariance_types_where(capability):
     return tuple(name for name, kind in REGISTRY.items() if getattr(kind, capability))
 
 
+#: A value for each estimator parameter that a registered type may declare in its
+#: ``CovarianceType.parameters``, given the data's number of features: the generic
+#: tests read from here what a type needs (:func:`type_settings`). A type declaring
+#: a parameter not named here fails those tests until its value is added.
+TYPE_PARAMETER_VALUES = {
+    # fewer factors than features, so that the noise variances are not the whole fit
+    "n_factors": lambda n_features: min(2, n_features - 1),
+}
+
+
+def type_settings(covariance_type, n_features):
+    """The estimator settings that select ``covariance_type`` on data of
+    ``n_features`` features: ``covariance_type`` and a value of each parameter the
+    type declares (``CovarianceType.parameters``, from :data:`TYPE_PARAMETER_VALUES`),
+    e.g. ``{"covariance_type": "factor", "n_factors": 2}``. Pass them as
+    ``GaussianMixture(**type_settings(ct, X.shape[1]), ...)``."""
+    kind = REGISTRY[covariance_type]
+    settings = {"covariance_type": covariance_type}
+    for name in kind.parameters:
+        if name not in TYPE_PARAMETER_VALUES:
+            raise KeyError(f"covariance_type={covariance_type!r} declares the "
+                           f"parameter {name!r}: give it a value in "
+                           "helpers.TYPE_PARAMETER_VALUES")
+        settings[name] = TYPE_PARAMETER_VALUES[name](n_features)
+    return settings
+
+
+def accepts_precisions_init(covariance_type):
+    """Whether the type takes ``precisions_init`` (its
+    ``precisions_cholesky_from_precisions`` does not refuse one): 'factor' refuses
+    it, its components being defined by loadings and noise variances."""
+    kind = REGISTRY[covariance_type]
+    try:
+        kind.precisions_cholesky_from_precisions(np.ones((1, 1, 1)))
+    except ValueError as error:
+        return "not supported" not in str(error)
+    return True
+
+
+#: The registered types that take ``precisions_init``.
+PRECISIONS_INIT_COVARIANCE_TYPES = tuple(
+    name for name in REGISTRY if accepts_precisions_init(name))
+def covariance_type_params(slow_beyond_sklearn=False):
+    """:data:`COVARIANCE_TYPES` as ``pytest.param``; with ``slow_beyond_sklearn``,
+    the types that scikit-learn does not have carry the ``slow`` marker (for a test
+    whose cases of those types take 0.5 s or more where the others do not)."""
+    return tuple(
+        pytest.param(name, marks=pytest.mark.slow)
+        if slow_beyond_sklearn and name not in SKLEARN_COVARIANCE_TYPES else name
+        for name in COVARIANCE_TYPES)
+
+
 #: The types with the conjugate prior of BayesianGaussianMixture.
 VARIATIONAL_COVARIANCE_TYPES = covariance_types_where("variational")
 #: The types with the running statistics of partial_fit (stepwise online EM).
@@ -282,29 +334,32 @@ def assert_same_state(a, b, rtol=None, precision_rtol=None):
 
 
 def dense_covariances(gm):
-    """(K, d, d) covariances of a fitted model of one of scikit-learn's types."""
+    """(K, d, d) covariances of a fitted model: its ``covariances_`` read by their
+    layout (a matrix per component, as 'full' and the dense ``covariances_`` of
+    'factor'; one shared matrix; variances per component; one variance each)."""
     K, d = gm.means_.shape
     c = np.asarray(gm.covariances_, dtype=np.float64)
-    if gm.covariance_type == "full":
+    if c.ndim == 3:
         return c
-    if gm.covariance_type == "tied":
+    if get_covariance_type(gm.covariance_type).shared:
         return np.stack([c] * K)
-    if gm.covariance_type == "diag":
+    if c.ndim == 2:
         return np.stack([np.diag(v) for v in c])
     return np.stack([np.eye(d) * v for v in c])
 
 
 def variances(gm):
-    """(K, d) variances of a fitted model of one of scikit-learn's types."""
+    """(K, d) variances of a fitted model."""
     return np.diagonal(dense_covariances(gm), axis1=1, axis2=2)
 
 
 def assert_variances_at_least(gm, reg_covar):
-    """Every variance >= reg_covar (the data's own variance is >= 0). One rounding of
-    the sum reg_covar + variance into the output dtype may fall 1 ulp below."""
+    """Every variance >= reg_covar (the data's own variance is >= 0), and so every
+    eigenvalue of a covariance matrix. One rounding of the sum reg_covar + variance
+    into the output dtype may fall 1 ulp below."""
     eps = np.finfo(gm.covariances_.dtype).eps
     assert np.all(variances(gm) >= reg_covar * (1 - 2 * eps)), variances(gm)
-    if gm.covariance_type in ("full", "tied"):
+    if np.ndim(gm.covariances_) == 3 or get_covariance_type(gm.covariance_type).shared:
         covs = dense_covariances(gm)
         eig = np.linalg.eigvalsh(covs)
         # eigenvalues of the *stored* matrix: rounding each entry to the output dtype

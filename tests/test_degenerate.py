@@ -5,6 +5,7 @@ import warnings
 import numpy as np
 import pytest
 from helpers import (
+    COVARIANCE_TYPES,
     PARAMS,
     SKLEARN_COVARIANCE_TYPES,
     assert_bound_monotone,
@@ -12,6 +13,7 @@ from helpers import (
     assert_variances_at_least,
     min_eigenvalues,
     not_converging,
+    type_settings,
 )
 from numpy.testing import assert_allclose
 from sklearn.exceptions import ConvergenceWarning
@@ -296,11 +298,11 @@ def test_a_k_means_singleton_is_kept_as_scikit_learn_keeps_it():
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("init_params", ["kmeans", "k-means++", "random",
                                          "random_from_data"])
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_case_c08_exact_duplicates_give_a_finite_model_of_two_clusters(
         covariance_type, init_params, dtype):
     X = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0).astype(dtype)
-    gm = GaussianMixture(n_components=5, covariance_type=covariance_type,
+    gm = GaussianMixture(n_components=5, **type_settings(covariance_type, X.shape[1]),
                          init_params=init_params, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # KMeans warns about 2 distinct points

@@ -8,21 +8,23 @@ import warnings
 import numpy as np
 import pytest
 from helpers import (
-    SKLEARN_COVARIANCE_TYPES,
+    COVARIANCE_TYPES,
     assert_variances_at_least,
     quiet_fit,
+    type_settings,
     variances,
 )
 from numpy.testing import assert_allclose, assert_array_equal
 
 from emgmm import GaussianMixture
+from emgmm.covariance import get_covariance_type
 
 
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_case_c07_two_float32_points_keep_variances_above_reg_covar(covariance_type):
     X32 = np.array([[9999.0], [0.0]], dtype=np.float32)
-    kw = dict(n_components=2, reg_covar=0.1, covariance_type=covariance_type,
-              random_state=0)
+    kw = dict(n_components=2, reg_covar=0.1, random_state=0,
+              **type_settings(covariance_type, X32.shape[1]))
     g32 = quiet_fit(GaussianMixture(**kw), X32)
     g64 = quiet_fit(GaussianMixture(**kw), X32.astype(np.float64))
     for gm in (g32, g64):
@@ -32,18 +34,18 @@ def test_case_c07_two_float32_points_keep_variances_above_reg_covar(covariance_t
     order32, order64 = np.argsort(g32.means_.ravel()), np.argsort(g64.means_.ravel())
     assert_allclose(g32.means_[order32], g64.means_[order64], rtol=1e-5, atol=1e-5)
     assert_allclose(g32.weights_[order32], g64.weights_[order64], rtol=1e-5)
-    if covariance_type != "tied":
+    if not get_covariance_type(covariance_type).shared:
         assert_allclose(g32.covariances_[order32], g64.covariances_[order64], rtol=1e-5)
     else:
         assert_allclose(g32.covariances_, g64.covariances_, rtol=1e-5)
 
 
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_case_c07_exact_copies_far_apart_float32(covariance_type):
     locs = np.array([0.0, 1e3, 1e4])
     X32 = np.repeat(locs, 50).reshape(-1, 1).astype(np.float32)
-    kw = dict(n_components=3, reg_covar=0.1, covariance_type=covariance_type,
-              random_state=0)
+    kw = dict(n_components=3, reg_covar=0.1, random_state=0,
+              **type_settings(covariance_type, X32.shape[1]))
     g32 = quiet_fit(GaussianMixture(**kw), X32)
     g64 = quiet_fit(GaussianMixture(**kw), X32.astype(np.float64))
     for gm in (g32, g64):
@@ -55,11 +57,11 @@ def test_case_c07_exact_copies_far_apart_float32(covariance_type):
         assert_allclose(np.sort(gm.weights_), [1 / 3] * 3, rtol=1e-5)
     o32, o64 = np.argsort(g32.means_.ravel()), np.argsort(g64.means_.ravel())
     assert_allclose(g32.means_[o32], g64.means_[o64], rtol=1e-5, atol=1e-5)
-    if covariance_type != "tied":
+    if not get_covariance_type(covariance_type).shared:
         assert_allclose(g32.covariances_[o32], g64.covariances_[o64], rtol=1e-5)
 
 
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_case_c07_spread_far_from_origin_float32(covariance_type):
     """Sibling: two clusters of spread 0.05 at 1e4 and 1e4 + 5 (float32 keeps ~1e-3
     resolution there). Variances from centred float64 statistics match the float64 fit
@@ -68,14 +70,14 @@ def test_case_c07_spread_far_from_origin_float32(covariance_type):
     X = np.concatenate([1e4 + 0.05 * rng.standard_normal(200),
                         1e4 + 5 + 0.05 * rng.standard_normal(200)])
     X32 = X.reshape(-1, 1).astype(np.float32)
-    kw = dict(n_components=2, reg_covar=1e-6, covariance_type=covariance_type,
-              random_state=0)
+    kw = dict(n_components=2, reg_covar=1e-6, random_state=0,
+              **type_settings(covariance_type, X32.shape[1]))
     g32 = quiet_fit(GaussianMixture(**kw), X32)
     g64 = quiet_fit(GaussianMixture(**kw), X32.astype(np.float64))
     o32, o64 = np.argsort(g32.means_.ravel()), np.argsort(g64.means_.ravel())
     assert_allclose(g32.means_[o32], g64.means_[o64], rtol=1e-7)
     v32, v64 = variances(g32), variances(g64)
-    if covariance_type != "tied":
+    if not get_covariance_type(covariance_type).shared:
         v32, v64 = v32[o32], v64[o64]
     # the variance (~2.5e-3) of data whose float32 spacing is ~1e-3: rounding of x - mu
     # in float32 is <= u * |mu| ~ 6e-4 per row, unbiased; 1e-2 relative is a few times
@@ -84,7 +86,7 @@ def test_case_c07_spread_far_from_origin_float32(covariance_type):
     assert np.all(v32 > 0)
 
 
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 @pytest.mark.parametrize("offset", [1e4, 1e6, 1e8])
 def test_case_c07_float32_far_from_the_origin(offset, covariance_type):
     """A sibling of C07: float32 blobs (std 100) far from the origin, computed in
@@ -94,8 +96,9 @@ def test_case_c07_float32_far_from_the_origin(offset, covariance_type):
     X = np.vstack([rng.normal(size=(500, 2)) * 100 + offset,
                    rng.normal(size=(500, 2)) * 100 + offset + [800.0, 0.0]])
     X = X.astype(np.float32)
-    kw = dict(n_components=2, covariance_type=covariance_type, tol=0.0, max_iter=20,
-              means_init=X[[0, 600]].astype(np.float64), random_state=0)
+    kw = dict(n_components=2, tol=0.0, max_iter=20,
+              means_init=X[[0, 600]].astype(np.float64), random_state=0,
+              **type_settings(covariance_type, X.shape[1]))
     got = quiet_fit(GaussianMixture(**kw), X)
     want = quiet_fit(GaussianMixture(**kw), X.astype(np.float64))
     assert got.covariances_.dtype == np.float32

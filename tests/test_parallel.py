@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 from helpers import (
+    COVARIANCE_TYPES,
     PARAMS,
     SKLEARN_COVARIANCE_TYPES,
     PlanSpy,
@@ -30,6 +31,7 @@ from helpers import (
     make_blobs_data,
     not_converging,
     quiet_fit,
+    type_settings,
 )
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
@@ -75,10 +77,11 @@ def X():
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_n_jobs_2_equals_n_jobs_1_bitwise(X, schedule, covariance_type, temp_folder):
-    one = fit(X, n_jobs=1, schedule=schedule, covariance_type=covariance_type)
-    two = fit(X, n_jobs=2, schedule=schedule, covariance_type=covariance_type)
+    settings = type_settings(covariance_type, X.shape[1])
+    one = fit(X, n_jobs=1, schedule=schedule, **settings)
+    two = fit(X, n_jobs=2, schedule=schedule, **settings)
     assert_same_state(one, two)
     assert emgmm_entries(temp_folder) == []
 
@@ -88,10 +91,11 @@ def test_n_jobs_4_equals_n_jobs_1_bitwise(X):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_schedules_agree(X, covariance_type):
-    rows = fit(X, n_jobs=2, schedule="rows", covariance_type=covariance_type)
-    comps = fit(X, n_jobs=2, schedule="components", covariance_type=covariance_type)
+    settings = type_settings(covariance_type, X.shape[1])
+    rows = fit(X, n_jobs=2, schedule="rows", **settings)
+    comps = fit(X, n_jobs=2, schedule="components", **settings)
     assert_same_state(rows, comps, rtol=1e-12)
     # fit_predict and the final E step do not depend on the schedule
     assert_array_equal(rows.predict(X), comps.predict(X))
@@ -269,30 +273,29 @@ def test_a_temp_folder_that_does_not_exist_is_refused_at_fit(X, tmp_path, n_jobs
 
 
 @pytest.mark.parametrize("schedule", ["rows", "components"])
-def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder,
-                                                   monkeypatch):
+def test_no_temp_folder_left_after_a_worker_raised(X, schedule, temp_folder):
     """A value whose squares overflow (1e200), written into the workers' copy of X at
     a late row (the copy of a checked array is not checked for NaN again): a worker
     raises."""
-    real_copy = ArraySource.copy_for_workers
+    class Spoiling(ArraySource):
+        """The array whose copy for the workers is spoilt once it is written."""
 
-    def copy_and_spoil(self, parent):
-        folder, source = real_copy(self, parent)
-        state = os.stat(source.filename)
-        mm = np.load(source.filename, mmap_mode="r+")
-        mm[1400, 2] = 1e200
-        mm.flush()
-        del mm
-        # behind the source's back: a file whose modification time changed since the
-        # source was made is refused as replaced before any row is read
-        os.utime(source.filename, ns=(state.st_atime_ns, state.st_mtime_ns))
-        return folder, source
+        def copy_for_workers(self, parent):
+            folder, source = super().copy_for_workers(parent)
+            state = os.stat(source.filename)
+            mm = np.load(source.filename, mmap_mode="r+")
+            mm[1400, 2] = 1e200
+            mm.flush()
+            del mm
+            # behind the source's back: a file whose modification time changed since
+            # the source was made is refused as replaced before any row is read
+            os.utime(source.filename, ns=(state.st_atime_ns, state.st_mtime_ns))
+            return folder, source
 
-    monkeypatch.setattr(ArraySource, "copy_for_workers", copy_and_spoil)
     est = GaussianMixture(4, n_jobs=2, schedule=schedule, block_size=53, random_state=0,
                           max_iter=3)
     with pytest.raises(ValueError, match=r"Row 1400 of X: .* at column 2;"):
-        est.fit(X)
+        est.fit(Spoiling(np.asarray(X)))
     assert not hasattr(est, "means_")  # the estimator keeps its previous state
     assert os.listdir(temp_folder) == []
 
@@ -372,23 +375,24 @@ class ThreadSpy:
         return Recording(np.asarray(X))
 
 
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_row_threads_equal_serial_bitwise(X, covariance_type, monkeypatch):
     """n_jobs=None runs the row tasks of a pass in threads (one BLAS thread each) when
     BLAS may use several threads; the result is the serial one, bit for bit."""
     from threadpoolctl import threadpool_limits
 
+    settings = type_settings(covariance_type, X.shape[1])
     monkeypatch.setattr(memory, "ROW_THREAD_MIN_WORK", 1)
     spy = ThreadSpy()
     before = parallel.blas_thread_count()
     with threadpool_limits(limits=2, user_api="blas"):
-        threaded = fit(spy.source(X), n_jobs=None, covariance_type=covariance_type,
+        threaded = fit(spy.source(X), n_jobs=None, **settings,
                        callback=spy)
         threaded_blas = set(spy.task_blas)
         assert parallel.blas_thread_count() == 2  # restored after the fit
-        explicit_one = fit(X, n_jobs=1, covariance_type=covariance_type, callback=spy)
+        explicit_one = fit(X, n_jobs=1, **settings, callback=spy)
     with threadpool_limits(limits=1, user_api="blas"):
-        serial = fit(X, n_jobs=None, covariance_type=covariance_type, callback=spy)
+        serial = fit(X, n_jobs=None, **settings, callback=spy)
     assert parallel.blas_thread_count() == before
     assert spy.row_threads == [min(2, joblib.cpu_count()), 0, 0]
     assert_same_state(explicit_one, serial)

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from helpers import (
     COVARIANCE_TYPES,
-    SKLEARN_COVARIANCE_TYPES,
     dense_covariances,
     quiet_fit,
     quiet_fit_predict,
+    type_settings,
 )
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
@@ -39,14 +39,14 @@ def oracle_log_resp(gm, X):
 
 @pytest.mark.parametrize("max_iter", [2, 100])
 @pytest.mark.parametrize("n_init", [1, 5])
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_case_c01_fit_predict_equals_fit_then_predict(covariance_type, n_init,
                                                       max_iter):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((1000, 5))
     for seed in ((0, 1) if max_iter == 2 else (0,)):
-        kw = dict(n_components=5, n_init=n_init, covariance_type=covariance_type,
-                  max_iter=max_iter, random_state=seed)
+        kw = dict(n_components=5, n_init=n_init, max_iter=max_iter, random_state=seed,
+                  **type_settings(covariance_type, X.shape[1]))
         gm = GaussianMixture(**kw)
         labels = quiet_fit_predict(gm, X)
         # same object: the labels of the final E step are those of predict

@@ -8,7 +8,12 @@ import re
 import joblib
 import numpy as np
 import pytest
-from helpers import COVARIANCE_TYPES, SKLEARN_COVARIANCE_TYPES, make_blobs_data
+from helpers import (
+    SKLEARN_COVARIANCE_TYPES,
+    covariance_type_params,
+    make_blobs_data,
+    type_settings,
+)
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.base import clone
 from sklearn.decomposition import PCA
@@ -87,7 +92,8 @@ def test_pipeline_scaler_pca_gmm(X):
 
 @pytest.mark.slow
 def test_grid_search_over_n_components_and_covariance_type(X):
-    grid = {"n_components": [1, 2, 3, 4], "covariance_type": list(COVARIANCE_TYPES)}
+    grid = {"n_components": [1, 2, 3, 4],
+            "covariance_type": list(SKLEARN_COVARIANCE_TYPES)}  # both estimators
     cv = KFold(3, shuffle=True, random_state=0)
     gs_em = GridSearchCV(GaussianMixture(random_state=0), grid, cv=cv).fit(X)
     gs_sk = GridSearchCV(SkGaussianMixture(random_state=0), grid, cv=cv).fit(X)
@@ -202,9 +208,10 @@ def test_n_jobs_zero_is_refused_naming_the_parameter(X):
     assert GaussianMixture(2, n_jobs=-2, random_state=0).fit(X).n_iter_ >= 1
 
 
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type",
+                         covariance_type_params(slow_beyond_sklearn=True))
 def test_pickle_and_joblib_round_trips(X, tmp_path, covariance_type):
-    gm = GaussianMixture(n_components=3, covariance_type=covariance_type,
+    gm = GaussianMixture(n_components=3, **type_settings(covariance_type, X.shape[1]),
                          random_state=0).fit(X)
     expected = (gm.predict(X), gm.predict_proba(X), gm.score_samples(X), gm.score(X))
 

@@ -15,15 +15,18 @@ import h5py
 import numpy as np
 import pytest
 from helpers import (
+    COVARIANCE_TYPES,
     FILE_KINDS,
     IGNORE_NOT_CONVERGED,
     PARAMS,
-    SKLEARN_COVARIANCE_TYPES,
     SOURCE_KINDS,
+    accepts_precisions_init,
+    covariance_type_params,
     file_fingerprint,
     make_blobs_data,
     not_converging,
     quiet_fit,
+    type_settings,
 )
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
@@ -35,20 +38,22 @@ from emgmm.io.sources import MemmapSource, as_source
 from emgmm.runtime import memory
 
 N = 200  # 7 and 64 do not divide 200
+D = 3  # the features of the module's data
 BLOCK_SIZES = (1, 7, 64, N)
 
 
 @pytest.fixture(scope="module")
 def data():
-    X = make_blobs_data(N, 3, 3, seed=5)
+    X = make_blobs_data(N, D, 3, seed=5)
     X.setflags(write=False)
     return X
 
 
-def fit(X, covariance_type="full", **kw):
-    params = dict(n_components=3, covariance_type=covariance_type, random_state=0,
-                  tol=0.0,
-                  max_iter=6)
+def fit(X, covariance_type="full", n_features=D, **kw):
+    """A short fit (6 iterations) of ``X``, which has ``n_features`` features, with
+    the settings ``covariance_type`` needs (``type_settings``)."""
+    params = dict(n_components=3, random_state=0, tol=0.0, max_iter=6,
+                  **type_settings(covariance_type, n_features))
     params.update(kw)
     with not_converging():
         return GaussianMixture(**params).fit(X)
@@ -98,7 +103,8 @@ def test_same_result_any_source_and_block_size(make_sources, data, kind, block_s
 
 @pytest.mark.parametrize("block_size", (7, N))
 @pytest.mark.parametrize("kind", ("memmap", "npy", "h5", "h5_string"))
-@pytest.mark.parametrize("covariance_type", ("tied", "diag", "spherical"))
+@pytest.mark.parametrize("covariance_type",
+                         [ct for ct in COVARIANCE_TYPES if ct != "full"])  # above
 def test_same_result_other_covariance_types(make_sources, data, covariance_type, kind,
                                             block_size):
     ref = reference(data, covariance_type)
@@ -117,7 +123,7 @@ def test_fit_predict_from_file_equals_fit_then_predict(make_sources, data):
 @pytest.mark.slow
 @pytest.mark.parametrize("block_size", (1, 7, 64))
 @pytest.mark.parametrize("kind", ("memmap", "h5_chunked"))
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_float32_sources_agree(make_sources, data, covariance_type, kind, block_size):
     """float32 data: the fitted attributes are float32 (like sklearn's), so 1e-10 is
     below their resolution. With statistics accumulated in float64 (the contract), a
@@ -131,7 +137,8 @@ def test_float32_sources_agree(make_sources, data, covariance_type, kind, block_
     assert_same_fit(gm, ref, rtol=2 * float(np.finfo(np.float32).eps))
 
 
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type",
+                         covariance_type_params(slow_beyond_sklearn=True))
 @pytest.mark.filterwarnings(IGNORE_NOT_CONVERGED)  # 10 iterations, tol=0
 def test_float32_lower_bound_is_the_score_of_the_returned_model(covariance_type):
     """float32 data: the fitted attributes are rounded to float32, and lower_bound_
@@ -142,14 +149,14 @@ def test_float32_lower_bound_is_the_score_of_the_returned_model(covariance_type)
     X = (np.vstack([rng.normal(c, s, (600, 4)) for c, s in ((-3, 1), (0, 0.01), (3,
                                                                                  2))])
          + 1e5).astype(np.float32)
-    gm = GaussianMixture(3, covariance_type=covariance_type, random_state=0,
-                         max_iter=10, tol=0.0, n_init=2).fit(X)
+    gm = GaussianMixture(3, **type_settings(covariance_type, X.shape[1]),
+                         random_state=0, max_iter=10, tol=0.0, n_init=2).fit(X)
     assert gm.means_.dtype == np.float32
     assert gm.lower_bound_ == gm.score(X)
     assert_array_equal(gm.fit_predict(X), gm.predict(X))
 
 
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_compute_dtype_float64_also_scores_float32_data_in_float64(covariance_type):
     """compute_dtype='float64' with float32 data: predict, score_samples and
     predict_proba compute in float64, as fit does (same results as for the same
@@ -157,8 +164,9 @@ def test_compute_dtype_float64_also_scores_float32_data_in_float64(covariance_ty
     rng = np.random.default_rng(1)
     X = np.vstack([rng.normal(c, 1, (400, 5)) for c in (-4, 0, 4)]).astype(np.float32)
     with not_converging():
-        gm = GaussianMixture(3, covariance_type=covariance_type, random_state=0,
-                             max_iter=5, tol=0.0, compute_dtype="float64").fit(X)
+        gm = GaussianMixture(3, **type_settings(covariance_type, X.shape[1]),
+                             random_state=0, max_iter=5, tol=0.0,
+                             compute_dtype="float64").fit(X)
     X64 = X.astype(np.float64)
     assert gm.means_.dtype == np.float64
     assert gm.lower_bound_ == gm.score(X)
@@ -187,12 +195,12 @@ def test_integer_data_cast_per_block(make_sources, data, kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, block_size", [("ndarray", N), ("h5_chunked", 7), ("npy",
                                                                                   64)])
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_lower_bound_never_decreases(make_sources, covariance_type, kind, block_size):
     """EM never decreases the likelihood (exact M step: reg_covar=0 on data that needs
     no regularisation); allow rounding of 1e-12 relative. Random init so that the run
     is long and the bound moves substantially."""
-    X = make_blobs_data(N, 3, 4, spread=2.0, seed=9)
+    X = make_blobs_data(N, D, 4, spread=2.0, seed=9)
     src = make_sources.one(X, kind)
     gm = fit(src.obj, covariance_type, n_components=4, reg_covar=0.0,
              init_params="random",
@@ -880,18 +888,30 @@ def test_case_c11_every_source_and_block_size_agree(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block_size", [7, 1000])
-@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_case_c11_permuted_rows_give_the_same_model(
         c11_data, covariance_type, block_size):
     X = c11_data
     perm = np.random.default_rng(3).permutation(len(X))
-    kw = dict(C11_FIT, covariance_type=covariance_type, **_c11_init(X))
-    if covariance_type != "full":
-        P = kw["precisions_init"]
-        kw["precisions_init"] = {"tied": P[0], "diag": np.diagonal(P, axis1=1, axis2=2),
-                                 "spherical": P[:, 0, 0]}[covariance_type]
-    ref = quiet_fit(GaussianMixture(**kw), X)
-    gm = quiet_fit(GaussianMixture(**kw, block_size=block_size), X[perm])
+    kw = dict(C11_FIT, **type_settings(covariance_type, X.shape[1]), **_c11_init(X))
+    if accepts_precisions_init(covariance_type):
+        if covariance_type != "full":  # in scikit-learn's layouts
+            P = kw["precisions_init"]
+            kw["precisions_init"] = {"tied": P[0],
+                                     "diag": np.diagonal(P, axis1=1, axis2=2),
+                                     "spherical": P[:, 0, 0]}[covariance_type]
+        ref = quiet_fit(GaussianMixture(**kw), X)
+        gm = quiet_fit(GaussianMixture(**kw, block_size=block_size), X[perm])
+    else:
+        # no precisions_init: both fits warm-start from one model (its first
+        # iteration from the fixed weights and means on X), so that neither
+        # initialisation reads the rows in their order
+        del kw["precisions_init"]
+        start = quiet_fit(GaussianMixture(**dict(kw, max_iter=1), warm_start=True), X)
+        ref = quiet_fit(copy.deepcopy(start).set_params(max_iter=kw["max_iter"]), X)
+        gm = quiet_fit(copy.deepcopy(start).set_params(max_iter=kw["max_iter"],
+                                                       block_size=block_size),
+                       X[perm])
     _assert_c11(gm, ref, rtol=1e-10)
     assert_array_equal(gm.predict(X[perm]), ref.predict(X)[perm])
 
