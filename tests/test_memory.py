@@ -91,7 +91,9 @@ def test_per_block_outputs_hold_the_result_and_about_one_block(covariance_type):
     finally:
         tracemalloc.stop()
     assert proba.shape == (200_000, 50) and proba.flags.c_contiguous
-    assert peak < 1.5 * proba.nbytes, (peak, proba.nbytes)
+    # a second copy would be 2x; the two row threads' block arrays add 0.4x, or
+    # 0.56x when both threads' temporaries peak at once (seen on a loaded machine)
+    assert peak < 1.75 * proba.nbytes, (peak, proba.nbytes)
     for rows in (slice(0, 2000), slice(57_000, 59_000), slice(198_000, None)):
         np.testing.assert_allclose(proba[rows], gm.predict_proba(X[rows]),
                                    rtol=1e-9, atol=1e-12)
