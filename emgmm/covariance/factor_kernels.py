@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.linalg import solve_triangular
 
+from ..runtime.lapack import gemm_add
 from .log_density import _shift
 
 _LOG_2PI = np.log(2.0 * np.pi)
@@ -39,6 +40,9 @@ _MAX_CANCELLATION = 1e6
 _EXACT_SVD_SIZE = 600
 # Bytes of the row chunks of [y^2, y, 1] (their products with the coefficients).
 _CHUNK_BYTES = 8 * 2**20
+# Rows of the statistics' chunks at least (the inner dimension of the GEMMs that
+# update the (d, K q) sums: fewer rows make them memory bound).
+_MIN_PRODUCT_ROWS = 256
 
 
 def n_parameters(n_components, n_features, n_factors):
@@ -238,35 +242,54 @@ def _square_chunks(X, shift):
 
 
 def _diag_distances(X, means, inv_noise, shift):
-    """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, products of ``[y^2, y, 1]``
-    with the expanded coefficients (by row chunks).
+    """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, from the shifted rows'
+    ``y^2`` and ``y`` (by row chunks): ``S_ik + B_ik + C_k`` with ``S = y^2 @
+    (1 / psi)``, ``B = y @ (-2 m / psi)`` and ``C_k = sum_j m_kj^2 / psi_kj``
+    (``m = mu - shift``).
 
-    The rounding of a pair is at most ``gamma_{2d+3}`` times the sum of the
-    magnitudes of the expanded terms, ``b_k = max_j (1 / psi_kj) (max_i ||y_i|| +
-    ||m_k||)^2`` (Higham 2002, eq. 3.5). A component with ``b_k`` above
-    ``_REFINE_RTOL`` times the scale of its log-densities (``d``, or its smallest
-    distance in the block if larger) is recomputed from ``x - mu_k``: a tight
-    component far from the shift, whose expansion cancels.
+    The rounding of a pair is at most ``gamma_{2d+8}`` times the sum of the
+    magnitudes of its expanded terms, ``S + |B| + C <= (sqrt(S) + sqrt(C))^2``
+    (Higham 2002, eq. 3.5; Cauchy-Schwarz for ``|B|``). A pair whose bound exceeds
+    ``_REFINE_RTOL`` times the scale of its log-density (its distance, or ``d`` if
+    larger) is recomputed from ``x - mu_k`` (:func:`_direct_distances`): a row of a
+    tight component far from the shift, whose expansion cancels.
     """
     n, d = X.shape
+    inv_noise = np.asarray(inv_noise, dtype=np.float64)
     m = np.asarray(means, dtype=np.float64) - shift
-    coef = np.concatenate([inv_noise.T, -2.0 * (m * inv_noise).T,
-                           (m * m * inv_noise).sum(axis=1)[None, :]])
+    linear = -2.0 * (m * inv_noise).T                      # (d, K)
+    const = (m * m * inv_noise).sum(axis=1)
     out = np.empty((n, len(m)))
-    y_max = 0.0
+    squares = np.empty((n, len(m)))
     for r0, r1, Z in _square_chunks(X, shift):
-        np.matmul(Z, coef, out=out[r0:r1])
-        y_max = max(y_max, np.sqrt(Z[:, :d].sum(axis=1).max()))
-    if n == 0:
-        return out
+        np.matmul(Z[:, :d], inv_noise.T, out=squares[r0:r1])
+        np.matmul(Z[:, d:2 * d], linear, out=out[r0:r1])
+    out += squares
+    out += const
     unit = np.finfo(np.float64).eps / 2
-    gamma = (2 * d + 3) * unit / (1.0 - (2 * d + 3) * unit)
-    bound = gamma * inv_noise.max(axis=1) * (y_max + np.linalg.norm(m, axis=1)) ** 2
-    scale = np.maximum(out.min(axis=0), d)
-    for k in np.flatnonzero(~(bound <= _REFINE_RTOL * scale)):
-        diff = np.subtract(X, means[k], dtype=np.float64)
-        out[:, k] = (diff * diff) @ inv_noise[k]
+    gamma = (2 * d + 8) * unit / (1.0 - (2 * d + 8) * unit)
+    np.sqrt(squares, out=squares)
+    squares += np.sqrt(const)
+    squares *= squares
+    squares *= gamma * (1.0 + gamma)                       # the bound of each pair
+    redo = ~(squares <= _REFINE_RTOL * np.maximum(out, d))
+    if redo.any():
+        _direct_distances(X, means, inv_noise, redo, out)
     return out
+
+
+def _direct_distances(X, means, inv_noise, redo, out):
+    """``out[i, k] = sum_j (x_ij - mu_kj)^2 / psi_kj`` from ``x - mu_k`` on the pairs
+    of ``redo`` (``(n, K)`` bool), per component by row chunks of ``_CHUNK_BYTES``."""
+    d = X.shape[1]
+    step = int(max(16, _CHUNK_BYTES // (8 * max(d, 1))))
+    for k in np.flatnonzero(redo.any(axis=0)):
+        rows = np.flatnonzero(redo[:, k])
+        for c0 in range(0, len(rows), step):
+            chunk = rows[c0:c0 + step]
+            diff = np.subtract(X[chunk], means[k], dtype=np.float64)
+            diff *= diff
+            out[chunk, k] = diff @ inv_noise[k]
 
 
 def _projections(X, means, precision, shift, dtype):
@@ -370,7 +393,8 @@ def _float32_bound(proj, precision, d):
     gamma = (d + 2) * unit / (1.0 - (d + 2) * unit)
     err = gamma * np.outer(proj.y_norm,
                            np.linalg.norm(precision.projection, axis=(1, 2)))
-    return 2.0 * np.linalg.norm(proj.P, axis=2) * err + err * err
+    p_norm = np.sqrt(np.einsum("nkq,nkq->nk", proj.P, proj.P))  # no (n, K, q) copy
+    return 2.0 * p_norm * err + err * err
 
 
 def _exact_projections(proj, means, precision, redo):
@@ -467,9 +491,11 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
                      means=None):
     """:class:`FactorStatistics` of one block (``log_likelihood = 0``).
 
-    ``e_i^T = p_k(x_i) L_k^{-1}`` from the E step's projections; the sums are two
-    GEMMs over the rows: ``R^T [y^2, y, 1]`` and ``Y^T [r_1 e_1, ..., r_K e_K]``
-    (``(d, n) x (n, K q)``) with ``y = x - shift``, re-centred on ``c_k`` by
+    ``e_i^T = p_k(x_i) L_k^{-1}`` from the E step's projections; the sums are GEMMs
+    over row chunks (:func:`_statistics_chunks`: no array of the block's size is
+    formed): ``R^T y``, ``R^T y^2`` and ``Y^T [r_1 e_1, ..., r_K e_K]`` (``(d, n)
+    x (n, K q)``, accumulated in place) with ``y = x - shift``, re-centred on
+    ``c_k`` by
     ``sum r (y - m)^2 = sum r y^2 - 2 m sum r y + N m^2`` and ``sum r (y - m) e^T =
     Y^T (r e) - m (sum r e)^T`` (``m = c_k - shift``). A component whose expanded
     second moments exceed ``_MAX_CANCELLATION`` times their centred value in some
@@ -507,47 +533,89 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
     if proj is None:
         proj = projections(X, centers if means is None else means, precision,
                            resp.sum(axis=0))
-    sum_z, rE, sum_zz = _factor_sums(proj.P, resp, precision.cholesky_inv)
-    K, q = sum_z.shape
-    G = np.zeros((K, 2 * d + 1))
-    flat = np.zeros((d, K * q))
-    for r0, r1, Z in _square_chunks(X, proj.shift):
-        G += resp[r0:r1].T @ Z
-        flat += Z[:, d:2 * d].T @ rE[r0:r1].reshape(r1 - r0, K * q)
-    sum_xz = np.ascontiguousarray(np.swapaxes(flat.reshape(d, K, q), 0, 1))
-    nk = G[:, 2 * d]
+    K, q = len(centers), precision.n_factors
+    chol_inv = precision.cholesky_inv
+    sum_y, sum_yy = np.zeros((K, d)), np.zeros((K, d))
+    sum_z, sum_zz = np.zeros((K, q)), np.zeros((K, q, q))
+    flat = np.zeros((d, K * q))                       # sum_i y_i (r_i e_i)^T
+    for r0, r1, Y, rE in _statistics_chunks(X, proj, resp, chol_inv, sum_z, sum_zz):
+        sum_y += resp[r0:r1].T @ Y
+        # flat^T += (r e)^T y: Fortran views of the C-ordered arrays, no copies
+        gemm_add(flat.T, rE.reshape(r1 - r0, K * q).T, Y.T, trans_b=True)
+        Y *= Y
+        sum_yy += resp[r0:r1].T @ Y
+    nk = resp.sum(axis=0)
+    sum_zz += nk[:, None, None] * np.matmul(np.swapaxes(chol_inv, 1, 2), chol_inv)
+    sum_xz = np.swapaxes(flat.reshape(d, K, q), 0, 1)  # (K, d, q), a view
     m = centers - proj.shift
-    sum_y = G[:, d:2 * d]
     sum_x = sum_y - nk[:, None] * m
-    sum_xx = G[:, :d] - 2.0 * m * sum_y + nk[:, None] * m**2
-    sum_xz -= m[:, :, None] * sum_z[:, None, :]
-    scale = G[:, :d] + nk[:, None] * m**2
+    sum_xx = sum_yy - 2.0 * m * sum_y + nk[:, None] * m**2
+    for k in range(K):  # (no (K, d, q) temporary)
+        sum_xz[k] -= np.outer(m[k], sum_z[k])
+    scale = sum_yy + nk[:, None] * m**2
     for k in np.flatnonzero((scale / _MAX_CANCELLATION > sum_xx).any(axis=1)):
-        rows = np.flatnonzero(resp[:, k] > 0.0)
-        diff = np.subtract(X[rows], centers[k], dtype=np.float64)
-        sum_x[k] = resp[rows, k] @ diff
-        sum_xx[k] = resp[rows, k] @ (diff * diff)
-        sum_xz[k] = diff.T @ rE[rows, k]
+        sum_x[k], sum_xx[k], sum_xz[k] = _centred_sums(X, resp[:, k], centers[k],
+                                                       proj.P[:, k], chol_inv[k])
     np.maximum(sum_xx, 0.0, out=sum_xx)
     return FactorStatistics(nk, sum_x, sum_xx, sum_xz, sum_z, sum_zz, 0.0, n)
 
 
-def _factor_sums(P, resp, cholesky_inv):
-    """``sum r e`` (K, q), ``r e`` (n, K, q) and ``sum r E[z z^T | x]`` (K, q, q)
-    from the projections ``P``: ``e = p L^{-1}`` per component, then ``s = sqrt(r)
-    e`` for ``sum r e e^T = s^T s`` and ``r e = sqrt(r) s``, in one ``(n, K, q)``
-    buffer besides ``P``."""
-    n, K, q = P.shape
-    E = np.empty((n, K, q))
-    np.matmul(np.swapaxes(P, 0, 1), cholesky_inv, out=np.swapaxes(E, 0, 1))
+def _statistics_rows(n, d, K, q):
+    """Rows of a chunk of :func:`block_statistics`: its shifted rows and weighted
+    posterior means within ``_CHUNK_BYTES``, but at least ``_MIN_PRODUCT_ROWS`` (the
+    inner dimension of the products that update the ``(d, K q)`` sums)."""
+    rows = _CHUNK_BYTES // (8 * (d + K * q) + 1)
+    return int(max(1, min(n, max(rows, _MIN_PRODUCT_ROWS))))
+
+
+def _statistics_chunks(X, proj, resp, cholesky_inv, sum_z, sum_zz):
+    """Yield ``(r0, r1, Y, rE)`` over row chunks of the block: ``Y = x - shift``
+    (float64, C-ordered) and ``rE = r e`` (``(r1 - r0, K, q)``), each chunk's
+    ``sum r e`` and ``sum r e e^T`` added to ``sum_z`` and ``sum_zz`` (two buffers,
+    overwritten by the next chunk: no ``(n, K, q)`` array besides ``P``)."""
+    n, d = X.shape
+    _, K, q = proj.P.shape
+    rows = _statistics_rows(n, d, K, q)
+    y_buf = np.empty((min(rows, n), d))
+    e_buf = np.empty((min(rows, n), K, q))
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        Y, E = y_buf[:r1 - r0], e_buf[:r1 - r0]
+        np.subtract(X[r0:r1], proj.shift, out=Y, dtype=np.float64, casting="unsafe")
+        _weighted_means(proj.P[r0:r1], resp[r0:r1], cholesky_inv, E, sum_z, sum_zz)
+        yield r0, r1, Y, E
+
+
+def _weighted_means(P, resp, cholesky_inv, out, sum_z, sum_zz):
+    """``out = r e`` (``(n, K, q)``) from projections ``P`` (``e = p L^{-1}`` per
+    component), with ``sum r e`` added to ``sum_z`` and ``sum r e e^T`` to ``sum_zz``
+    (``s = sqrt(r) e``: ``s^T s``, then ``r e = sqrt(r) s``)."""
+    np.matmul(np.swapaxes(P, 0, 1), cholesky_inv, out=np.swapaxes(out, 0, 1))
     root = np.sqrt(resp)[:, :, None]
-    E *= root
-    sum_zz = np.matmul(np.transpose(E, (1, 2, 0)), np.swapaxes(E, 0, 1))
-    E *= root
-    sum_z = E.sum(axis=0)
-    cov_z = np.matmul(np.swapaxes(cholesky_inv, 1, 2), cholesky_inv)
-    sum_zz += resp.sum(axis=0)[:, None, None] * cov_z
-    return sum_z, E, sum_zz
+    out *= root
+    sum_zz += np.matmul(np.transpose(out, (1, 2, 0)), np.swapaxes(out, 0, 1))
+    out *= root
+    sum_z += out.sum(axis=0)
+    return out
+
+
+def _centred_sums(X, r, center, P, cholesky_inv):
+    """``sum r u``, ``sum r u^2`` and ``sum r u e^T`` (``u = x - c``, ``e = p
+    L^{-1}``) of one component from ``x - c`` directly, over its rows with ``r > 0``
+    by chunks of ``_CHUNK_BYTES`` (where the expansion around the shift cancels)."""
+    d, q = X.shape[1], cholesky_inv.shape[0]
+    sum_x, sum_xx, sum_xz = np.zeros(d), np.zeros(d), np.zeros((d, q))
+    rows = np.flatnonzero(r > 0.0)
+    step = int(max(16, _CHUNK_BYTES // (8 * max(d, 1))))
+    for c0 in range(0, len(rows), step):
+        chunk = rows[c0:c0 + step]
+        diff = np.subtract(X[chunk], center, dtype=np.float64)
+        rE = (P[chunk] @ cholesky_inv) * r[chunk, None]
+        sum_x += r[chunk] @ diff
+        sum_xz += diff.T @ rE
+        diff *= diff
+        sum_xx += r[chunk] @ diff
+    return sum_x, sum_xx, sum_xz
 
 
 def m_step(stats, centers, reg_covar):
