@@ -302,7 +302,7 @@ def _projections(X, means, precision, shift, dtype):
     G = precision.stacked(dtype)
     P = np.empty((n, K * q))
     y_norm = np.empty(n)
-    rows = int(max(16, min(n, _CHUNK_BYTES // (8 * d))))
+    rows = int(max(1, min(n, max(_MIN_PRODUCT_ROWS, _CHUNK_BYTES // (8 * d)))))
     buf = np.empty((min(rows, n), d), dtype=dtype)
     for r0 in range(0, n, rows):
         r1 = min(r0 + rows, n)
