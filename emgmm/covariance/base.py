@@ -163,6 +163,9 @@ class CovarianceType(ABC):
         the rounded parameters.
     streams_blocks : bool
         Cheap per-row work: blocks are capped at the memory model's streaming size.
+    chunked_blocks : bool
+        Its kernels work on a block by row chunks of their own: blocks are
+        capped at the memory model's ``CHUNKED_BLOCK_MIB``.
     holds_degenerate : bool
         A degenerate component of the M step can keep part of its E-step
         parameters instead of being re-seeded (:meth:`hold_degenerate`), so that
@@ -183,6 +186,7 @@ class CovarianceType(ABC):
     statistics_need_products: bool = False
     stores_covariances: bool = False
     streams_blocks: bool = False
+    chunked_blocks: bool = False
     holds_degenerate: bool = False
     variational: bool = True
     parameters: tuple[str, ...] = ()

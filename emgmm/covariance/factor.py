@@ -115,6 +115,7 @@ class FactorCovariance(CovarianceType):
     statistics_need_products = True
     stores_covariances = True
     holds_degenerate = True
+    chunked_blocks = True
 
     def __init__(self, n_factors=None):
         self.n_factors = None if n_factors is None else int(n_factors)

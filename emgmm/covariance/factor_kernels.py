@@ -791,13 +791,14 @@ def sample(rng, means, loadings, noise_variance, counts):
 
 def bytes_per_row(n_features, n_components, n_factors, itemsize):
     """Working memory (bytes) of one row of a block during a pass: the row in the
-    compute dtype, its projections and weighted posterior means (``2 K q``
-    float64) and a few ``(n, K)`` float64 arrays. (The shifted rows are formed by
-    chunks of ``_CHUNK_BYTES``, a few per thread whatever the block.)"""
+    compute dtype, its projections (``K q`` float64) and six ``(n, K)`` float64
+    arrays (the diagonal distances and their rounding bounds, the log-densities,
+    the responsibilities and the E step's temporaries). The shifted rows, their
+    squares and the weighted posterior means are formed by row chunks
+    (``_CHUNK_BYTES``, at least ``_MIN_PRODUCT_ROWS`` rows), a few per thread
+    whatever the block."""
     d, K, q = n_features, n_components, n_factors
-    return d * itemsize + 2 * K * q * 8 + 6 * K * 8
-
-
+    return d * itemsize + K * q * 8 + 6 * K * 8
 
 
 def statistics_nbytes(n_components, n_features, n_factors):
