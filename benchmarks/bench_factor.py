@@ -12,7 +12,8 @@ Reported, from one run:
   second moments), its time at the DGEMM rate of ``numpy.matmul`` on 2000 x 2000
   matrices measured in the same run, and the useful GFLOP/s;
 * peak memory: ``VmHWM`` of the fresh subprocess that fits, its ``VmRSS`` after
-  imports (baseline), and ``extra = VmHWM - baseline`` against ``model + one
+  imports (baseline), the largest ``VmRSS`` sampled every 20 ms during the start
+  and during the iterations, and ``extra = VmHWM - baseline`` against ``model + one
   block``: loadings, projections and statistics ``3 K d q`` float64 plus ``4 K d``,
   and the block's rows in float64.
 * on paper, [2M, 10k], K=200, q=32: the same flop count, the time per iteration at
@@ -42,6 +43,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -118,6 +120,14 @@ def worker(spec):
     from emgmm import GaussianMixture
 
     baseline = _status("VmRSS")
+    samples, done = [], threading.Event()
+
+    def sample_rss():  # (VmRSS every 20 ms: which phase holds the peak)
+        while not done.wait(0.02):
+            samples.append((time.perf_counter(), _status("VmRSS")))
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
     gm = GaussianMixture(spec["K"], covariance_type="factor", n_factors=spec["q"],
                          tol=0.0, max_iter=spec["iters"],
                          init_max_samples=spec.get("init_max_samples", 5000),
@@ -127,7 +137,12 @@ def worker(spec):
         warnings.simplefilter("ignore")
         gm.fit(spec["data"])
     wall = time.perf_counter() - tic
+    done.set()
+    sampler.join()
     iters = [h["seconds"] for h in gm.history_]
+    start_end = tic + wall - sum(iters)  # (the start, then the iterations)
+    phases = {"start": [r for t, r in samples if t <= start_end],
+              "iterations": [r for t, r in samples if t > start_end]}
     from emgmm import as_source
 
     with as_source(spec["data"]) as source:
@@ -140,6 +155,7 @@ def worker(spec):
         "block_rows": int(block_rows),
         "baseline_mb": baseline,
         "peak_mb": _status("VmHWM"),
+        "sampled_peak_mb": {k: max(v, default=None) for k, v in phases.items()},
     }))
 
 

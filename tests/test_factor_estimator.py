@@ -361,3 +361,20 @@ def test_integer_sample_weights_equal_repeated_rows(data):
     np.testing.assert_allclose(weighted.means_, repeated.means_, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(weighted.noise_variance_, repeated.noise_variance_,
                                rtol=1e-8)
+
+
+@pytest.mark.parametrize("n, d, K, q, working_memory", [
+    (50_000, 10_000, 20, 16, 1024), (50_000, 2500, 50, 16, 1024),
+    (50_000, 10_000, 20, 16, 64)])
+def test_blocks_within_the_chunked_working_set(n, d, K, q, working_memory):
+    """'factor' blocks stay within CHUNKED_BLOCK_MIB and working_memory (by the
+    type's bytes per row), whole blocks of equal size in a multiple of 8."""
+    from emgmm.covariance.factor import FactorCovariance
+    from emgmm.runtime import memory
+
+    kind = FactorCovariance(q)
+    rows = memory.block_rows(n, d, K, 8, working_memory, covariance_type=kind)
+    budget = min(working_memory, memory.CHUNKED_BLOCK_MIB) * 2**20
+    assert rows * kind.bytes_per_row(d, K, 8) <= budget
+    assert 2 * rows * kind.bytes_per_row(d, K, 8) > budget  # not needlessly small
+    assert -(-n // rows) % memory.BLOCK_MULTIPLE == 0

@@ -195,6 +195,10 @@ class Projections:
         ``p_k(x_i) = (x_i - mu_k)^T G_k`` (computed on first access).
     y_norm : ndarray of shape (n,), float64
         ``||x_i - g||`` (computed with ``P``).
+    diag : ndarray of shape (n, K), float64, or None
+        ``sum_j (x_ij - mu_kj)^2 / psi_kj`` (computed with ``P``, from the same pass
+        over the rows, for float64 projections); ``None``: computed by
+        :func:`densities`.
     """
 
     X: np.ndarray
@@ -211,8 +215,12 @@ class Projections:
 
     def _formed(self):
         if self._products is None:
-            self._products = _projections(self.X, self.means, self.precision,
-                                          self.shift, self.dtype)
+            if np.dtype(self.dtype) == np.float64:
+                self._products = _projections_and_distances(
+                    self.X, self.means, self.precision, self.shift)
+            else:
+                self._products = _projections(self.X, self.means, self.precision,
+                                              self.shift, self.dtype) + (None,)
         return self._products
 
     @property
@@ -223,13 +231,18 @@ class Projections:
     def y_norm(self):
         return self._formed()[1]
 
+    @property
+    def diag(self):
+        return self._formed()[2]
 
-def _square_chunks(X, shift):
+
+def _square_chunks(X, shift, min_rows=16):
     """Yield ``(r0, r1, Z)`` with ``Z = [y^2, y, 1]`` (float64) of rows ``r0:r1``,
-    ``y = x - shift``, in chunks of about ``_CHUNK_BYTES`` (one buffer, overwritten
-    by the next chunk): no ``(n, d)`` float64 copy of the block is held."""
+    ``y = x - shift``, in chunks of about ``_CHUNK_BYTES`` but at least ``min_rows``
+    rows (one buffer, overwritten by the next chunk): no ``(n, d)`` float64 copy of
+    the block is held."""
     n, d = X.shape
-    rows = int(max(16, min(n, _CHUNK_BYTES // (8 * (2 * d + 1)))))
+    rows = int(max(1, min(n, max(min_rows, _CHUNK_BYTES // (8 * (2 * d + 1))))))
     buf = np.empty((min(rows, n), 2 * d + 1))
     buf[:, 2 * d] = 1.0
     for r0 in range(0, n, rows):
@@ -245,27 +258,52 @@ def _diag_distances(X, means, inv_noise, shift):
     """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, from the shifted rows'
     ``y^2`` and ``y`` (by row chunks): ``S_ik + B_ik + C_k`` with ``S = y^2 @
     (1 / psi)``, ``B = y @ (-2 m / psi)`` and ``C_k = sum_j m_kj^2 / psi_kj``
-    (``m = mu - shift``).
+    (``m = mu - shift``), then :func:`_refine_distances`."""
+    diag = _DiagonalSums(means, inv_noise, shift, X.shape[0])
+    for r0, r1, Z in _square_chunks(X, shift):
+        diag.add(r0, r1, Z)
+    return diag.finish(X, means)
+
+
+class _DiagonalSums:
+    """The expanded diagonal distances of a block, accumulated by row chunks of
+    ``[y^2, y, 1]`` (:func:`_square_chunks`): two GEMMs per chunk."""
+
+    def __init__(self, means, inv_noise, shift, n):
+        self.inv_noise = np.asarray(inv_noise, dtype=np.float64)
+        m = np.asarray(means, dtype=np.float64) - shift
+        self.linear = -2.0 * (m * self.inv_noise).T              # (d, K)
+        self.const = (m * m * self.inv_noise).sum(axis=1)
+        self.out = np.empty((n, len(m)))
+        self.squares = np.empty((n, len(m)))
+
+    def add(self, r0, r1, Z):
+        d = self.linear.shape[0]
+        np.matmul(Z[:, :d], self.inv_noise.T, out=self.squares[r0:r1])
+        np.matmul(Z[:, d:2 * d], self.linear, out=self.out[r0:r1])
+
+    def finish(self, X, means):
+        """The distances, the pairs whose expansion may cancel recomputed."""
+        out, squares = self.out, self.squares
+        out += squares
+        out += self.const
+        _refine_distances(X, means, self.inv_noise, out, squares, self.const)
+        self.squares = None
+        return out
+
+
+def _refine_distances(X, means, inv_noise, out, squares, const):
+    """Recompute from ``x - mu_k`` (:func:`_direct_distances`) the pairs of the
+    expanded distances ``out`` whose rounding may exceed ``_REFINE_RTOL`` times the
+    scale of their log-density (their distance, or ``d`` if larger).
 
     The rounding of a pair is at most ``gamma_{2d+8}`` times the sum of the
     magnitudes of its expanded terms, ``S + |B| + C <= (sqrt(S) + sqrt(C))^2``
-    (Higham 2002, eq. 3.5; Cauchy-Schwarz for ``|B|``). A pair whose bound exceeds
-    ``_REFINE_RTOL`` times the scale of its log-density (its distance, or ``d`` if
-    larger) is recomputed from ``x - mu_k`` (:func:`_direct_distances`): a row of a
-    tight component far from the shift, whose expansion cancels.
+    (Higham 2002, eq. 3.5; Cauchy-Schwarz for ``|B|``): large for a row of a tight
+    component far from the shift, whose expansion cancels. ``squares`` (``S``) is
+    overwritten with the bounds.
     """
-    n, d = X.shape
-    inv_noise = np.asarray(inv_noise, dtype=np.float64)
-    m = np.asarray(means, dtype=np.float64) - shift
-    linear = -2.0 * (m * inv_noise).T                      # (d, K)
-    const = (m * m * inv_noise).sum(axis=1)
-    out = np.empty((n, len(m)))
-    squares = np.empty((n, len(m)))
-    for r0, r1, Z in _square_chunks(X, shift):
-        np.matmul(Z[:, :d], inv_noise.T, out=squares[r0:r1])
-        np.matmul(Z[:, d:2 * d], linear, out=out[r0:r1])
-    out += squares
-    out += const
+    d = X.shape[1]
     unit = np.finfo(np.float64).eps / 2
     gamma = (2 * d + 8) * unit / (1.0 - (2 * d + 8) * unit)
     np.sqrt(squares, out=squares)
@@ -275,7 +313,6 @@ def _diag_distances(X, means, inv_noise, shift):
     redo = ~(squares <= _REFINE_RTOL * np.maximum(out, d))
     if redo.any():
         _direct_distances(X, means, inv_noise, redo, out)
-    return out
 
 
 def _direct_distances(X, means, inv_noise, redo, out):
@@ -290,6 +327,28 @@ def _direct_distances(X, means, inv_noise, redo, out):
             diff = np.subtract(X[chunk], means[k], dtype=np.float64)
             diff *= diff
             out[chunk, k] = diff @ inv_noise[k]
+
+
+def _projections_and_distances(X, means, precision, shift):
+    """float64 ``P``, ``||y||`` and the diagonal distances of :class:`Projections`
+    from one pass of row chunks of ``[y^2, y, 1]`` (:func:`_square_chunks`, at least
+    ``_MIN_PRODUCT_ROWS`` rows): the projection GEMM of each chunk's ``y`` against
+    the stacked ``G_k`` and the two of :class:`_DiagonalSums`, then ``P -= (mu_k -
+    shift)^T G_k``."""
+    n, d = X.shape
+    K, _, q = precision.projection.shape
+    G = precision.stacked(np.float64)
+    P = np.empty((n, K * q))
+    y_norm = np.empty(n)
+    diag = _DiagonalSums(means, precision.inv_noise, shift, n)
+    for r0, r1, Z in _square_chunks(X, shift, _MIN_PRODUCT_ROWS):
+        np.matmul(Z[:, d:2 * d], G, out=P[r0:r1])
+        y_norm[r0:r1] = np.sqrt(Z[:, :d].sum(axis=1))
+        diag.add(r0, r1, Z)
+    m = np.asarray(means, dtype=np.float64) - shift
+    P = P.reshape(n, K, q)
+    P -= np.einsum("kd,kdq->kq", m, precision.projection)[None]
+    return P, y_norm, diag.finish(X, means)
 
 
 def _projections(X, means, precision, shift, dtype):
@@ -368,7 +427,9 @@ def densities(X, means, precision, proj, offset, margin=None):
     from the block's projections ``proj`` (see :func:`estimate_log_prob`; its
     ``margin`` refinement, for float32 projections, ranks the pairs by these values:
     ``offset`` should hold ``log w_k``)."""
-    diag = _diag_distances(X, means, precision.inv_noise, proj.shift)
+    diag = proj.diag
+    if diag is None:
+        diag = _diag_distances(X, means, precision.inv_noise, proj.shift)
     maha = diag - np.einsum("nkq,nkq->nk", proj.P, proj.P)
     d = X.shape[1]
     if margin is not None and X.dtype != np.float64 and maha.size:
