@@ -12,11 +12,19 @@ Reported, from one run:
   second moments), its time at the DGEMM rate of ``numpy.matmul`` on 2000 x 2000
   matrices measured in the same run, and the useful GFLOP/s;
 * peak memory: ``VmHWM`` of the fresh subprocess that fits, its ``VmRSS`` after
-  imports (baseline), and ``extra = VmHWM - baseline`` against ``model + one
+  imports (baseline), the largest ``VmRSS`` sampled every 20 ms during the start
+  and during the iterations, and ``extra = VmHWM - baseline`` against ``model + one
   block``: loadings, projections and statistics ``3 K d q`` float64 plus ``4 K d``,
   and the block's rows in float64.
 * on paper, [2M, 10k], K=200, q=32: the same flop count, the time per iteration at
   40 times the per-core DGEMM rate measured here, and the memory of the model.
+
+Optional configuration D (``--disk``): [50k, 10000], K=20, q=16, a planted factor
+mixture in a 4 GB float64 ``.npy`` on disk (written by chunks, deleted after; read
+in blocks, not memory-mapped), fitted from the default k-means start for 6
+iterations: seconds per iteration (mean of iterations 3-6), pairs per row (every
+pair: 'factor' has no screen yet), the peak memory of the fitting process (start
+included) and the flop count at the run's DGEMM rate.
 
 Optional configuration P (``--patches``): 30x30 grayscale patches of the
 scikit-learn sample images (mean removed), 'factor' with q chosen by BIC against
@@ -24,7 +32,8 @@ scikit-learn sample images (mean removed), 'factor' with q chosen by BIC against
 
 Usage::
 
-    nice python benchmarks/bench_factor.py [--quick] [--patches]
+    nice python benchmarks/bench_factor.py [--quick] [--patches] [--disk]
+                                           [--only-disk] [--tmp DIR]
                                            [--name NAME | --out PATH]
 """
 
@@ -34,6 +43,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +55,8 @@ from bench_em import _status, gemm_rates, patch_data
 RESULTS = Path(__file__).resolve().parent / "results"
 F = {"n": 50_000, "d": 2500, "K": 50, "q": 16, "iters": 3}
 F_QUICK = {"n": 2000, "d": 60, "K": 4, "q": 3, "iters": 2}
+D = {"n": 50_000, "d": 10_000, "K": 20, "q": 16, "iters": 6}
+D_QUICK = {"n": 3000, "d": 200, "K": 3, "q": 2, "iters": 6}
 PAPER = {"n": 2_000_000, "d": 10_000, "K": 200, "q": 32, "cores": 40}
 
 
@@ -79,6 +91,26 @@ def planted_data(path, n, d, K, q, seed=0):
                             + rng.normal(size=(m, d)) * np.sqrt(noise[labels]))
 
 
+def planted_npy(path, n, d, K, q, seed=0, step=2000):
+    """Write n rows of a planted K-component factor mixture to the ``.npy`` file
+    ``path`` (float64), ``step`` rows at a time through ``open_memmap``."""
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(K, d, q))
+    mu = rng.normal(scale=3.0, size=(K, d))
+    noise = rng.uniform(0.2, 1.0, size=(K, d))
+    X = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, d))
+    for r0 in range(0, n, step):
+        m = min(step, n - r0)
+        labels = rng.integers(K, size=m)
+        chunk = rng.normal(size=(m, d)) * np.sqrt(noise[labels])
+        for k in np.unique(labels):
+            rows = np.flatnonzero(labels == k)
+            chunk[rows] += mu[k] + rng.normal(size=(len(rows), q)) @ W[k].T
+        X[r0:r0 + m] = chunk
+        X.flush()
+    del X
+
+
 def worker(spec):
     """Fit once in this fresh process; print a JSON record."""
     import warnings
@@ -88,15 +120,29 @@ def worker(spec):
     from emgmm import GaussianMixture
 
     baseline = _status("VmRSS")
+    samples, done = [], threading.Event()
+
+    def sample_rss():  # (VmRSS every 20 ms: which phase holds the peak)
+        while not done.wait(0.02):
+            samples.append((time.perf_counter(), _status("VmRSS")))
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
     gm = GaussianMixture(spec["K"], covariance_type="factor", n_factors=spec["q"],
-                         tol=0.0, max_iter=spec["iters"], init_max_samples=5000,
+                         tol=0.0, max_iter=spec["iters"],
+                         init_max_samples=spec.get("init_max_samples", 5000),
                          random_state=0, compute_dtype=spec["dtype"])
     tic = time.perf_counter()
     with warnings.catch_warnings(), threadpool_limits(spec["blas_threads"], "blas"):
         warnings.simplefilter("ignore")
         gm.fit(spec["data"])
     wall = time.perf_counter() - tic
+    done.set()
+    sampler.join()
     iters = [h["seconds"] for h in gm.history_]
+    start_end = tic + wall - sum(iters)  # (the start, then the iterations)
+    phases = {"start": [r for t, r in samples if t <= start_end],
+              "iterations": [r for t, r in samples if t > start_end]}
     from emgmm import as_source
 
     with as_source(spec["data"]) as source:
@@ -109,6 +155,7 @@ def worker(spec):
         "block_rows": int(block_rows),
         "baseline_mb": baseline,
         "peak_mb": _status("VmHWM"),
+        "sampled_peak_mb": {k: max(v, default=None) for k, v in phases.items()},
     }))
 
 
@@ -147,6 +194,37 @@ def run_factor(cfg, tmp, blas_threads, log):
     return rows
 
 
+def run_disk(cfg, tmp, blas_threads, rates, log):
+    """Configuration D: the fit of a ``.npy`` on disk from the default start."""
+    n, d, K, q = (cfg[k] for k in ("n", "d", "K", "q"))
+    path = os.path.join(tmp, "factor_disk.npy")
+    tic = time.perf_counter()
+    planted_npy(path, n, d, K, q)
+    log(f"data [{n}, {d}] ({os.path.getsize(path) / 2**30:.1f} GiB) written in "
+        f"{time.perf_counter() - tic:.0f} s")
+    try:
+        rec = run_worker({"data": path, "K": K, "q": q, "iters": cfg["iters"],
+                          "dtype": "float64", "blas_threads": blas_threads,
+                          "init_max_samples": 100_000})
+    finally:
+        os.remove(path)
+    f = flops(n, d, K, q)
+    steady = rec["iteration_seconds"][2:6]
+    rec.update({
+        "config": cfg, "flops_per_iteration": f,
+        "seconds_per_iteration_3_6": float(np.mean(steady)),
+        "pairs_per_row": K, "flop_time_at_dgemm": f / (rates["dgemm"] * 1e9),
+        "model_mb": model_bytes(d, K, q) / 2**20,
+        "block_mb": rec["block_rows"] * d * 8 / 2**20,
+    })
+    rec["time_over_flop_time"] = (rec["seconds_per_iteration_3_6"]
+                                  / rec["flop_time_at_dgemm"])
+    log(f"disk: {rec['seconds_per_iteration_3_6']:.1f} s/iteration (3-6) = "
+        f"{rec['time_over_flop_time']:.2f}x the flop time at DGEMM rate; peak "
+        f"{rec['peak_mb']:.0f} MiB (baseline {rec['baseline_mb']:.0f})")
+    return rec
+
+
 def run_patches(quick, log):
     """'factor' (q by BIC) against 'full' on 30x30 patches: held-out log-likelihood
     per patch against seconds per iteration."""
@@ -180,6 +258,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--patches", action="store_true")
+    p.add_argument("--disk", action="store_true", help="also configuration D")
+    p.add_argument("--only-disk", action="store_true",
+                   help="configuration D alone (no F)")
+    p.add_argument("--tmp", default=None, help="directory of the data files")
     p.add_argument("--name", default=None)
     p.add_argument("--out", default=None, help="JSON path (overrides --name)")
     p.add_argument("--blas-threads", type=int, default=os.cpu_count())
@@ -195,9 +277,18 @@ def main(argv=None):
     start = time.perf_counter()
     rates = gemm_rates(2000)
     log(f"DGEMM {rates['dgemm']:.1f} GFLOP/s, SGEMM {rates['sgemm']:.1f} GFLOP/s")
+    if args.only_disk:
+        cfg = D_QUICK if args.quick else D
+        with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+            result = {"rates": rates,
+                      "disk": run_disk(cfg, tmp, args.blas_threads, rates, log)}
+        name = args.name or ("factor_disk_quick" if args.quick else "factor_disk")
+        return _write(result, args, name, start, log)
     cfg = F_QUICK if args.quick else F
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         rows = run_factor(cfg, tmp, args.blas_threads, log)
+        disk = None if not args.disk else run_disk(
+            D_QUICK if args.quick else D, tmp, args.blas_threads, rates, log)
     n, d, K, q = (cfg[k] for k in ("n", "d", "K", "q"))
     f = flops(n, d, K, q)
     for rec in rows.values():
@@ -213,13 +304,10 @@ def main(argv=None):
         "fits": rows,
         "paper": paper_estimate(rates["dgemm"] / args.blas_threads),
     }
+    if disk is not None:
+        result["disk"] = disk
     if args.patches:
         result["patches"] = run_patches(args.quick, log)
-    result["benchmark_seconds"] = time.perf_counter() - start
-    name = args.name or ("factor_quick" if args.quick else "factor")
-    out = Path(args.out) if args.out else RESULTS / f"{name}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
     log(json.dumps({k: result[k] for k in ("model_mb", "block_mb", "paper")}, indent=1))
     for dtype, rec in rows.items():
         log(f"{dtype}: {rec['seconds_per_iteration']:.2f} s/it = "
@@ -228,6 +316,16 @@ def main(argv=None):
             f"{rec['peak_mb'] - rec['baseline_mb']:.0f} MiB = "
             f"{(rec['peak_mb'] - rec['baseline_mb']) / target_mb:.2f}x (model + one "
             "block)")
+    return _write(result, args, args.name or ("factor_quick" if args.quick
+                                              else "factor"), start, log)
+
+
+def _write(result, args, name, start, log):
+    """Write ``result`` as JSON (``--out``, else ``results/<name>.json``)."""
+    result["benchmark_seconds"] = time.perf_counter() - start
+    out = Path(args.out) if args.out else RESULTS / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
     log(f"benchmark took {result['benchmark_seconds']:.0f} s")
 
 

@@ -211,6 +211,95 @@ def test_block_statistics_far_centres_recomputed():
         np.testing.assert_allclose(got.sum_x[k], u.sum(axis=0), rtol=1e-6, atol=1e-12)
 
 
+def _numpy_statistics(X, resp, centers, means, prec):
+    """The statistics on the whole array with numpy, from ``x - c_k`` and ``x -
+    mu_k`` (no shift, no chunks): ``e = (x - mu) G L^{-1}``."""
+    out = {name: [] for name in factor.FactorStatistics._ARRAYS}
+    for k in range(len(centers)):
+        r = resp[:, k]
+        u = X - centers[k]
+        e = ((X - means[k]) @ prec.projection[k]) @ prec.cholesky_inv[k]
+        cov_z = prec.cholesky_inv[k].T @ prec.cholesky_inv[k]
+        for name, value in (("nk", r.sum()), ("sum_x", r @ u), ("sum_xx", r @ u**2),
+                            ("sum_xz", (u * r[:, None]).T @ e), ("sum_z", r @ e),
+                            ("sum_zz", (e * r[:, None]).T @ e + r.sum() * cov_z)):
+            out[name].append(value)
+    return {name: np.array(v) for name, v in out.items()}
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 64, 10_000])
+def test_chunked_statistics_equal_numpy_on_the_whole_array(monkeypatch, chunk_rows):
+    """Row chunks of 1 to all of the block's rows (also a last, shorter chunk):
+    every sum equals numpy's on the whole array to 1e-12."""
+    monkeypatch.setattr(factor, "_MIN_PRODUCT_ROWS", chunk_rows)
+    monkeypatch.setattr(factor, "_CHUNK_BYTES", 1)
+    rng = np.random.default_rng(30)
+    K, d, q, n = 4, 9, 3, 301
+    weights, means, W, psi = _random_model(rng, K, d, q)
+    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
+    resp = rng.dirichlet(np.ones(K), size=n)
+    prec = factor.factorize(W, psi)
+    centers = means + rng.normal(scale=0.1, size=means.shape)
+    _, proj = factor.estimate_log_prob(X, means, prec, weights)
+    got = factor.block_statistics(X, resp, centers, prec, proj)
+    ref = _numpy_statistics(X, resp, centers, means, prec)
+    for name, value in ref.items():
+        scale = np.abs(value).max()
+        np.testing.assert_allclose(getattr(got, name), value, rtol=1e-12,
+                                   atol=1e-12 * scale, err_msg=name)
+
+
+def test_far_component_recomputed_by_chunks(monkeypatch):
+    """A tight component 1e6 from the shift: its centred sums are recomputed from
+    ``x - c`` in chunks of a few rows, equal to numpy's on the whole array."""
+    monkeypatch.setattr(factor, "_CHUNK_BYTES", 8 * 5 * 3)  # 16 rows per chunk
+    rng = np.random.default_rng(31)
+    d, q = 5, 2
+    means = np.stack([np.full(d, 1e6), np.zeros(d)])
+    W = rng.normal(scale=1e-3, size=(2, d, q))
+    psi = np.full((2, d), 1e-6)
+    X = np.concatenate([means[0] + rng.normal(scale=1e-3, size=(70, d)),
+                        rng.normal(size=(40, d))])
+    resp = np.zeros((110, 2))
+    resp[:70, 0] = 1.0
+    resp[70:, 1] = 1.0
+    prec = factor.factorize(W, psi)
+    _, proj = factor.estimate_log_prob(X, means, prec)
+    got = factor.block_statistics(X, resp, means, prec, proj)
+    u = X[:70] - means[0]
+    e = proj.P[:70, 0] @ prec.cholesky_inv[0]  # the E step's (as the sums take it)
+    for name, value in (("sum_x", u.sum(axis=0)), ("sum_xx", (u**2).sum(axis=0)),
+                        ("sum_xz", u.T @ e)):
+        np.testing.assert_allclose(getattr(got, name)[0], value, rtol=1e-12,
+                                   atol=1e-12 * np.abs(value).max(), err_msg=name)
+
+
+def test_diag_distances_recompute_only_the_cancelling_pairs(monkeypatch):
+    """The expansion around the shift is kept where its rounding bound is within
+    the pair's scale and recomputed from ``x - mu_k`` (in chunks) where not: equal
+    to the direct sums on every pair to 1e-12, with the far component's own rows
+    the only recomputed pairs."""
+    monkeypatch.setattr(factor, "_CHUNK_BYTES", 8 * 8 * 3)
+    rng = np.random.default_rng(32)
+    d = 8
+    means = np.stack([np.full(d, 1e5), np.zeros(d), np.ones(d)])
+    inv_noise = np.stack([np.full(d, 1e4), np.ones(d), np.full(d, 0.5)])
+    X = np.concatenate([means[0] + rng.normal(scale=1e-2, size=(20, d)),
+                        rng.normal(size=(30, d))])
+    shift = np.zeros(d)
+    calls = []
+    direct = factor._direct_distances
+    monkeypatch.setattr(factor, "_direct_distances",
+                        lambda X, mu, inv, redo, out: (calls.append(redo.copy()),
+                                                       direct(X, mu, inv, redo, out)))
+    got = factor._diag_distances(X, means, inv_noise, shift)
+    ref = np.stack([((X - m) ** 2) @ w for m, w in zip(means, inv_noise,
+                                                        strict=True)], axis=1)
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+    (redo,) = calls
+    assert redo[:20, 0].all() and not redo[:, 1:].any() and not redo[20:, 0].any()
+
+
 def test_resp_threshold_leaves_out_pairs():
     rng = np.random.default_rng(5)
     _weights, means, W, psi = _random_model(rng, 2, 6, 2)

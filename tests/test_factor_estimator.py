@@ -282,17 +282,50 @@ def collapsed():
                            np.tile(rng.normal(loc=-50, size=(1, 6)), (20, 1))])
 
 
-def test_collapsed_component_is_reseeded(collapsed):
+def _fit_recording(X, **params):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         gm = GaussianMixture(3, covariance_type="factor", n_factors=2, reg_covar=0.0,
-                             random_state=0, max_iter=30).fit(collapsed)
-    messages = [str(w.message) for w in seen]
-    assert any("components [1] had a covariance that is not positive" in m
-               for m in messages)
-    assert any("were re-seeded on the worst-explained samples" in m for m in messages)
+                             random_state=0, max_iter=30, **params).fit(X)
+    return gm, [str(w.message) for w in seen]
+
+
+def _assert_bound_never_drops(gm):
+    bounds = np.asarray(gm.lower_bounds_)
+    assert np.all(np.diff(bounds) >= -1e-12 * np.abs(bounds[1:])), bounds
+
+
+def test_collapsed_component_keeps_the_bound(collapsed):
+    """The component on 20 copies of one row gets zero noise variances from the M
+    step: it keeps the E step's in those features (a generalised M step), the fit
+    goes on and its lower bound never decreases."""
+    gm, messages = _fit_recording(collapsed)
+    assert any("Components [1] had noise variances that are not positive" in m
+               and "lower bound does not decrease" in m for m in messages)
+    assert not any("re-seeded" in m for m in messages)
+    _assert_bound_never_drops(gm)
     assert np.isfinite(gm.noise_variance_).all() and np.isfinite(gm.loadings_).all()
+    assert (gm.noise_variance_ > 0).all()
+    # the component stays on the copies, with the weight of their rows
+    k = int(np.argmin(np.abs(gm.means_[:, 0] - collapsed[-1, 0])))
+    np.testing.assert_allclose(gm.means_[k], collapsed[-1], rtol=1e-10)
+    np.testing.assert_allclose(gm.weights_[k], 20 / len(collapsed), rtol=1e-6)
     assert np.isfinite(gm.score(collapsed))
+
+
+def test_isolated_point_keeps_the_bound():
+    """reg_covar=0 and one isolated row (its k-means cluster has zero variance, and
+    a re-seed put a broad component on the worst-explained row, dropping the bound
+    below its value before): the lower bound of every iteration is at least the
+    one before, and the fit converges."""
+    rng = np.random.default_rng(1)
+    X = np.concatenate([rng.normal(size=(300, 6)), rng.normal(loc=8, size=(300, 6)),
+                        rng.normal(loc=-50, size=(1, 6))])
+    gm, messages = _fit_recording(X)
+    assert any("had noise variances that are not positive" in m for m in messages)
+    _assert_bound_never_drops(gm)
+    assert gm.converged_
+    assert np.isfinite(gm.score(X)) and gm.lower_bound_ > gm.lower_bounds_[1]
 
 
 def test_collapsed_component_raises_with_raise_policy(collapsed):
@@ -328,3 +361,20 @@ def test_integer_sample_weights_equal_repeated_rows(data):
     np.testing.assert_allclose(weighted.means_, repeated.means_, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(weighted.noise_variance_, repeated.noise_variance_,
                                rtol=1e-8)
+
+
+@pytest.mark.parametrize("n, d, K, q, working_memory", [
+    (50_000, 10_000, 20, 16, 1024), (50_000, 2500, 50, 16, 1024),
+    (50_000, 10_000, 20, 16, 64)])
+def test_blocks_within_the_chunked_working_set(n, d, K, q, working_memory):
+    """'factor' blocks stay within CHUNKED_BLOCK_MIB and working_memory (by the
+    type's bytes per row), whole blocks of equal size in a multiple of 8."""
+    from emgmm.covariance.factor import FactorCovariance
+    from emgmm.runtime import memory
+
+    kind = FactorCovariance(q)
+    rows = memory.block_rows(n, d, K, 8, working_memory, covariance_type=kind)
+    budget = min(working_memory, memory.CHUNKED_BLOCK_MIB) * 2**20
+    assert rows * kind.bytes_per_row(d, K, 8) <= budget
+    assert 2 * rows * kind.bytes_per_row(d, K, 8) > budget  # not needlessly small
+    assert -(-n // rows) % memory.BLOCK_MULTIPLE == 0

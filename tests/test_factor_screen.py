@@ -173,6 +173,38 @@ def test_pair_statistics_equal_the_dense_statistics(threshold):
     assert got.n_samples == dense.n_samples == len(X)
 
 
+@pytest.mark.parametrize("chunk_rows", [1, 7])
+def test_gathered_rows_by_chunks_equal_the_whole_gather(monkeypatch, chunk_rows):
+    """Each component's gathered rows taken a few at a time (GATHER_CHUNK_BYTES,
+    also a last, shorter chunk): the pairs' values and bounds and the statistics
+    equal those of one gather of all its rows to 1e-12, and the dense sums."""
+    from emgmm.covariance import factor_pairs
+
+    X, weights, means, precision = case_model("separated", seed=4, n=400)
+    rng = np.random.default_rng(6)
+    resp = rng.dirichlet(np.full(len(weights), 0.2), size=len(X))
+    resp[resp < 1e-2] = 0.0
+    centers = means + rng.normal(scale=0.1, size=means.shape)
+    comps = np.sort(rng.integers(len(weights), size=300))
+    rows = rng.integers(len(X), size=300)
+    scr = FactorScreen.build(weights, means, precision)
+    whole = (pair_values(X, means, precision, scr.offset, comps, rows, scr.u_norm),
+             pair_statistics(X, resp, centers, means, precision))
+    monkeypatch.setattr(factor_pairs, "GATHER_CHUNK_BYTES", 8 * X.shape[1] * chunk_rows)
+    values, errors = pair_values(X, means, precision, scr.offset, comps, rows,
+                                 scr.u_norm)
+    assert_allclose(values, whole[0][0], rtol=1e-12)
+    assert_allclose(errors, whole[0][1], rtol=1e-12)
+    got = pair_statistics(X, resp, centers, means, precision)
+    dense = block_statistics(X, resp, centers, precision,
+                             projections(X, means, precision, weights))
+    for name in ("nk", "sum_x", "sum_xx", "sum_xz", "sum_z", "sum_zz"):
+        a, b = getattr(got, name), getattr(whole[1], name)
+        assert_allclose(a, b, rtol=1e-12, atol=1e-12 * np.abs(b).max(), err_msg=name)
+        c = getattr(dense, name)
+        assert_allclose(a, c, rtol=1e-10, atol=1e-10 * np.abs(c).max(), err_msg=name)
+
+
 def test_first_pairs_set_the_same_limit_for_the_full_screen():
     """Computing three pairs per row first changes which pairs are computed, never
     their values or the rows' totals ('full' screen)."""

@@ -339,6 +339,25 @@ class PlanRecorder:
             self.plan = record
 
 
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical",
+                                             "factor"])
+def test_the_init_subsample_is_capped_by_the_block(monkeypatch, covariance_type):
+    """Beyond INIT_SAMPLE_MIN_BYTES the subsample holds at most one float64 block
+    of the fit (here 40 rows), for every covariance type: k-means' copies of it
+    stay within the fit's memory."""
+    X = make_blobs_data(500, 50, 3, seed=5)
+    monkeypatch.setattr(initialization, "INIT_SAMPLE_MIN_BYTES", 8)
+    recorder = PlanRecorder()
+    extra = {"n_factors": 2} if covariance_type == "factor" else {}
+    with not_converging():
+        GaussianMixture(3, covariance_type=covariance_type, max_iter=1,
+                        random_state=0, block_size=40, callback=recorder,
+                        **extra).fit(X)
+    assert recorder.plan["init_rows"] == 40
+    monkeypatch.setattr(initialization, "INIT_SAMPLE_MIN_BYTES", 500 * 50 * 8)
+    assert initialization.init_rows(100_000, 500, 50, 3, block_rows=40) == 500
+
+
 def test_the_init_subsample_is_capped_in_bytes(monkeypatch):
     """At most INIT_SAMPLE_BYTES of float64 rows (here 64 rows of 50 features): the
     plan says so, and the start is that of init_max_samples=64; never fewer rows

@@ -250,6 +250,30 @@ def test_take_rows_gathers_the_rows_of_every_source(make_sources, data, kind, dt
 
 
 @pytest.mark.parametrize("kind", SOURCE_KINDS)
+def test_cast_reads_by_chunks_equal_the_cast_block(monkeypatch, make_sources, data,
+                                                   kind):
+    """float64 data read as float32 by chunks of 2 rows (also a last, shorter one):
+    the block equals the whole block's cast; a value beyond float32's range in a
+    later chunk is named by its row and column."""
+    monkeypatch.setattr(_sources, "CAST_CHUNK_BYTES", 2 * 3 * 8)
+    X = np.array(data) * 100
+    X[77, 1] = 1e39
+    src = as_source(make_sources(X, (kind,))[0].obj) if kind != "ndarray" \
+        else _sources.ArraySource.__new__(_sources.ArraySource)
+    if kind == "ndarray":  # (an ArraySource checks its whole array when made)
+        src.array, src.shape, src.dtype, src.description = X, X.shape, X.dtype, "X"
+        src.known_finite = False
+    try:
+        got = src.read(3, 64, np.float32)
+        assert got.dtype == np.float32
+        assert_array_equal(got, X[3:64].astype(np.float32))
+        with pytest.raises(ValueError, match="row 77, column 1"):
+            src.read(70, 81, np.float32)
+    finally:
+        src.close()
+
+
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
 def test_take_rows_names_the_row_of_a_nan(make_sources, data, kind):
     X = np.array(data)
     X[77, 2] = np.nan

@@ -163,6 +163,13 @@ class CovarianceType(ABC):
         the rounded parameters.
     streams_blocks : bool
         Cheap per-row work: blocks are capped at the memory model's streaming size.
+    chunked_blocks : bool
+        Its kernels work on a block by row chunks of their own: blocks are
+        capped at the memory model's ``CHUNKED_BLOCK_MIB``.
+    holds_degenerate : bool
+        A degenerate component of the M step can keep part of its E-step
+        parameters instead of being re-seeded (:meth:`hold_degenerate`), so that
+        the lower bound cannot decrease.
     variational : bool
         It has the conjugate prior of ``BayesianGaussianMixture`` (the methods
         of the variational section).
@@ -179,6 +186,8 @@ class CovarianceType(ABC):
     statistics_need_products: bool = False
     stores_covariances: bool = False
     streams_blocks: bool = False
+    chunked_blocks: bool = False
+    holds_degenerate: bool = False
     variational: bool = True
     parameters: tuple[str, ...] = ()
     attribute_names: tuple[str, ...] = ("covariances_", "precisions_cholesky_",
@@ -356,6 +365,13 @@ class CovarianceType(ABC):
         with (``partial_fit``): here :meth:`pooled_covariance` of all of them."""
         return self.pooled_covariance(weights, covariances,
                                       np.arange(len(weights)))
+
+    def hold_degenerate(self, covariances: np.ndarray, previous_factors: np.ndarray,
+                        components: list[int]) -> list[int]:
+        """Repair the degenerate ``components`` of the M step's ``covariances`` in
+        place from the E step's factors ``previous_factors``, keeping the lower
+        bound (types with :attr:`holds_degenerate`); the components repaired."""
+        raise NotImplementedError(f"covariance_type={self.name!r} re-seeds")
 
     def widest_axis(self, covariance: ArrayLike, n_features: int) -> np.ndarray:
         """One standard deviation along the widest axis of one component's

@@ -114,6 +114,8 @@ class FactorCovariance(CovarianceType):
     attribute_names = ("loadings_", "noise_variance_")
     statistics_need_products = True
     stores_covariances = True
+    holds_degenerate = True
+    chunked_blocks = True
 
     def __init__(self, n_factors=None):
         self.n_factors = None if n_factors is None else int(n_factors)
@@ -280,6 +282,49 @@ class FactorCovariance(CovarianceType):
     def feature_variances(self, a):
         q = _n_factors(a)
         return a[:, :a.shape[1] - q, q]
+
+    def hold_degenerate(self, covariances, previous_factors, components):
+        """The M step's loadings and means, and the E step's noise variances where
+        the M step's are not positive: a generalised M step, so the lower bound
+        cannot decrease.
+
+        The M step's ``[W_k, m_k]`` maximise the expected complete log-likelihood
+        ``Q`` for any noise variances (each feature's row is a least-squares fit
+        that does not involve ``psi_kj``), and ``Q`` increases as ``psi_kj`` moves
+        from its E-step value towards the M step's (down to 0 for a component on
+        fewer distinct points than features with ``reg_covar=0``). So these
+        parameters have ``Q`` no lower than the E step's, and the log-likelihood
+        no lower than the E step's (Dempster, Laird & Rubin 1977, theorem 1).
+
+        Parameters
+        ----------
+        covariances : ndarray of shape (K, d + q, q + 1)
+            The M step's packed parameters, modified in place.
+        previous_factors : ndarray of shape (K, d + q, q + 1)
+            The E step's packed factors (``1 / psi`` in ``[:, :d, q]``).
+        components : list of int
+            The degenerate components.
+
+        Returns
+        -------
+        list of int
+            The components repaired (those whose loadings are finite and whose
+            E-step noise variances are positive and finite).
+        """
+        W, psi = unpack_parameters(covariances)
+        q = _n_factors(previous_factors)
+        d = psi.shape[1]
+        held = []
+        for k in components:
+            with np.errstate(divide="ignore"):
+                before = 1.0 / previous_factors[k, :d, q]
+            if not (np.isfinite(W[k]).all() and np.isfinite(before).all()
+                    and (before > 0).all()):
+                continue
+            ok = np.isfinite(psi[k]) & (psi[k] > 0.0)
+            psi[k] = np.where(ok, psi[k], before)
+            held.append(int(k))
+        return held
 
     def pooled_covariance(self, weights, covariances, healthy):
         W, psi = unpack_parameters(covariances)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.linalg import solve_triangular
 
+from ..runtime.lapack import gemm_add
 from .log_density import _shift
 
 _LOG_2PI = np.log(2.0 * np.pi)
@@ -39,6 +40,9 @@ _MAX_CANCELLATION = 1e6
 _EXACT_SVD_SIZE = 600
 # Bytes of the row chunks of [y^2, y, 1] (their products with the coefficients).
 _CHUNK_BYTES = 8 * 2**20
+# Rows of the statistics' chunks at least (the inner dimension of the GEMMs that
+# update the (d, K q) sums: fewer rows make them memory bound).
+_MIN_PRODUCT_ROWS = 256
 
 
 def n_parameters(n_components, n_features, n_factors):
@@ -191,6 +195,10 @@ class Projections:
         ``p_k(x_i) = (x_i - mu_k)^T G_k`` (computed on first access).
     y_norm : ndarray of shape (n,), float64
         ``||x_i - g||`` (computed with ``P``).
+    diag : ndarray of shape (n, K), float64, or None
+        ``sum_j (x_ij - mu_kj)^2 / psi_kj`` (computed with ``P``, from the same pass
+        over the rows, for float64 projections); ``None``: computed by
+        :func:`densities`.
     """
 
     X: np.ndarray
@@ -207,8 +215,12 @@ class Projections:
 
     def _formed(self):
         if self._products is None:
-            self._products = _projections(self.X, self.means, self.precision,
-                                          self.shift, self.dtype)
+            if np.dtype(self.dtype) == np.float64:
+                self._products = _projections_and_distances(
+                    self.X, self.means, self.precision, self.shift)
+            else:
+                self._products = _projections(self.X, self.means, self.precision,
+                                              self.shift, self.dtype) + (None,)
         return self._products
 
     @property
@@ -219,13 +231,18 @@ class Projections:
     def y_norm(self):
         return self._formed()[1]
 
+    @property
+    def diag(self):
+        return self._formed()[2]
 
-def _square_chunks(X, shift):
+
+def _square_chunks(X, shift, min_rows=16):
     """Yield ``(r0, r1, Z)`` with ``Z = [y^2, y, 1]`` (float64) of rows ``r0:r1``,
-    ``y = x - shift``, in chunks of about ``_CHUNK_BYTES`` (one buffer, overwritten
-    by the next chunk): no ``(n, d)`` float64 copy of the block is held."""
+    ``y = x - shift``, in chunks of about ``_CHUNK_BYTES`` but at least ``min_rows``
+    rows (one buffer, overwritten by the next chunk): no ``(n, d)`` float64 copy of
+    the block is held."""
     n, d = X.shape
-    rows = int(max(16, min(n, _CHUNK_BYTES // (8 * (2 * d + 1)))))
+    rows = int(max(1, min(n, max(min_rows, _CHUNK_BYTES // (8 * (2 * d + 1))))))
     buf = np.empty((min(rows, n), 2 * d + 1))
     buf[:, 2 * d] = 1.0
     for r0 in range(0, n, rows):
@@ -238,35 +255,100 @@ def _square_chunks(X, shift):
 
 
 def _diag_distances(X, means, inv_noise, shift):
-    """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, products of ``[y^2, y, 1]``
-    with the expanded coefficients (by row chunks).
-
-    The rounding of a pair is at most ``gamma_{2d+3}`` times the sum of the
-    magnitudes of the expanded terms, ``b_k = max_j (1 / psi_kj) (max_i ||y_i|| +
-    ||m_k||)^2`` (Higham 2002, eq. 3.5). A component with ``b_k`` above
-    ``_REFINE_RTOL`` times the scale of its log-densities (``d``, or its smallest
-    distance in the block if larger) is recomputed from ``x - mu_k``: a tight
-    component far from the shift, whose expansion cancels.
-    """
-    n, d = X.shape
-    m = np.asarray(means, dtype=np.float64) - shift
-    coef = np.concatenate([inv_noise.T, -2.0 * (m * inv_noise).T,
-                           (m * m * inv_noise).sum(axis=1)[None, :]])
-    out = np.empty((n, len(m)))
-    y_max = 0.0
+    """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, from the shifted rows'
+    ``y^2`` and ``y`` (by row chunks): ``S_ik + B_ik + C_k`` with ``S = y^2 @
+    (1 / psi)``, ``B = y @ (-2 m / psi)`` and ``C_k = sum_j m_kj^2 / psi_kj``
+    (``m = mu - shift``), then :func:`_refine_distances`."""
+    diag = _DiagonalSums(means, inv_noise, shift, X.shape[0])
     for r0, r1, Z in _square_chunks(X, shift):
-        np.matmul(Z, coef, out=out[r0:r1])
-        y_max = max(y_max, np.sqrt(Z[:, :d].sum(axis=1).max()))
-    if n == 0:
+        diag.add(r0, r1, Z)
+    return diag.finish(X, means)
+
+
+class _DiagonalSums:
+    """The expanded diagonal distances of a block, accumulated by row chunks of
+    ``[y^2, y, 1]`` (:func:`_square_chunks`): two GEMMs per chunk."""
+
+    def __init__(self, means, inv_noise, shift, n):
+        self.inv_noise = np.asarray(inv_noise, dtype=np.float64)
+        m = np.asarray(means, dtype=np.float64) - shift
+        self.linear = -2.0 * (m * self.inv_noise).T              # (d, K)
+        self.const = (m * m * self.inv_noise).sum(axis=1)
+        self.out = np.empty((n, len(m)))
+        self.squares = np.empty((n, len(m)))
+
+    def add(self, r0, r1, Z):
+        d = self.linear.shape[0]
+        np.matmul(Z[:, :d], self.inv_noise.T, out=self.squares[r0:r1])
+        np.matmul(Z[:, d:2 * d], self.linear, out=self.out[r0:r1])
+
+    def finish(self, X, means):
+        """The distances, the pairs whose expansion may cancel recomputed."""
+        out, squares = self.out, self.squares
+        out += squares
+        out += self.const
+        _refine_distances(X, means, self.inv_noise, out, squares, self.const)
+        self.squares = None
         return out
+
+
+def _refine_distances(X, means, inv_noise, out, squares, const):
+    """Recompute from ``x - mu_k`` (:func:`_direct_distances`) the pairs of the
+    expanded distances ``out`` whose rounding may exceed ``_REFINE_RTOL`` times the
+    scale of their log-density (their distance, or ``d`` if larger).
+
+    The rounding of a pair is at most ``gamma_{2d+8}`` times the sum of the
+    magnitudes of its expanded terms, ``S + |B| + C <= (sqrt(S) + sqrt(C))^2``
+    (Higham 2002, eq. 3.5; Cauchy-Schwarz for ``|B|``): large for a row of a tight
+    component far from the shift, whose expansion cancels. ``squares`` (``S``) is
+    overwritten with the bounds.
+    """
+    d = X.shape[1]
     unit = np.finfo(np.float64).eps / 2
-    gamma = (2 * d + 3) * unit / (1.0 - (2 * d + 3) * unit)
-    bound = gamma * inv_noise.max(axis=1) * (y_max + np.linalg.norm(m, axis=1)) ** 2
-    scale = np.maximum(out.min(axis=0), d)
-    for k in np.flatnonzero(~(bound <= _REFINE_RTOL * scale)):
-        diff = np.subtract(X, means[k], dtype=np.float64)
-        out[:, k] = (diff * diff) @ inv_noise[k]
-    return out
+    gamma = (2 * d + 8) * unit / (1.0 - (2 * d + 8) * unit)
+    np.sqrt(squares, out=squares)
+    squares += np.sqrt(const)
+    squares *= squares
+    squares *= gamma * (1.0 + gamma)                       # the bound of each pair
+    redo = ~(squares <= _REFINE_RTOL * np.maximum(out, d))
+    if redo.any():
+        _direct_distances(X, means, inv_noise, redo, out)
+
+
+def _direct_distances(X, means, inv_noise, redo, out):
+    """``out[i, k] = sum_j (x_ij - mu_kj)^2 / psi_kj`` from ``x - mu_k`` on the pairs
+    of ``redo`` (``(n, K)`` bool), per component by row chunks of ``_CHUNK_BYTES``."""
+    d = X.shape[1]
+    step = int(max(16, _CHUNK_BYTES // (8 * max(d, 1))))
+    for k in np.flatnonzero(redo.any(axis=0)):
+        rows = np.flatnonzero(redo[:, k])
+        for c0 in range(0, len(rows), step):
+            chunk = rows[c0:c0 + step]
+            diff = np.subtract(X[chunk], means[k], dtype=np.float64)
+            diff *= diff
+            out[chunk, k] = diff @ inv_noise[k]
+
+
+def _projections_and_distances(X, means, precision, shift):
+    """float64 ``P``, ``||y||`` and the diagonal distances of :class:`Projections`
+    from one pass of row chunks of ``[y^2, y, 1]`` (:func:`_square_chunks`, at least
+    ``_MIN_PRODUCT_ROWS`` rows): the projection GEMM of each chunk's ``y`` against
+    the stacked ``G_k`` and the two of :class:`_DiagonalSums`, then ``P -= (mu_k -
+    shift)^T G_k``."""
+    n, d = X.shape
+    K, _, q = precision.projection.shape
+    G = precision.stacked(np.float64)
+    P = np.empty((n, K * q))
+    y_norm = np.empty(n)
+    diag = _DiagonalSums(means, precision.inv_noise, shift, n)
+    for r0, r1, Z in _square_chunks(X, shift, _MIN_PRODUCT_ROWS):
+        np.matmul(Z[:, d:2 * d], G, out=P[r0:r1])
+        y_norm[r0:r1] = np.sqrt(Z[:, :d].sum(axis=1))
+        diag.add(r0, r1, Z)
+    m = np.asarray(means, dtype=np.float64) - shift
+    P = P.reshape(n, K, q)
+    P -= np.einsum("kd,kdq->kq", m, precision.projection)[None]
+    return P, y_norm, diag.finish(X, means)
 
 
 def _projections(X, means, precision, shift, dtype):
@@ -279,7 +361,7 @@ def _projections(X, means, precision, shift, dtype):
     G = precision.stacked(dtype)
     P = np.empty((n, K * q))
     y_norm = np.empty(n)
-    rows = int(max(16, min(n, _CHUNK_BYTES // (8 * d))))
+    rows = int(max(1, min(n, max(_MIN_PRODUCT_ROWS, _CHUNK_BYTES // (8 * d)))))
     buf = np.empty((min(rows, n), d), dtype=dtype)
     for r0 in range(0, n, rows):
         r1 = min(r0 + rows, n)
@@ -345,7 +427,9 @@ def densities(X, means, precision, proj, offset, margin=None):
     from the block's projections ``proj`` (see :func:`estimate_log_prob`; its
     ``margin`` refinement, for float32 projections, ranks the pairs by these values:
     ``offset`` should hold ``log w_k``)."""
-    diag = _diag_distances(X, means, precision.inv_noise, proj.shift)
+    diag = proj.diag
+    if diag is None:
+        diag = _diag_distances(X, means, precision.inv_noise, proj.shift)
     maha = diag - np.einsum("nkq,nkq->nk", proj.P, proj.P)
     d = X.shape[1]
     if margin is not None and X.dtype != np.float64 and maha.size:
@@ -370,7 +454,8 @@ def _float32_bound(proj, precision, d):
     gamma = (d + 2) * unit / (1.0 - (d + 2) * unit)
     err = gamma * np.outer(proj.y_norm,
                            np.linalg.norm(precision.projection, axis=(1, 2)))
-    return 2.0 * np.linalg.norm(proj.P, axis=2) * err + err * err
+    p_norm = np.sqrt(np.einsum("nkq,nkq->nk", proj.P, proj.P))  # no (n, K, q) copy
+    return 2.0 * p_norm * err + err * err
 
 
 def _exact_projections(proj, means, precision, redo):
@@ -467,9 +552,11 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
                      means=None):
     """:class:`FactorStatistics` of one block (``log_likelihood = 0``).
 
-    ``e_i^T = p_k(x_i) L_k^{-1}`` from the E step's projections; the sums are two
-    GEMMs over the rows: ``R^T [y^2, y, 1]`` and ``Y^T [r_1 e_1, ..., r_K e_K]``
-    (``(d, n) x (n, K q)``) with ``y = x - shift``, re-centred on ``c_k`` by
+    ``e_i^T = p_k(x_i) L_k^{-1}`` from the E step's projections; the sums are GEMMs
+    over row chunks (:func:`_statistics_chunks`: no array of the block's size is
+    formed): ``R^T y``, ``R^T y^2`` and ``Y^T [r_1 e_1, ..., r_K e_K]`` (``(d, n)
+    x (n, K q)``, accumulated in place) with ``y = x - shift``, re-centred on
+    ``c_k`` by
     ``sum r (y - m)^2 = sum r y^2 - 2 m sum r y + N m^2`` and ``sum r (y - m) e^T =
     Y^T (r e) - m (sum r e)^T`` (``m = c_k - shift``). A component whose expanded
     second moments exceed ``_MAX_CANCELLATION`` times their centred value in some
@@ -507,47 +594,89 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
     if proj is None:
         proj = projections(X, centers if means is None else means, precision,
                            resp.sum(axis=0))
-    sum_z, rE, sum_zz = _factor_sums(proj.P, resp, precision.cholesky_inv)
-    K, q = sum_z.shape
-    G = np.zeros((K, 2 * d + 1))
-    flat = np.zeros((d, K * q))
-    for r0, r1, Z in _square_chunks(X, proj.shift):
-        G += resp[r0:r1].T @ Z
-        flat += Z[:, d:2 * d].T @ rE[r0:r1].reshape(r1 - r0, K * q)
-    sum_xz = np.ascontiguousarray(np.swapaxes(flat.reshape(d, K, q), 0, 1))
-    nk = G[:, 2 * d]
+    K, q = len(centers), precision.n_factors
+    chol_inv = precision.cholesky_inv
+    sum_y, sum_yy = np.zeros((K, d)), np.zeros((K, d))
+    sum_z, sum_zz = np.zeros((K, q)), np.zeros((K, q, q))
+    flat = np.zeros((d, K * q))                       # sum_i y_i (r_i e_i)^T
+    for r0, r1, Y, rE in _statistics_chunks(X, proj, resp, chol_inv, sum_z, sum_zz):
+        sum_y += resp[r0:r1].T @ Y
+        # flat^T += (r e)^T y: Fortran views of the C-ordered arrays, no copies
+        gemm_add(flat.T, rE.reshape(r1 - r0, K * q).T, Y.T, trans_b=True)
+        Y *= Y
+        sum_yy += resp[r0:r1].T @ Y
+    nk = resp.sum(axis=0)
+    sum_zz += nk[:, None, None] * np.matmul(np.swapaxes(chol_inv, 1, 2), chol_inv)
+    sum_xz = np.swapaxes(flat.reshape(d, K, q), 0, 1)  # (K, d, q), a view
     m = centers - proj.shift
-    sum_y = G[:, d:2 * d]
     sum_x = sum_y - nk[:, None] * m
-    sum_xx = G[:, :d] - 2.0 * m * sum_y + nk[:, None] * m**2
-    sum_xz -= m[:, :, None] * sum_z[:, None, :]
-    scale = G[:, :d] + nk[:, None] * m**2
+    sum_xx = sum_yy - 2.0 * m * sum_y + nk[:, None] * m**2
+    for k in range(K):  # (no (K, d, q) temporary)
+        sum_xz[k] -= np.outer(m[k], sum_z[k])
+    scale = sum_yy + nk[:, None] * m**2
     for k in np.flatnonzero((scale / _MAX_CANCELLATION > sum_xx).any(axis=1)):
-        rows = np.flatnonzero(resp[:, k] > 0.0)
-        diff = np.subtract(X[rows], centers[k], dtype=np.float64)
-        sum_x[k] = resp[rows, k] @ diff
-        sum_xx[k] = resp[rows, k] @ (diff * diff)
-        sum_xz[k] = diff.T @ rE[rows, k]
+        sum_x[k], sum_xx[k], sum_xz[k] = _centred_sums(X, resp[:, k], centers[k],
+                                                       proj.P[:, k], chol_inv[k])
     np.maximum(sum_xx, 0.0, out=sum_xx)
     return FactorStatistics(nk, sum_x, sum_xx, sum_xz, sum_z, sum_zz, 0.0, n)
 
 
-def _factor_sums(P, resp, cholesky_inv):
-    """``sum r e`` (K, q), ``r e`` (n, K, q) and ``sum r E[z z^T | x]`` (K, q, q)
-    from the projections ``P``: ``e = p L^{-1}`` per component, then ``s = sqrt(r)
-    e`` for ``sum r e e^T = s^T s`` and ``r e = sqrt(r) s``, in one ``(n, K, q)``
-    buffer besides ``P``."""
-    n, K, q = P.shape
-    E = np.empty((n, K, q))
-    np.matmul(np.swapaxes(P, 0, 1), cholesky_inv, out=np.swapaxes(E, 0, 1))
+def _statistics_rows(n, d, K, q):
+    """Rows of a chunk of :func:`block_statistics`: its shifted rows and weighted
+    posterior means within ``_CHUNK_BYTES``, but at least ``_MIN_PRODUCT_ROWS`` (the
+    inner dimension of the products that update the ``(d, K q)`` sums)."""
+    rows = _CHUNK_BYTES // (8 * (d + K * q) + 1)
+    return int(max(1, min(n, max(rows, _MIN_PRODUCT_ROWS))))
+
+
+def _statistics_chunks(X, proj, resp, cholesky_inv, sum_z, sum_zz):
+    """Yield ``(r0, r1, Y, rE)`` over row chunks of the block: ``Y = x - shift``
+    (float64, C-ordered) and ``rE = r e`` (``(r1 - r0, K, q)``), each chunk's
+    ``sum r e`` and ``sum r e e^T`` added to ``sum_z`` and ``sum_zz`` (two buffers,
+    overwritten by the next chunk: no ``(n, K, q)`` array besides ``P``)."""
+    n, d = X.shape
+    _, K, q = proj.P.shape
+    rows = _statistics_rows(n, d, K, q)
+    y_buf = np.empty((min(rows, n), d))
+    e_buf = np.empty((min(rows, n), K, q))
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        Y, E = y_buf[:r1 - r0], e_buf[:r1 - r0]
+        np.subtract(X[r0:r1], proj.shift, out=Y, dtype=np.float64, casting="unsafe")
+        _weighted_means(proj.P[r0:r1], resp[r0:r1], cholesky_inv, E, sum_z, sum_zz)
+        yield r0, r1, Y, E
+
+
+def _weighted_means(P, resp, cholesky_inv, out, sum_z, sum_zz):
+    """``out = r e`` (``(n, K, q)``) from projections ``P`` (``e = p L^{-1}`` per
+    component), with ``sum r e`` added to ``sum_z`` and ``sum r e e^T`` to ``sum_zz``
+    (``s = sqrt(r) e``: ``s^T s``, then ``r e = sqrt(r) s``)."""
+    np.matmul(np.swapaxes(P, 0, 1), cholesky_inv, out=np.swapaxes(out, 0, 1))
     root = np.sqrt(resp)[:, :, None]
-    E *= root
-    sum_zz = np.matmul(np.transpose(E, (1, 2, 0)), np.swapaxes(E, 0, 1))
-    E *= root
-    sum_z = E.sum(axis=0)
-    cov_z = np.matmul(np.swapaxes(cholesky_inv, 1, 2), cholesky_inv)
-    sum_zz += resp.sum(axis=0)[:, None, None] * cov_z
-    return sum_z, E, sum_zz
+    out *= root
+    sum_zz += np.matmul(np.transpose(out, (1, 2, 0)), np.swapaxes(out, 0, 1))
+    out *= root
+    sum_z += out.sum(axis=0)
+    return out
+
+
+def _centred_sums(X, r, center, P, cholesky_inv):
+    """``sum r u``, ``sum r u^2`` and ``sum r u e^T`` (``u = x - c``, ``e = p
+    L^{-1}``) of one component from ``x - c`` directly, over its rows with ``r > 0``
+    by chunks of ``_CHUNK_BYTES`` (where the expansion around the shift cancels)."""
+    d, q = X.shape[1], cholesky_inv.shape[0]
+    sum_x, sum_xx, sum_xz = np.zeros(d), np.zeros(d), np.zeros((d, q))
+    rows = np.flatnonzero(r > 0.0)
+    step = int(max(16, _CHUNK_BYTES // (8 * max(d, 1))))
+    for c0 in range(0, len(rows), step):
+        chunk = rows[c0:c0 + step]
+        diff = np.subtract(X[chunk], center, dtype=np.float64)
+        rE = (P[chunk] @ cholesky_inv) * r[chunk, None]
+        sum_x += r[chunk] @ diff
+        sum_xz += diff.T @ rE
+        diff *= diff
+        sum_xx += r[chunk] @ diff
+    return sum_x, sum_xx, sum_xz
 
 
 def m_step(stats, centers, reg_covar):
@@ -723,13 +852,14 @@ def sample(rng, means, loadings, noise_variance, counts):
 
 def bytes_per_row(n_features, n_components, n_factors, itemsize):
     """Working memory (bytes) of one row of a block during a pass: the row in the
-    compute dtype, its projections and weighted posterior means (``2 K q``
-    float64) and a few ``(n, K)`` float64 arrays. (The shifted rows are formed by
-    chunks of ``_CHUNK_BYTES``, a few per thread whatever the block.)"""
+    compute dtype, its projections (``K q`` float64) and six ``(n, K)`` float64
+    arrays (the diagonal distances and their rounding bounds, the log-densities,
+    the responsibilities and the E step's temporaries). The shifted rows, their
+    squares and the weighted posterior means are formed by row chunks
+    (``_CHUNK_BYTES``, at least ``_MIN_PRODUCT_ROWS`` rows), a few per thread
+    whatever the block."""
     d, K, q = n_features, n_components, n_factors
-    return d * itemsize + 2 * K * q * 8 + 6 * K * 8
-
-
+    return d * itemsize + K * q * 8 + 6 * K * 8
 
 
 def statistics_nbytes(n_components, n_features, n_factors):

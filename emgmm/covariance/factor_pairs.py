@@ -16,6 +16,22 @@ from .factor_kernels import zero_statistics
 from .log_density import _gamma
 
 _U64 = np.finfo(np.float64).eps / 2
+#: Bytes of the gathered rows of one component taken at a time (float64): the gather
+#: buffers of a thread hold at most this much, not a component's rows of the block.
+GATHER_CHUNK_BYTES = 16 * 2**20
+
+
+def _row_chunks(start, stop, n_features):
+    """``(c0, c1)`` spans of ``start:stop`` of at most ``GATHER_CHUNK_BYTES`` of
+    float64 rows each."""
+    step = max(1, GATHER_CHUNK_BYTES // (8 * max(n_features, 1)))
+    return [(c0, min(c0 + step, stop)) for c0 in range(start, stop, step)]
+
+
+def _chunk_rows(counts, n_features):
+    """Rows of the gather buffers: the largest count, at most one chunk's."""
+    step = max(1, GATHER_CHUNK_BYTES // (8 * max(n_features, 1)))
+    return int(min(counts.max(initial=0), step))
 
 
 def pair_values(X, means, precision, offset, comps, rows, g_norm=None):
@@ -52,22 +68,23 @@ def pair_values(X, means, precision, offset, comps, rows, g_norm=None):
     values = np.empty(comps.size)
     errors = g_norm is not None
     err = np.empty(comps.size) if errors else None
-    with single_blas_thread(), GatherBuffers.borrowed(X, counts.max(initial=0)) as gb:
+    with single_blas_thread(), \
+            GatherBuffers.borrowed(X, _chunk_rows(counts, d)) as gb:
         for k in np.flatnonzero(counts):
-            b0, b1 = bounds[k], bounds[k + 1]
-            u = gb.centred(rows[b0:b1], means[k])
-            p = u @ precision.projection[k]
-            pp = np.einsum("ij,ij->i", p, p)
-            np.square(u, out=u)
-            diag = u @ precision.inv_noise[k]
-            out = values[b0:b1]
-            np.subtract(diag, pp, out=out)
-            np.maximum(out, 0.0, out=out)
-            out *= -0.5
-            out += offset[k]
-            if errors:
-                err[b0:b1] = _value_errors(diag, pp, np.sqrt(u.sum(axis=1)),
-                                           g_norm[k], out, d, p.shape[1])
+            for b0, b1 in _row_chunks(bounds[k], bounds[k + 1], d):
+                u = gb.centred(rows[b0:b1], means[k])
+                p = u @ precision.projection[k]
+                pp = np.einsum("ij,ij->i", p, p)
+                np.square(u, out=u)
+                diag = u @ precision.inv_noise[k]
+                out = values[b0:b1]
+                np.subtract(diag, pp, out=out)
+                np.maximum(out, 0.0, out=out)
+                out *= -0.5
+                out += offset[k]
+                if errors:
+                    err[b0:b1] = _value_errors(diag, pp, np.sqrt(u.sum(axis=1)),
+                                               g_norm[k], out, d, p.shape[1])
     return (values, err) if errors else values
 
 
@@ -118,13 +135,16 @@ def pair_statistics(X, resp, centers, means, precision, resp_threshold=0.0,
     cov_z = np.matmul(np.swapaxes(precision.cholesky_inv, 1, 2), precision.cholesky_inv)
     keep = resp > resp_threshold
     counts = keep.sum(axis=0)
-    with single_blas_thread(), GatherBuffers.borrowed(X, counts.max(initial=0)) as gb:
+    with single_blas_thread(), \
+            GatherBuffers.borrowed(X, _chunk_rows(counts, d)) as gb:
         for k in np.flatnonzero(counts):
             rows = np.flatnonzero(keep[:, k])
-            _component_sums(stats, k, gb.centred(rows, means[k]), resp[rows, k],
-                            np.asarray(centers[k], dtype=np.float64)
-                            - np.asarray(means[k], dtype=np.float64),
-                            precision, cov_z[k])
+            delta = (np.asarray(centers[k], dtype=np.float64)
+                     - np.asarray(means[k], dtype=np.float64))
+            for c0, c1 in _row_chunks(0, rows.size, d):
+                chunk = rows[c0:c1]
+                _component_sums(stats, k, gb.centred(chunk, means[k]), resp[chunk, k],
+                                delta, precision, cov_z[k])
     return stats
 
 

@@ -58,7 +58,8 @@ _OVERSAMPLE = 4
 #: per pair as the gathered ones.
 _PROBE_ROWS = 512
 _MAX_DENSITY = 0.3
-#: Bytes of a row chunk of the projections ``(rows, K p)``.
+#: Bytes of a row chunk of the projections ``(rows, K p)`` and of the shifted rows
+#: ``(rows, d)`` together.
 _PROJECTION_BYTES = 8 * 2**20
 _U64 = np.finfo(np.float64).eps / 2
 
@@ -294,7 +295,9 @@ class ProjectionScreen:
         once written."""
         n, d = X.shape
         K, p = self.offset.size, self.p
-        rows = chunk_rows(K * p, 8, n, _PROJECTION_BYTES)
+        # (both work arrays: the projections and the shifted rows, (rows, d), which
+        # at d=10k, K=20 were a whole block per thread)
+        rows = chunk_rows(K * p + d, 8, n, _PROJECTION_BYTES)
         shrink = 1.0 - _gamma(p + 1, np.float64)
         out_t = out.T  # (K, n): contiguous rows for a column-major out
         err = self.err_coef[:, None]

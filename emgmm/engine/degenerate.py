@@ -240,6 +240,16 @@ class RaisePolicy:
                                            parameters.kind.first_failure(bad)))
         return parameters.precisions_cholesky, []
 
+    def hold(self, parameters, bad, previous_factors, n_iter):
+        """The components of ``bad`` still degenerate after the covariance type's
+        repair that keeps the lower bound: with 'raise', all of them.
+
+        Returns
+        -------
+        list of int
+        """
+        return bad
+
     def _message(self, parameters, component):
         return ill_defined_message(component, self.dtype, parameters.covariances)
 
@@ -276,6 +286,31 @@ class ReinitPolicy(RaisePolicy):
         if bad:
             raise ValueError(self._message(parameters, bad[0]))
         return u, reseeded
+
+    def hold(self, parameters, bad, previous_factors, n_iter):
+        """Repair the degenerate components of ``bad`` that the covariance type
+        can keep from the E step's factors ``previous_factors`` (its
+        :meth:`~emgmm.covariance.CovarianceType.hold_degenerate`: the lower bound
+        cannot decrease), with a warning; the factors of ``parameters`` are formed
+        again for them. Returns the components still degenerate."""
+        p = parameters
+        if not bad or previous_factors is None or not p.kind.holds_degenerate:
+            return bad
+        held = p.kind.hold_degenerate(p.covariances, previous_factors, bad)
+        if not held:
+            return bad
+        u, failed = self._refactor(p, held, [])
+        p.precisions_cholesky = u
+        kept = [k for k in held if k not in failed]
+        if kept:
+            warnings.warn(
+                f"Components {kept} had noise variances that are not positive (a "
+                "component on fewer distinct points than features, with reg_covar="
+                f"{self.reg_covar}); they keep their previous noise variances in "
+                "those features, so that the lower bound does not decrease. "
+                "Increase reg_covar to avoid this.",
+                UserWarning, stacklevel=3)
+        return [k for k in bad if k not in kept]
 
     def _refactor(self, parameters, reseeded, bad):
         """The factors with those of the ``reseeded`` components formed again (in

@@ -127,10 +127,15 @@ def em_step(data_pass, take_model, settings, policy, seeds, used_rows, n_iter,
     log_likelihood = stats.log_likelihood
     stats, new = update.parameters_from_statistics(data_pass, model, stats,
                                                    settings.reg_covar)
+    # (the E step's factors, for a repair that keeps the bound: small for the
+    # types that have one)
+    previous = model.precisions_cholesky if model.kind.holds_degenerate else None
     del model
     new.precisions_cholesky, bad = factorize(
         new.covariances, new.kind, settings.compute_dtype,
         threads=data_pass.executor.component_threads)
+    bad = policy.hold(new, bad, previous, n_iter)
+    del previous
     # a component re-seeded before that starves again is kept, as scikit-learn
     # keeps it (its covariance is positive definite; re-seeding it on every
     # iteration would keep the fit from converging, e.g. K close to n)

@@ -116,6 +116,9 @@ def _of(path, description):
     return "" if description == path else f" (of {description})"
 
 
+#: Bytes of the stored rows read at a time when a block is cast (float64 data read for
+#: float32 compute): the cast copy is filled chunk by chunk.
+CAST_CHUNK_BYTES = 8 * 2**20
 #: Bytes of one ``os.pread`` call in :func:`read_exactly`: it returns a new bytes
 #: object, copied into the block, so a bounded size bounds the extra memory.
 _PREAD_BYTES = 2**24
@@ -340,14 +343,31 @@ class Source(abc.ABC):
             :attr:`known_finite` is checked only after a cast.
         """
         dtype = self.compute_dtype if dtype is None else dtype
-        block = np.asarray(self._read(start, stop))
-        cast = block.dtype != dtype
+        cast = np.dtype(self.dtype) != np.dtype(dtype)
         if cast:
-            with np.errstate(over="ignore"):  # found just below, by row and column
-                block = block.astype(dtype)
+            block = self._read_cast(start, stop, dtype)
+        else:
+            block = np.asarray(self._read(start, stop))
+            if block.dtype != dtype:  # (a source whose reads are of another dtype)
+                cast = True
+                with np.errstate(over="ignore"):
+                    block = block.astype(dtype)
         if cast or not self.known_finite:
             check_block_finite(block, start, self.description)
         return block
+
+    def _read_cast(self, start: int, stop: int, dtype: Any) -> np.ndarray:
+        """Rows ``start:stop`` cast to ``dtype``, read by row chunks of about
+        ``CAST_CHUNK_BYTES`` into the result (the stored block and its cast copy are
+        never both held: a float64 block read for float32 compute)."""
+        itemsize = max(np.dtype(self.dtype).itemsize, 1)
+        step = max(1, CAST_CHUNK_BYTES // (itemsize * max(self.n_features, 1)))
+        out = np.empty((stop - start, self.n_features), dtype=dtype)
+        with np.errstate(over="ignore"):  # found by the caller, by row and column
+            for r0 in range(start, stop, step):
+                r1 = min(r0 + step, stop)
+                out[r0 - start:r1 - start] = np.asarray(self._read(r0, r1))
+        return out
 
     def take(self, indices: np.ndarray, block_size: int) -> np.ndarray:
         """Rows at sorted ``indices``, read block by block in increasing order.

@@ -319,7 +319,7 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMet
         a random subsample of :meth:`_init_rows` (sorted), checked and in float64
         (:func:`~emgmm.mixture.initialization.init_sample`)."""
         weights = None
-        rows = self._init_rows(source.n_samples, source.n_features)
+        rows = self._init_rows(source.n_samples, source.n_features, block_size)
         if isinstance(source, ArraySource) and source.n_samples <= rows:
             sample = source.array
             if sample_weights is not None:
@@ -340,11 +340,12 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMet
                 "one row per component.")
         return sample, weights
 
-    def _init_rows(self, n_samples, n_features):
+    def _init_rows(self, n_samples, n_features, block_size):
         """Rows of the initialisation subsample
-        (:func:`~emgmm.mixture.initialization.init_rows`)."""
+        (:func:`~emgmm.mixture.initialization.init_rows`, for the fit's blocks of
+        ``block_size`` rows)."""
         return init_rows(self.init_max_samples, n_samples, n_features,
-                         self.n_components)
+                         self.n_components, block_size)
 
     def _update_rule(self):
         """The engine's update rule: E-step parameters, parameters from statistics
@@ -625,7 +626,8 @@ h5py.Dataset or None, default=None
                 "n_samples": plan.n_samples,
                 "n_components": self.n_components,
                 "init_params": self.init_params if initialises else None,
-                "init_rows": (self._init_rows(plan.n_samples, plan.n_features)
+                "init_rows": (self._init_rows(plan.n_samples, plan.n_features,
+                                              plan.block_size)
                               if initialises else 0),
                 "resume": None if resume is None else {
                     "path": plan.checkpointer.path, "init": resume.init_index,

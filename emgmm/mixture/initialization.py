@@ -3,8 +3,9 @@
 scikit-learn initialises from responsibilities over the whole of ``X``
 (``sklearn.mixture._base.BaseMixture._initialize_parameters``). emgmm does the same on
 a subsample of at most ``init_max_samples`` rows (and at most
-:data:`INIT_SAMPLE_BYTES` of them), drawn with the estimator's random state and read
-in increasing row order (one sequential pass at most). When ``X`` has
+:func:`init_sample_bytes` of them: the fit's block, within bounds), drawn with the
+estimator's random state and read in increasing row order (one sequential pass at
+most). When ``X`` has
 no more rows than that, the subsample is ``X`` itself and no random numbers are drawn
 for it, so every ``init_params`` gives exactly scikit-learn's initialisation.
 """
@@ -18,13 +19,43 @@ from ..covariance import get_covariance_type
 #: memory and k-means works on copies of it, so at d=10k the 100,000 rows of
 #: ``init_max_samples`` would be 8 GB (several times that at the peak).
 INIT_SAMPLE_BYTES = 256 * 2**20
+#: The subsample may always hold this many bytes, whatever the fit's block (so that
+#: small data keep scikit-learn's initialisation on all their rows).
+INIT_SAMPLE_MIN_BYTES = 64 * 2**20
 
 
-def init_rows(init_max_samples, n_samples, n_features, n_components):
+def init_sample_bytes(block_bytes=None):
+    """Bytes of float64 rows the initialisation subsample may hold: at most
+    :data:`INIT_SAMPLE_BYTES` and at most the fit's block as float64
+    (``block_bytes``), but at least :data:`INIT_SAMPLE_MIN_BYTES`.
+
+    k-means on the subsample holds the subsample, scikit-learn's centred copy of
+    it and, while it computes its tolerance, the deviations from the column means:
+    up to about four times the subsample (1034 MiB on 256 MiB at d=10k), against
+    the three times (model + one block) a fit may take.
+
+    Parameters
+    ----------
+    block_bytes : int or None, default=None
+        ``block_rows * n_features * 8``; ``None``: :data:`INIT_SAMPLE_BYTES`.
+
+    Returns
+    -------
+    int
+    """
+    if block_bytes is None:
+        return INIT_SAMPLE_BYTES
+    return int(min(INIT_SAMPLE_BYTES, max(INIT_SAMPLE_MIN_BYTES, block_bytes)))
+
+
+def init_rows(init_max_samples, n_samples, n_features, n_components,
+              block_rows=None):
     """Rows of the initialisation subsample: ``init_max_samples``, at most as many
-    float64 rows as fit in :data:`INIT_SAMPLE_BYTES` (but no fewer than
-    ``n_components``), at most ``n_samples``."""
-    by_bytes = max(n_components, INIT_SAMPLE_BYTES // (8 * max(n_features, 1)))
+    float64 rows as fit in :func:`init_sample_bytes` of the fit's blocks of
+    ``block_rows`` (but no fewer than ``n_components``), at most ``n_samples``."""
+    d = max(n_features, 1)
+    budget = init_sample_bytes(None if block_rows is None else 8 * d * block_rows)
+    by_bytes = max(n_components, budget // (8 * d))
     return int(min(n_samples, init_max_samples, by_bytes))
 
 

@@ -30,6 +30,8 @@ _SIGNATURES = {
     "trmm": (_CHAR, _CHAR, _CHAR, _CHAR, _INT, _INT, _PTR, _PTR, _INT, _PTR, _INT),
     "trsm": (_CHAR, _CHAR, _CHAR, _CHAR, _INT, _INT, _PTR, _PTR, _INT, _PTR, _INT),
     "syrk": (_CHAR, _CHAR, _INT, _INT, _PTR, _PTR, _INT, _PTR, _PTR, _INT),
+    "gemm": (_CHAR, _CHAR, _INT, _INT, _INT, _PTR, _PTR, _INT, _PTR, _INT, _PTR, _PTR,
+             _INT),
 }
 _PREFIX = {np.dtype(np.float64): "d", np.dtype(np.float32): "s"}
 
@@ -197,4 +199,28 @@ def syrk_lower_add(c, a, alpha=1.0):
         return c
     run(b"L", b"N", _int(d), _int(m), _scalar(alpha, a.dtype), a.ctypes.data,
         _int(_lda(a)), _scalar(1.0, a.dtype), c.ctypes.data, _int(_lda(c)))
+    return c
+
+
+def gemm_add(c, a, b, trans_a=False, trans_b=False):
+    """``c := c + op(a) @ op(b)`` in place (``op(a)`` is ``a.T`` with ``trans_a``),
+    ``c`` (m, n), ``op(a)`` (m, k), ``op(b)`` (k, n); all Fortran-ordered and of one
+    dtype (a C-ordered operand is passed as its transpose, with the flag)."""
+    _check(c, "c")
+    _check(a, "a", writable=False)
+    _check(b, "b", writable=False)
+    m, n = c.shape
+    k = a.shape[0] if trans_a else a.shape[1]
+    _check_pair(a, (k, m) if trans_a else (m, k), c.dtype)
+    _check_pair(b, (n, k) if trans_b else (k, n), c.dtype)
+    if m == 0 or n == 0 or k == 0:
+        return c
+    run = _routine("gemm", c.dtype)
+    if run is None:
+        c[...] = _blas.get_blas_funcs("gemm", (a, b, c))(
+            1.0, a, b, beta=1.0, c=c, trans_a=int(trans_a), trans_b=int(trans_b))
+        return c
+    run(b"T" if trans_a else b"N", b"T" if trans_b else b"N", _int(m), _int(n),
+        _int(k), _scalar(1.0, c.dtype), a.ctypes.data, _int(_lda(a)), b.ctypes.data,
+        _int(_lda(b)), _scalar(1.0, c.dtype), c.ctypes.data, _int(_lda(c)))
     return c

@@ -189,6 +189,11 @@ MIN_BLOCK_ROWS = 8192
 #: per-block overhead (benchmarks/README.md, "Measurements behind the tuning
 #: constants").
 STREAMING_BLOCK_MIB = 16
+#: Blocks of the types with ``chunked_blocks`` ('factor') stay within this working
+#: set: their kernels work by row chunks of their own, so a larger block buys no
+#: speed, while every row thread holds one (two blocks of [6250, 10000] float64
+#: were 954 MiB of a 1.5 GB process).
+CHUNKED_BLOCK_MIB = 256
 #: The number of blocks is rounded up to a multiple of this (equal shares for 2, 4
 #: and 8 workers), whatever ``n_jobs`` is.
 BLOCK_MULTIPLE = 8
@@ -416,7 +421,8 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
 def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib,
                chunk_rows=None, description="X", *, covariance_type):
     """Rows per block so that one block's working set fits ``working_memory_mib``
-    (for 'diag' and 'spherical' also ``STREAMING_BLOCK_MIB``).
+    (for 'diag' and 'spherical' also ``STREAMING_BLOCK_MIB``, for 'factor'
+    ``CHUNKED_BLOCK_MIB``).
 
     A large data set is also cut into at least ``TARGET_BLOCKS`` blocks (blocks of
     no fewer than ``MIN_BLOCK_ROWS`` rows), so that there are tasks for several
@@ -451,6 +457,8 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     chunk_budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
     if covariance_type.streams_blocks:
         working_memory_mib = min(working_memory_mib, STREAMING_BLOCK_MIB)
+    if covariance_type.chunked_blocks:
+        working_memory_mib = min(working_memory_mib, CHUNKED_BLOCK_MIB)
     budget_rows = max(1, int(working_memory_mib * _MIB // per_row))
     rows = min(budget_rows, max(MIN_BLOCK_ROWS, -(-n_samples // TARGET_BLOCKS)))
     n_blocks = -(-n_samples // rows)
