@@ -12,7 +12,10 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 from threadpoolctl import threadpool_limits
 
-from emgmm.covariance import factor_kernels as factor
+from emgmm.covariance import factor_log_density as fdensity
+from emgmm.covariance import factor_m_step as fmstep
+from emgmm.covariance import factor_parameters as fparams
+from emgmm.covariance import factor_statistics as fstats
 
 
 @pytest.fixture(autouse=True)
@@ -48,17 +51,17 @@ def _em(X, weights, means, loadings, noise, n_iter, reg_covar=0.0, tol=None, blo
     (of the E step of each iteration, as scikit-learn's lower bound)."""
     bounds = []
     for _ in range(n_iter):
-        prec = factor.factorize(loadings, noise)
-        stats = factor.zero_statistics(*loadings.shape)
+        prec = fparams.factorize(loadings, noise)
+        stats = fstats.zero_statistics(*loadings.shape)
         for rows in np.array_split(np.arange(len(X)), blocks):
-            log_prob, proj = factor.estimate_log_prob(X[rows], means, prec, weights)
+            log_prob, proj = fdensity.estimate_log_prob(X[rows], means, prec, weights)
             log_prob += np.log(weights)
             norm = logsumexp(log_prob, axis=1)
             resp = np.exp(log_prob - norm[:, None])
-            stats += factor.block_statistics(X[rows], resp, means, prec, proj)
+            stats += fstats.block_statistics(X[rows], resp, means, prec, proj)
             stats.log_likelihood += norm.sum()
         bounds.append(stats.log_likelihood / len(X))
-        weights, means, loadings, noise = factor.m_step(stats, means, reg_covar)
+        weights, means, loadings, noise = fmstep.m_step(stats, means, reg_covar)
         if tol is not None and len(bounds) > 1 and abs(bounds[-1] - bounds[-2]) < tol:
             break
     return (weights, means, loadings, noise), np.array(bounds)
@@ -75,7 +78,7 @@ def test_log_density_matches_scipy(d, q):
     K = 3
     weights, means, W, psi = _random_model(rng, K, d, q, psi_range=(-3.0, 2.0))
     X = means[rng.integers(K, size=40)] + rng.normal(scale=2.0, size=(40, d))
-    got = factor.log_gaussian_prob(X, means, factor.factorize(W, psi), weights)
+    got = fdensity.log_gaussian_prob(X, means, fparams.factorize(W, psi), weights)
     assert got.shape == (40, K)
     for k in range(K):
         ref = multivariate_normal(means[k], _dense_cov(W[k], psi[k])).logpdf(X)
@@ -91,7 +94,7 @@ def test_log_density_far_from_origin_and_shift():
     psi = np.full((2, d), 1e-4)
     X = np.concatenate([means[0] + rng.normal(scale=1e-2, size=(5, d)),
                         rng.normal(size=(5, d))])
-    got = factor.log_gaussian_prob(X, means, factor.factorize(W, psi))
+    got = fdensity.log_gaussian_prob(X, means, fparams.factorize(W, psi))
     for k in range(2):
         diff = X - means[k]  # the dense oracle, centred exactly
         cov = _dense_cov(W[k], psi[k])
@@ -104,9 +107,9 @@ def test_log_density_float32_projection_close():
     rng = np.random.default_rng(2)
     _weights, means, W, psi = _random_model(rng, 2, 20, 3)
     X = means[rng.integers(2, size=30)] + rng.normal(size=(30, 20))
-    prec = factor.factorize(W, psi)
-    exact = factor.log_gaussian_prob(X, means, prec)
-    single = factor.estimate_log_prob(X.astype(np.float32), means, prec,
+    prec = fparams.factorize(W, psi)
+    exact = fdensity.log_gaussian_prob(X, means, prec)
+    single = fdensity.estimate_log_prob(X.astype(np.float32), means, prec,
                                       dtype=np.float32)[0]
     assert single.dtype == np.float64
     np.testing.assert_allclose(single, exact, rtol=1e-4)
@@ -124,10 +127,10 @@ def test_float32_with_margin_exact_where_it_matters():
     lab = rng.integers(K, size=n)
     X = (means[lab] + np.einsum("ndq,nq->nd", W[lab], rng.normal(size=(n, q)))
          + rng.normal(size=(n, d)) * np.sqrt(psi[lab])).astype(np.float32)
-    prec = factor.factorize(W, psi)
-    exact = factor.log_gaussian_prob(X.astype(np.float64), means, prec, weights)
-    plain = factor.estimate_log_prob(X, means, prec, weights, dtype=np.float32)[0]
-    refined = factor.estimate_log_prob(X, means, prec, weights, dtype=np.float32,
+    prec = fparams.factorize(W, psi)
+    exact = fdensity.log_gaussian_prob(X.astype(np.float64), means, prec, weights)
+    plain = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32)[0]
+    refined = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32,
                                        margin=30.0)[0]
     own = (np.arange(n), lab)
     assert np.abs(plain[own] - exact[own]).max() > 1e-6  # the cancellation is real
@@ -144,23 +147,23 @@ def test_factorize_refuses_bad_noise(bad, message):
     psi = np.ones((2, 4))
     psi[1, 2] = bad
     with pytest.raises(ValueError, match=message) as info:
-        factor.factorize(np.zeros((2, 4, 1)), psi)
+        fparams.factorize(np.zeros((2, 4, 1)), psi)
     assert "component 1" in str(info.value)
 
 
 def test_factorize_refuses_mismatched_shapes():
     with pytest.raises(ValueError, match="shape"):
-        factor.factorize(np.zeros((2, 4, 1)), np.ones((2, 5)))
+        fparams.factorize(np.zeros((2, 4, 1)), np.ones((2, 5)))
 
 
 def test_n_parameters_counts():
     # q = 0 is 'diag': K (2 d) + K - 1, as scikit-learn counts it
     sk = SkGaussianMixture(3, covariance_type="diag").fit(
         np.random.default_rng(0).normal(size=(50, 4)))
-    assert factor.n_parameters(3, 4, 0) == sk._n_parameters()
+    assert fparams.n_parameters(3, 4, 0) == sk._n_parameters()
     # one factor adds d loadings per component; the second d - 1 (a rotation)
-    assert factor.n_parameters(3, 4, 1) - factor.n_parameters(3, 4, 0) == 3 * 4
-    assert factor.n_parameters(3, 4, 2) - factor.n_parameters(3, 4, 1) == 3 * 3
+    assert fparams.n_parameters(3, 4, 1) - fparams.n_parameters(3, 4, 0) == 3 * 4
+    assert fparams.n_parameters(3, 4, 2) - fparams.n_parameters(3, 4, 1) == 3 * 3
 
 
 # ----------------------------------------------------------------- statistics
@@ -173,9 +176,9 @@ def test_block_statistics_match_dense_posterior():
     weights, means, W, psi = _random_model(rng, K, d, q)
     X = means[rng.integers(K, size=n)] + rng.normal(scale=2.0, size=(n, d))
     resp = rng.dirichlet(np.ones(K), size=n)
-    prec = factor.factorize(W, psi)
-    _, proj = factor.estimate_log_prob(X, means, prec, weights)
-    got = factor.block_statistics(X, resp, means, prec, proj)
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec, weights)
+    got = fstats.block_statistics(X, resp, means, prec, proj)
     for k in range(K):
         r = resp[:, k]
         u = X - means[k]
@@ -202,9 +205,9 @@ def test_block_statistics_far_centres_recomputed():
     psi = np.full((2, d), 1e-6)
     X = np.concatenate([m + rng.normal(scale=1e-3, size=(50, d)) for m in means])
     resp = np.repeat(np.eye(2), 50, axis=0)
-    prec = factor.factorize(W, psi)
-    _, proj = factor.estimate_log_prob(X, means, prec)
-    got = factor.block_statistics(X, resp, means, prec, proj)
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec)
+    got = fstats.block_statistics(X, resp, means, prec, proj)
     for k in range(2):
         u = X[resp[:, k] > 0] - means[k]
         np.testing.assert_allclose(got.sum_xx[k], (u**2).sum(axis=0), rtol=1e-9)
@@ -214,7 +217,7 @@ def test_block_statistics_far_centres_recomputed():
 def _numpy_statistics(X, resp, centers, means, prec):
     """The statistics on the whole array with numpy, from ``x - c_k`` and ``x -
     mu_k`` (no shift, no chunks): ``e = (x - mu) G L^{-1}``."""
-    out = {name: [] for name in factor.FactorStatistics._ARRAYS}
+    out = {name: [] for name in fstats.FactorStatistics._ARRAYS}
     for k in range(len(centers)):
         r = resp[:, k]
         u = X - centers[k]
@@ -231,17 +234,17 @@ def _numpy_statistics(X, resp, centers, means, prec):
 def test_chunked_statistics_equal_numpy_on_the_whole_array(monkeypatch, chunk_rows):
     """Row chunks of 1 to all of the block's rows (also a last, shorter chunk):
     every sum equals numpy's on the whole array to 1e-12."""
-    monkeypatch.setattr(factor, "_MIN_PRODUCT_ROWS", chunk_rows)
-    monkeypatch.setattr(factor, "_CHUNK_BYTES", 1)
+    monkeypatch.setattr(fstats, "_MIN_PRODUCT_ROWS", chunk_rows)
+    monkeypatch.setattr(fstats, "_CHUNK_BYTES", 1)
     rng = np.random.default_rng(30)
     K, d, q, n = 4, 9, 3, 301
     weights, means, W, psi = _random_model(rng, K, d, q)
     X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
     resp = rng.dirichlet(np.ones(K), size=n)
-    prec = factor.factorize(W, psi)
+    prec = fparams.factorize(W, psi)
     centers = means + rng.normal(scale=0.1, size=means.shape)
-    _, proj = factor.estimate_log_prob(X, means, prec, weights)
-    got = factor.block_statistics(X, resp, centers, prec, proj)
+    _, proj = fdensity.estimate_log_prob(X, means, prec, weights)
+    got = fstats.block_statistics(X, resp, centers, prec, proj)
     ref = _numpy_statistics(X, resp, centers, means, prec)
     for name, value in ref.items():
         scale = np.abs(value).max()
@@ -252,7 +255,7 @@ def test_chunked_statistics_equal_numpy_on_the_whole_array(monkeypatch, chunk_ro
 def test_far_component_recomputed_by_chunks(monkeypatch):
     """A tight component 1e6 from the shift: its centred sums are recomputed from
     ``x - c`` in chunks of a few rows, equal to numpy's on the whole array."""
-    monkeypatch.setattr(factor, "_CHUNK_BYTES", 8 * 5 * 3)  # 16 rows per chunk
+    monkeypatch.setattr(fstats, "_CHUNK_BYTES", 8 * 5 * 3)  # 16 rows per chunk
     rng = np.random.default_rng(31)
     d, q = 5, 2
     means = np.stack([np.full(d, 1e6), np.zeros(d)])
@@ -263,9 +266,9 @@ def test_far_component_recomputed_by_chunks(monkeypatch):
     resp = np.zeros((110, 2))
     resp[:70, 0] = 1.0
     resp[70:, 1] = 1.0
-    prec = factor.factorize(W, psi)
-    _, proj = factor.estimate_log_prob(X, means, prec)
-    got = factor.block_statistics(X, resp, means, prec, proj)
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec)
+    got = fstats.block_statistics(X, resp, means, prec, proj)
     u = X[:70] - means[0]
     e = proj.P[:70, 0] @ prec.cholesky_inv[0]  # the E step's (as the sums take it)
     for name, value in (("sum_x", u.sum(axis=0)), ("sum_xx", (u**2).sum(axis=0)),
@@ -279,7 +282,7 @@ def test_diag_distances_recompute_only_the_cancelling_pairs(monkeypatch):
     the pair's scale and recomputed from ``x - mu_k`` (in chunks) where not: equal
     to the direct sums on every pair to 1e-12, with the far component's own rows
     the only recomputed pairs."""
-    monkeypatch.setattr(factor, "_CHUNK_BYTES", 8 * 8 * 3)
+    monkeypatch.setattr(fdensity, "_CHUNK_BYTES", 8 * 8 * 3)
     rng = np.random.default_rng(32)
     d = 8
     means = np.stack([np.full(d, 1e5), np.zeros(d), np.ones(d)])
@@ -288,11 +291,11 @@ def test_diag_distances_recompute_only_the_cancelling_pairs(monkeypatch):
                         rng.normal(size=(30, d))])
     shift = np.zeros(d)
     calls = []
-    direct = factor._direct_distances
-    monkeypatch.setattr(factor, "_direct_distances",
+    direct = fdensity._direct_distances
+    monkeypatch.setattr(fdensity, "_direct_distances",
                         lambda X, mu, inv, redo, out: (calls.append(redo.copy()),
                                                        direct(X, mu, inv, redo, out)))
-    got = factor._diag_distances(X, means, inv_noise, shift)
+    got = fdensity._diag_distances(X, means, inv_noise, shift)
     ref = np.stack([((X - m) ** 2) @ w for m, w in zip(means, inv_noise,
                                                         strict=True)], axis=1)
     np.testing.assert_allclose(got, ref, rtol=1e-12)
@@ -305,12 +308,12 @@ def test_resp_threshold_leaves_out_pairs():
     _weights, means, W, psi = _random_model(rng, 2, 6, 2)
     X = rng.normal(size=(30, 6))
     resp = rng.dirichlet(np.ones(2), size=30)
-    prec = factor.factorize(W, psi)
-    _, proj = factor.estimate_log_prob(X, means, prec)
-    cut = factor.block_statistics(X, resp, means, prec, proj, resp_threshold=0.3)
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec)
+    cut = fstats.block_statistics(X, resp, means, prec, proj, resp_threshold=0.3)
     kept = np.where(resp > 0.3, resp, 0.0)
-    ref = factor.block_statistics(X, kept, means, prec, proj)
-    for name in factor.FactorStatistics._ARRAYS:
+    ref = fstats.block_statistics(X, kept, means, prec, proj)
+    for name in fstats.FactorStatistics._ARRAYS:
         np.testing.assert_array_equal(getattr(cut, name), getattr(ref, name))
     assert cut.nk[0] < resp[:, 0].sum()
 
@@ -325,10 +328,10 @@ def test_m_step_equals_uncentred_augmented_formula():
     _weights, means, W, psi = _random_model(rng, K, d, q)
     X = means[rng.integers(K, size=n)] + rng.normal(scale=2.0, size=(n, d))
     resp = rng.dirichlet(np.ones(K), size=n)
-    prec = factor.factorize(W, psi)
-    _, proj = factor.estimate_log_prob(X, means, prec)
-    stats = factor.block_statistics(X, resp, means, prec, proj)
-    _, new_means, new_W, new_psi = factor.m_step(stats, means, 0.0)
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec)
+    stats = fstats.block_statistics(X, resp, means, prec, proj)
+    _, new_means, new_W, new_psi = fmstep.m_step(stats, means, 0.0)
     for k in range(K):
         r = resp[:, k]
         beta = np.linalg.solve(_dense_cov(W[k], psi[k]), W[k]).T
@@ -345,12 +348,12 @@ def test_m_step_equals_uncentred_augmented_formula():
 
 
 def test_m_step_floor_and_empty_component():
-    stats = factor.zero_statistics(2, 3, 2)
+    stats = fstats.zero_statistics(2, 3, 2)
     stats.nk[0] = 4.0
     stats.sum_zz[0] = 4.0 * np.eye(2)
     stats.sum_xx[0] = 1e-30  # rounding below the explained part
     stats.sum_xz[0] = 1e-10
-    _weights, means, W, psi = factor.m_step(stats, np.ones((2, 3)), 1e-6)
+    _weights, means, W, psi = fmstep.m_step(stats, np.ones((2, 3)), 1e-6)
     assert np.all(np.isfinite(W)) and np.all(np.isfinite(psi))
     assert np.all(psi >= 1e-6)
     np.testing.assert_array_equal(W[1], 0.0)
@@ -389,7 +392,7 @@ def test_single_component_reaches_factor_analysis():
     X = _planted(rng, n, rng.normal(size=(1, d)), W_true, psi_true)
     fa = FactorAnalysis(n_components=q, tol=1e-12, max_iter=10000,
                         svd_method="lapack").fit(X)
-    start = factor.initial_parameters(X, np.ones((n, 1)), q, 0.0)
+    start = fmstep.initial_parameters(X, np.ones((n, 1)), q, 0.0)
     (_w, _mu, W, psi), bounds = _em(X, *start, 20000, tol=1e-13)
     assert abs(bounds[-1] - bounds[-2]) < 1e-13
     np.testing.assert_allclose(bounds[-1], fa.score(X), rtol=1e-6)
@@ -404,7 +407,7 @@ def test_lower_bound_never_decreases():
     _, means, W, psi = _random_model(rng, K, d, q, psi_range=(-1.0, 0.0))
     X = _planted(rng, 150, means, W, psi)
     resp = rng.dirichlet(np.ones(K), size=len(X))
-    start = factor.initial_parameters(X, resp, q, 0.0)
+    start = fmstep.initial_parameters(X, resp, q, 0.0)
     _, bounds = _em(X, *start, 60, blocks=3)
     assert np.all(np.diff(bounds) >= -1e-12 * np.abs(bounds[1:]))
     assert bounds[-1] > bounds[0] + 0.1
@@ -414,7 +417,7 @@ def test_blocks_sum_to_the_whole():
     rng = np.random.default_rng(10)
     _, means, W, psi = _random_model(rng, 3, 9, 2)
     X = _planted(rng, 100, means, W, psi)
-    start = factor.initial_parameters(X, rng.dirichlet(np.ones(3), size=300), 2, 1e-6)
+    start = fmstep.initial_parameters(X, rng.dirichlet(np.ones(3), size=300), 2, 1e-6)
     one, b1 = _em(X, *start, 5)
     many, b7 = _em(X, *start, 5, blocks=7)
     np.testing.assert_allclose(b1, b7, rtol=1e-12)
@@ -433,7 +436,7 @@ def test_planted_factor_model_recovered():
     X = _planted(rng, n_per, means, W_true, psi_true)
     labels = np.repeat(np.arange(K), n_per)
     resp = np.eye(K)[(labels + 1) % K]  # a relabelled, exact partition
-    start = factor.initial_parameters(X, resp, q, 1e-6)
+    start = fmstep.initial_parameters(X, resp, q, 1e-6)
     (w, mu, W, psi), _ = _em(X, *start, 300, reg_covar=1e-6, tol=1e-10)
     for k in range(K):
         j = np.argmin(np.linalg.norm(mu - means[k], axis=1))
@@ -462,10 +465,10 @@ def test_many_factors_approach_full():
     labels[flip] = 1 - labels[flip]
     scores = []
     for q in (0, 1, 2):
-        start = factor.initial_parameters(X, np.eye(K)[labels], q, 0.0)
+        start = fmstep.initial_parameters(X, np.eye(K)[labels], q, 0.0)
         params, _bounds = _em(X, *start, 400, tol=1e-10)
-        prec = factor.factorize(params[2], params[3])
-        log_prob = factor.log_gaussian_prob(X, params[1], prec) + np.log(params[0])
+        prec = fparams.factorize(params[2], params[3])
+        log_prob = fdensity.log_gaussian_prob(X, params[1], prec) + np.log(params[0])
         scores.append(logsumexp(log_prob, axis=1).mean())
     assert scores[0] < scores[1] < scores[2] <= best + 1e-12
     assert best - scores[2] < 1e-8
@@ -480,7 +483,7 @@ def test_initial_parameters_are_ppca_of_each_component():
     d, q, n = 15, 3, 400
     X = _planted(rng, n, rng.normal(size=(1, d)), rng.normal(size=(1, d, q)),
                  np.full((1, d), 0.3))
-    _w, mu, W, psi = factor.initial_parameters(X, np.ones((n, 1)), q, 1e-6)
+    _w, mu, W, psi = fmstep.initial_parameters(X, np.ones((n, 1)), q, 1e-6)
     cov = np.cov(X.T, bias=True)
     lam, V = np.linalg.eigh(cov)
     sigma2 = lam[:-q].mean()
@@ -497,7 +500,7 @@ def test_initial_parameters_randomized_svd_for_large_components():
     d, q, n = 700, 2, 800
     X = _planted(rng, n, np.zeros((1, d)), 3.0 * rng.normal(size=(1, d, q)),
                  np.full((1, d), 0.5))
-    _, _, W, psi = factor.initial_parameters(X, np.ones((n, 1)), q, 1e-6,
+    _, _, W, psi = fmstep.initial_parameters(X, np.ones((n, 1)), q, 1e-6,
                                              random_state=0)
     cov_top = np.linalg.svd(X - X.mean(0), full_matrices=False)[2][:q].T
     assert np.max(subspace_angles(W[0], cov_top)) < 1e-3
@@ -510,9 +513,9 @@ def test_initial_parameters_randomized_svd_for_large_components():
 def test_dense_forms_match_numpy():
     rng = np.random.default_rng(15)
     _, _, W, psi = _random_model(rng, 3, 7, 2)
-    cov = factor.covariances(W, psi)
-    prec = factor.precisions(factor.factorize(W, psi))
-    U = factor.precisions_cholesky(W, psi)
+    cov = fparams.covariances(W, psi)
+    prec = fparams.precisions(fparams.factorize(W, psi))
+    U = fparams.precisions_cholesky(W, psi)
     for k in range(3):
         dense = _dense_cov(W[k], psi[k])
         np.testing.assert_allclose(cov[k], dense, rtol=1e-14)
@@ -525,7 +528,7 @@ def test_dense_forms_match_numpy():
 def test_sample_moments():
     rng = np.random.default_rng(16)
     _, means, W, psi = _random_model(rng, 2, 4, 2)
-    X = factor.sample(np.random.default_rng(0), means, W, psi, [40_000, 10])
+    X = fparams.sample(np.random.default_rng(0), means, W, psi, [40_000, 10])
     assert X.shape == (40_010, 4)
     top = X[:40_000]
     np.testing.assert_allclose(top.mean(axis=0), means[0],
@@ -561,13 +564,13 @@ def test_bad_components_and_recentring():
     psi = np.ones((3, 4))
     psi[2, 1] = 0.0
     psi[0, 3] = np.nan
-    np.testing.assert_array_equal(factor.bad_components(psi), [0, 2])
+    np.testing.assert_array_equal(fparams.bad_components(psi), [0, 2])
     # the engine's re-centring rule, on the statistics of 'factor'
     from emgmm.covariance.factor import FactorCovariance, pack_parameters
     from emgmm.covariance.m_step import needs_recentring
 
     kind = FactorCovariance(1)
-    stats = factor.zero_statistics(2, 3, 1)
+    stats = fstats.zero_statistics(2, 3, 1)
     stats.nk[:] = [10.0, 0.0]
     stats.sum_x[0] = 10.0 * 1e4  # the mean moved 1e4 from its centre
     tight = pack_parameters(np.zeros((2, 3, 1)), np.full((2, 3), 1e-2))
@@ -585,16 +588,16 @@ def test_statistics_around_other_centres_give_the_same_m_step():
     weights, means, W, psi = _random_model(rng, K, d, q)
     X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
     resp = rng.dirichlet(np.ones(K), size=n)
-    prec = factor.factorize(W, psi)
-    _, proj = factor.estimate_log_prob(X, means, prec, weights)
-    stats = factor.block_statistics(X, resp, means, prec, proj)
-    again = factor.block_statistics(X, resp, means, prec)  # projections built here
-    for name in factor.FactorStatistics._ARRAYS:
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec, weights)
+    stats = fstats.block_statistics(X, resp, means, prec, proj)
+    again = fstats.block_statistics(X, resp, means, prec)  # projections built here
+    for name in fstats.FactorStatistics._ARRAYS:
         np.testing.assert_allclose(getattr(again, name), getattr(stats, name),
                                    rtol=1e-12, atol=1e-12)
-    first = factor.m_step(stats, means, 1e-6)
-    moved = factor.block_statistics(X, resp, first[1], prec, means=means)
-    second = factor.m_step(moved, first[1], 1e-6)
+    first = fmstep.m_step(stats, means, 1e-6)
+    moved = fstats.block_statistics(X, resp, first[1], prec, means=means)
+    second = fmstep.m_step(moved, first[1], 1e-6)
     for a, b in zip(first, second, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
@@ -604,17 +607,17 @@ def test_component_slices_join_to_the_whole():
     K, d, q, n = 5, 8, 3, 100
     _weights, means, W, psi = _random_model(rng, K, d, q)
     X = rng.normal(scale=3.0, size=(n, d))
-    prec = factor.factorize(W, psi)
-    whole = factor.log_gaussian_prob(X, means, prec)
+    prec = fparams.factorize(W, psi)
+    whole = fdensity.log_gaussian_prob(X, means, prec)
     resp = rng.dirichlet(np.ones(K), size=n)
     parts = []
     for k0, k1 in [(0, 2), (2, 5)]:
         sub = prec.take(k0, k1)
-        np.testing.assert_allclose(factor.log_gaussian_prob(X, means[k0:k1], sub),
+        np.testing.assert_allclose(fdensity.log_gaussian_prob(X, means[k0:k1], sub),
                                    whole[:, k0:k1], rtol=1e-12)
-        parts.append(factor.block_statistics(X, resp[:, k0:k1], means[k0:k1], sub))
-    joined = factor.concatenate_statistics(parts)
-    ref = factor.block_statistics(X, resp, means, prec)
-    for name in factor.FactorStatistics._ARRAYS:
+        parts.append(fstats.block_statistics(X, resp[:, k0:k1], means[k0:k1], sub))
+    joined = fstats.concatenate_statistics(parts)
+    ref = fstats.block_statistics(X, resp, means, prec)
+    for name in fstats.FactorStatistics._ARRAYS:
         np.testing.assert_allclose(getattr(joined, name), getattr(ref, name),
                                    rtol=1e-11, atol=1e-11)

@@ -12,7 +12,7 @@ from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
 
 from emgmm import GaussianMixture, load_model, save_model
-from emgmm.covariance import factor_kernels as factor
+from emgmm.covariance import factor_parameters as fparams
 
 K, D, Q = 3, 10, 2
 
@@ -80,7 +80,7 @@ def test_predict_and_proba(fitted, data):
 
 
 def test_bic_aic_count_factor_parameters(fitted, data):
-    p = factor.n_parameters(K, D, Q)
+    p = fparams.n_parameters(K, D, Q)
     n = len(data)
     ll = fitted.score(data) * n
     np.testing.assert_allclose(fitted.bic(data), -2 * ll + p * np.log(n))
@@ -100,7 +100,7 @@ def test_dense_attributes_on_demand(fitted):
     cov = fitted.covariances_
     assert cov.shape == (K, D, D)
     np.testing.assert_allclose(
-        cov, factor.covariances(fitted.loadings_, fitted.noise_variance_))
+        cov, fparams.covariances(fitted.loadings_, fitted.noise_variance_))
     np.testing.assert_allclose(np.matmul(fitted.precisions_, cov),
                                np.broadcast_to(np.eye(D), (K, D, D)), atol=1e-8)
     U = fitted.precisions_cholesky_

@@ -15,9 +15,11 @@ from scipy.special import logsumexp
 
 from emgmm import GaussianMixture
 from emgmm.covariance import factor_screen, screen
-from emgmm.covariance.factor_kernels import block_statistics, factorize, projections
+from emgmm.covariance.factor_log_density import projections
 from emgmm.covariance.factor_pairs import pair_statistics, pair_values
+from emgmm.covariance.factor_parameters import factorize
 from emgmm.covariance.factor_screen import FactorScreen
+from emgmm.covariance.factor_statistics import block_statistics
 from emgmm.covariance.log_density import relevance_margin
 from emgmm.engine import estep
 

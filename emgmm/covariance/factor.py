@@ -1,6 +1,9 @@
 """Covariance type 'factor' (mixtures of factor analysers) behind the registry's
 protocol: :class:`FactorCovariance` over the packed arrays of the engine's model.
-The kernels are those of :mod:`emgmm.covariance.factor_kernels`.
+Its kernels are split by operation: :mod:`~emgmm.covariance.factor_parameters`,
+:mod:`~emgmm.covariance.factor_log_density`, :mod:`~emgmm.covariance.factor_statistics`,
+:mod:`~emgmm.covariance.factor_m_step`, :mod:`~emgmm.covariance.factor_pairs` and
+:mod:`~emgmm.covariance.factor_screen`.
 """
 
 import warnings
@@ -8,25 +11,25 @@ import warnings
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, eigsh
 
-from . import factor_kernels, factor_screen
+from . import factor_parameters, factor_screen
 from .base import CovarianceType, widest_axis_of_matrix
-from .factor_kernels import (
+from .factor_log_density import densities, projections
+from .factor_m_step import initial_parameters, m_step
+from .factor_pairs import pair_statistics
+from .factor_parameters import (
     FactorPrecision,
-    FactorStatistics,
     bad_components,
-    block_statistics,
     bytes_per_row,
-    concatenate_statistics,
-    densities,
     factorize,
-    initial_parameters,
-    m_step,
     n_parameters,
-    projections,
     sample,
+)
+from .factor_statistics import (
+    FactorStatistics,
+    block_statistics,
+    concatenate_statistics,
     statistics_nbytes,
 )
-from .factor_pairs import pair_statistics
 
 #: The dense attributes of the other types, formed on demand for 'factor'.
 DENSE_ATTRIBUTES = ("covariances_", "precisions_", "precisions_cholesky_")
@@ -200,11 +203,11 @@ class FactorCovariance(CovarianceType):
                 "loadings_ and noise_variance_).", UserWarning, stacklevel=4)
         try:
             if name == "covariances_":
-                out = factor_kernels.covariances(W, psi)
+                out = factor_parameters.covariances(W, psi)
             elif name == "precisions_":
-                out = factor_kernels.precisions(factor_kernels.factorize(W, psi))
+                out = factor_parameters.precisions(factor_parameters.factorize(W, psi))
             else:
-                out = factor_kernels.precisions_cholesky(W, psi)
+                out = factor_parameters.precisions_cholesky(W, psi)
         except MemoryError:
             # (an AttributeError: hasattr() and getattr(..., default) stay usable)
             raise AttributeError(
@@ -474,7 +477,7 @@ class FactorCovariance(CovarianceType):
 
     def online_m_step(self, stats, reg_covar):
         """:meth:`m_step` of the running statistics (as a
-        :class:`~emgmm.covariance.factor_kernels.FactorStatistics`)."""
+        :class:`~emgmm.covariance.factor_statistics.FactorStatistics`)."""
         arrays = stats.arrays()
         fs = FactorStatistics(*(arrays[name] for name in FactorStatistics._ARRAYS),
                               0.0, 0)

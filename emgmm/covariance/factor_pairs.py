@@ -5,14 +5,14 @@ The screened E step computes only the pairs that may matter
 (:mod:`emgmm.covariance.factor_screen`), and its responsibilities are then mostly
 exact zeros: the statistics of such a block are summed over each component's rows of
 nonzero responsibility instead of over every pair (:func:`pair_statistics`).
-Notation as in :mod:`emgmm.covariance.factor_kernels`.
+Notation as in :mod:`emgmm.covariance.factor_parameters`.
 """
 
 import numpy as np
 
 from ..runtime.blas import single_blas_thread
 from ..runtime.gather import GatherBuffers
-from .factor_kernels import zero_statistics
+from .factor_statistics import zero_statistics
 from .log_density import _gamma
 
 _U64 = np.finfo(np.float64).eps / 2
@@ -99,10 +99,10 @@ def _value_errors(diag, pp, u_norm, g_norm, values, d, q):
 
 def pair_statistics(X, resp, centers, means, precision, resp_threshold=0.0,
                     out=None):
-    """:class:`~emgmm.covariance.factor_kernels.FactorStatistics` of a block summed
+    """:class:`~emgmm.covariance.factor_statistics.FactorStatistics` of a block summed
     over each component's rows of responsibility above ``resp_threshold`` only.
 
-    The same sums as :func:`~emgmm.covariance.factor_kernels.block_statistics`
+    The same sums as :func:`~emgmm.covariance.factor_statistics.block_statistics`
     (``u = x - c_k``, ``e = p_k(x) L_k^{-1}`` with ``p_k`` around the E step's mean
     ``mu_k``), from the gathered rows: ``O(d q)`` per pair with a nonzero
     responsibility, against ``O(d K q)`` per row for the dense sums.

@@ -3,7 +3,7 @@
 threshold are computed, the others are proven negligible.
 
 With ``S_k = Sigma_k^{-1} = Psi_k^{-1} - G_k G_k^T`` (the precision the kernels
-define, :mod:`emgmm.covariance.factor_kernels`) and any ``Z`` (``d x p``) whose
+define, :mod:`emgmm.covariance.factor_parameters`) and any ``Z`` (``d x p``) whose
 columns are ``S_k``-orthonormal (``Z^T S_k Z = I``), Bessel's inequality in the
 inner product of ``S_k`` gives ``||(x - mu_k)^T S_k Z||^2 <= (x - mu_k)^T S_k (x -
 mu_k) = m_ik``: with ``B_k = S_k Z``, the squared projections on ``B_k`` bound the
@@ -125,7 +125,7 @@ class FactorScreen(ProjectionScreen):
     """:class:`~emgmm.covariance.screen.ProjectionScreen` of a 'factor' model: the
     bounds of its projections on ``B_k = S_k Z_k``, the pairs computed by
     :func:`~emgmm.covariance.factor_pairs.pair_values`; ``precision`` is the model's
-    :class:`~emgmm.covariance.factor_kernels.FactorPrecision`."""
+    :class:`~emgmm.covariance.factor_parameters.FactorPrecision`."""
 
     precision: object = None
     first_pairs = FACTOR_FIRST_PAIRS
