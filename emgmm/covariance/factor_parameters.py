@@ -144,7 +144,11 @@ def factorize(loadings, noise_variance):
     K, d, q = W.shape
     inv_noise = 1.0 / psi
     scaled = W * inv_noise[:, :, None]                      # Psi^{-1} W
-    inner = np.matmul(np.swapaxes(W, 1, 2), scaled)         # W^T Psi^{-1} W
+    # (one GEMM per component: numpy's stacked matmul of these transposed or
+    # strided operands does not reach BLAS, and took 16x as long at K=200, d=2500)
+    inner = np.empty((K, q, q))
+    for k in range(K):
+        np.matmul(W[k].T, scaled[k], out=inner[k])         # W^T Psi^{-1} W
     inner[:, np.arange(q), np.arange(q)] += 1.0
     L = np.linalg.cholesky(inner)
     chol_inv = np.empty((K, q, q))
@@ -154,7 +158,8 @@ def factorize(loadings, noise_variance):
     # M >= I: ||L^{-1}|| <= 1, so the product is as accurate as a triangular solve;
     # laid out (d, K, q) so that every block's GEMM reads it as one (d, K q) matrix
     stacked = np.empty((d, K, q))
-    np.matmul(scaled, np.swapaxes(chol_inv, 1, 2), out=np.swapaxes(stacked, 0, 1))
+    for k in range(K):
+        np.matmul(scaled[k], chol_inv[k].T, out=stacked[:, k])
     projection = np.swapaxes(stacked, 0, 1)
     log_det = np.log(psi).sum(axis=1)
     log_det += 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
