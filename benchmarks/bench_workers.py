@@ -133,7 +133,7 @@ def worker(spec):
     if "estimator" in start:  # a fitted 'factor' start (FS), warm-started
         gm = pickle.loads(start["estimator"].tobytes()).set_params(
             tol=0.0, max_iter=spec["iters"], warm_start=True, n_jobs=spec["n_jobs"],
-            callback=callback)
+            callback=callback, schedule=spec.get("schedule", "auto"))
     else:
         gm = GaussianMixture(
             start["weights"].size, tol=0.0, max_iter=spec["iters"], reg_covar=1e-6,
@@ -205,6 +205,8 @@ def main(argv=None):
     parser.add_argument("--start-n", type=int, default=None,
                         help="rows the start is fitted on (default: all n)")
     parser.add_argument("--make-start", action="store_true")
+    parser.add_argument("--schedule", default="auto",
+                        help="the schedule of configuration FS's fits")
     parser.add_argument("--memmap", action="store_true",
                         help="pass X as a memory map of the .npy file")
     parser.add_argument("--folder", default="/tmp/emgmm-bench-workers")
@@ -222,7 +224,8 @@ def main(argv=None):
     rows = []
     for n_jobs in [int(v) for v in args.n_jobs.split(",")]:
         spec = dict(data=str(start.with_suffix(".X.npy")), start=str(start),
-                    iters=args.iters, n_jobs=n_jobs, memmap=args.memmap)
+                    iters=args.iters, n_jobs=n_jobs, memmap=args.memmap,
+                    schedule=args.schedule)
         out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)],
                              capture_output=True, text=True, check=False)
         if out.returncode:

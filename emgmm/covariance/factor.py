@@ -350,13 +350,23 @@ class FactorCovariance(CovarianceType):
     def block_products(self, X, model, g=None):
         """The block's :class:`Projections` (with its factorisation) for the E step
         and the statistics of the same block, formed when first read."""
-        # unpacked once per model object (a task's blocks share it)
+        return projections(X, model.means, self._precision(model), model.weights,
+                           X.dtype, shift=g)
+
+    @staticmethod
+    def _precision(model):
+        """The model's unpacked factorisation: its screen's (built once by the parent
+        and shared with the workers, as the screen is), else unpacked once per model
+        object (a task's blocks share it)."""
+        for estimate in model.prepared or ():
+            if isinstance(estimate, factor_screen.FactorScreen):
+                return estimate.precision
         cached = model.__dict__.get("_factor_precision")
         if cached is None or cached[0] is not model.precisions_cholesky:
             cached = (model.precisions_cholesky,
                       unpack_precision(model.precisions_cholesky))
             model.__dict__["_factor_precision"] = cached
-        return projections(X, model.means, cached[1], model.weights, X.dtype, shift=g)
+        return cached[1]
 
     def log_prob(self, X, means, precisions_cholesky, g, offset, margin=None,
                  products=None, out=None):
