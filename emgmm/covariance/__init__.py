@@ -1,5 +1,12 @@
 """The covariance types behind one protocol (:class:`CovarianceType`).
 
+:class:`CovarianceType` composes one abstract base class per concern (the
+protocols of :mod:`emgmm.covariance.protocols`: :class:`Sizes`,
+:class:`Parameterisation`, :class:`Reseeding`, :class:`Kernels`,
+:class:`VariationalPrior`, :class:`ModelFileLayout`, :class:`Validation`,
+:class:`Sampling`, :class:`OnlineStatistics`); a caller that needs one concern
+names that one.
+
 :data:`REGISTRY` maps each ``covariance_type`` value to its type; the engine, the
 estimators, the memory model and the model files ask it. A new type is a module
 with a :class:`CovarianceType` subclass and one line here; outside the package,
@@ -15,6 +22,17 @@ from .base import (
 from .diag import DiagCovariance
 from .factor import FactorCovariance
 from .full import FullCovariance
+from .protocols import (
+    Kernels,
+    ModelFileLayout,
+    OnlineStatistics,
+    Parameterisation,
+    Reseeding,
+    Sampling,
+    Sizes,
+    Validation,
+    VariationalPrior,
+)
 from .spherical import SphericalCovariance
 from .tied import TiedCovariance
 
@@ -25,4 +43,7 @@ for _kind in (FullCovariance(), TiedCovariance(), DiagCovariance(),
 del _kind
 
 __all__ = ["REGISTRY", "CovarianceType", "get_covariance_type",
-           "register_covariance_type"]
+           "register_covariance_type",
+           # the protocols CovarianceType composes, one per concern
+           "Sizes", "Parameterisation", "Reseeding", "Kernels", "VariationalPrior",
+           "ModelFileLayout", "Validation", "Sampling", "OnlineStatistics"]
