@@ -74,8 +74,16 @@ class Sizes(ABC):
     The shapes of its parameters, their free parameters, the float64 values of its
     arrays and statistics, the bytes and multiply-adds a row of a block costs, and
     the type as an estimator's parameters or a model's arrays configure it. The
-    memory model (``emgmm/runtime/memory.py``) needs nothing else.
+    memory model (``emgmm/runtime/memory.py``) needs nothing else: these methods
+    and the class attributes declared here (set by ``CovarianceType``; ``name``
+    for its messages, ``shared`` for one slice, ``streams_blocks`` and
+    ``chunked_blocks`` for the block cap).
     """
+
+    name: str
+    shared: bool
+    streams_blocks: bool
+    chunked_blocks: bool
 
     @abstractmethod
     def covariance_shape(self, n_components: int, n_features: int) -> tuple[int, ...]:
@@ -392,8 +400,6 @@ class ModelFileLayout(Sizes, Parameterisation, ABC):
     defaults read the type's ``shared``, its shapes (:class:`Sizes`) and its
     per-component factors (:class:`Parameterisation`).
     """
-
-    shared: bool
 
     def stored_shapes(self, n_components: int,
                       n_features: int) -> dict[str, tuple[int, ...]]:

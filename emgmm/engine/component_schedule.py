@@ -31,6 +31,7 @@ import shutil
 import numpy as np
 
 from ..covariance.log_density import relevance_margin
+from ..covariance.protocols import Kernels
 from ..covariance.statistics import block_statistics
 from ..runtime.blas import limit_blas
 from ..runtime.disk import reserve
@@ -165,7 +166,7 @@ def _worst_rows(source, values, rows, n_worst, compute_dtype):
     return Worst(n_worst, values, rows, data.astype(compute_dtype, copy=False))
 
 
-def _concatenate(parts, n_samples, log_likelihood, kind):
+def _concatenate(parts, n_samples, log_likelihood, kind: Kernels):
     """Join per-slice statistics along the component axis (a shared covariance,
     'tied', has one slice)."""
     stats = parts[0] if len(parts) == 1 else kind.concatenate_statistics(parts)

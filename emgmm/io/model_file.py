@@ -59,6 +59,7 @@ from ..covariance.cholesky import (
     factor_limit,
     precisions_from_cholesky,
 )
+from ..covariance.protocols import ModelFileLayout
 from ..engine import online
 from ..runtime.disk import reserve
 from .atomic import atomic_output
@@ -650,7 +651,7 @@ def read_model(path: str | os.PathLike[str],
     return estimator
 
 
-def _model_problem(header, values, kind):
+def _model_problem(header, values, kind: ModelFileLayout):
     """What makes the mixture read from a model file invalid (``None`` if
     nothing), with its covariances and precisions (``None`` if the file stores no
     precisions, or the check stopped before them)."""
@@ -684,8 +685,8 @@ def _set_stored_params(estimator, header, arrays):
     estimator.set_params(**{n: v for n, v in params.items() if n in known})
 
 
-def _set_fitted_attributes(estimator, header, values, kind, covariances,
-                           precisions):
+def _set_fitted_attributes(estimator, header, values, kind: ModelFileLayout,
+                           covariances, precisions):
     """Set the fitted attributes of ``estimator`` from a checked model file."""
     k, d = header["n_components"], header["n_features_in"]
     # float32 for a model fitted in float32, as fit left them (checked in float64)

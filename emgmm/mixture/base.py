@@ -34,7 +34,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state, metadata_routing
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ..covariance import get_covariance_type
+from ..covariance import Sizes, get_covariance_type
 from ..engine.component_schedule import component_statistics_pass
 from ..engine.em import EMSettings, run_em
 from ..engine.model import Model
@@ -596,14 +596,14 @@ h5py.Dataset or None, default=None
                 and pairs_apply(kind, self.n_components, n_features,
                                 self.resp_threshold))
 
-    def _schedule(self, kind, n_features, executor, stream=False):
+    def _schedule(self, kind: Sizes, n_features, executor, stream=False):
         """:func:`~emgmm.runtime.memory.choose_schedule` of the fit, with the pairs
         schedule where it applies (:meth:`_pairs_apply`)."""
         pairs = self._pairs_apply(kind, n_features, executor, stream)
         return choose_schedule(self.schedule, self.n_components, n_features, kind,
                                executor.n_workers, self.memory_limit, pairs=pairs)
 
-    def _max_tasks(self, schedule, kind, n_features):
+    def _max_tasks(self, schedule, kind: Sizes, n_features):
         """The most tasks the passes of a fit under ``schedule`` split the rows
         into (:func:`~emgmm.runtime.memory.partition`)."""
         if schedule == "pairs":

@@ -21,7 +21,10 @@ Three schedules share the work of a pass (:func:`choose_schedule`):
 The sizes specific to a covariance type come from the type itself, passed in as
 ``covariance_type`` (a :class:`~emgmm.covariance.CovarianceType`, e.g.
 ``REGISTRY["full"]``, not its name): the memory model is part of the runtime, below
-the covariance types, which use the runtime's kernels.
+the covariance types, which use the runtime's kernels. It asks only the
+:class:`~emgmm.covariance.Sizes` concern of the type (its sizes and the class
+attributes ``Sizes`` declares); named in the docstrings only, since the runtime
+imports nothing of ``emgmm.covariance``.
 """
 
 import ctypes
@@ -41,7 +44,7 @@ def model_nbytes(n_components, n_features, covariance_type):
     Parameters
     ----------
     n_components, n_features : int
-    covariance_type : CovarianceType
+    covariance_type : Sizes
 
     Returns
     -------
@@ -209,7 +212,7 @@ def statistics_nbytes(n_components, n_features, covariance_type):
     Parameters
     ----------
     n_components, n_features : int
-    covariance_type : CovarianceType
+    covariance_type : Sizes
 
     Returns
     -------
@@ -235,7 +238,7 @@ def row_threads_worthwhile(n_samples, n_tasks, n_components, n_features,
     Parameters
     ----------
     n_samples, n_tasks, n_components, n_features : int
-    covariance_type : CovarianceType
+    covariance_type : Sizes
 
     Returns
     -------
@@ -257,7 +260,7 @@ def tasks_are_tiny(n_samples, n_tasks, n_components, n_features, covariance_type
     Parameters
     ----------
     n_samples, n_tasks, n_components, n_features : int
-    covariance_type : CovarianceType
+    covariance_type : Sizes
 
     Returns
     -------
@@ -363,7 +366,7 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
     ----------
     schedule : {'auto', 'rows', 'components', 'pairs'}
     n_components, n_features : int
-    covariance_type : CovarianceType
+    covariance_type : Sizes
     n_workers : int
     memory_limit_mib : float or None
         The budget in MiB; ``None`` means the memory available now.
@@ -444,7 +447,7 @@ def block_rows(n_samples, n_features, n_components, itemsize, working_memory_mib
     working_memory_mib : float
     chunk_rows : int or None
     description : str
-    covariance_type : CovarianceType
+    covariance_type : Sizes
 
     Returns
     -------
