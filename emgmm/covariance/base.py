@@ -203,7 +203,7 @@ class CovarianceType(ModelFileLayout, Sizes, Parameterisation, Reseeding,
         the lower bound cannot decrease.
     variational : bool
         It has the conjugate prior of ``BayesianGaussianMixture`` (the methods
-        of the variational section).
+        of :class:`~emgmm.covariance.protocols.VariationalPrior`).
     parameters : tuple of str
         The estimator parameters that configure it (read by :meth:`for_params`).
     attribute_names : tuple of str
