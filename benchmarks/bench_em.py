@@ -31,10 +31,10 @@ the same each time), compared by the mean of emgmm's iterations 3-10; F 200k 30x
 patches, K=200, emgmm alone to convergence (``tol=1e-3``, ``--configs F``); G 20k
 50x50 patches, K=50 full (the seed's next shape), as E; H 50k 14x14 patches, K=200
 full, as E (scikit-learn 3 iterations), with a "carried" row: the pairs schedule
-with the rows' bounds carried across iterations (emgmm/engine/carried_bounds.py),
+with the rows' bounds carried across iterations (emgmm/_engine/carried_bounds.py),
 forced on (the default projects them afresh at this size; "projected" forces that).
 emgmm's rows report the pairs per row each iteration evaluated (the rest were proved
-negligible by the screen of emgmm/covariance/screen.py and never computed). Extra
+negligible by the screen of emgmm/covariance/_screen.py and never computed). Extra
 emgmm rows: float32 compute mode on A, B and D, ``working_memory=64`` (MiB) on A,
 ``resp_threshold=1e-8`` on D, and ``resp_threshold=0`` ("exact": every pair computed
 exactly, none skipped) on A and D, which measures what skipping the responsibilities
@@ -183,7 +183,7 @@ def worker(spec):
     X = np.load(spec["data"])
     init = np.load(spec["init"])
     if spec["mode"] in CARRY:
-        from emgmm.engine import carried_bounds
+        from emgmm._engine import carried_bounds
 
         carried_bounds.CARRY = CARRY[spec["mode"]]
     kw = dict(n_components=spec["K"], covariance_type=spec["cov"],
@@ -261,7 +261,7 @@ def count_pairs():
     -inf): a wrapper of emgmm's weighted_log_prob, in this process (the default
     n_jobs runs row threads in it), read per iteration through fit's callback."""
     try:
-        from emgmm.engine import estep
+        from emgmm._engine import estep
     except ImportError:  # emgmm before the layout of issue 23: no count
         class Uncounted:
             per_row = []

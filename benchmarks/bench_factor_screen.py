@@ -48,8 +48,8 @@ def pairs_per_row(gm, X):
     ``X`` under the fitted ``gm``."""
     from scipy.special import logsumexp
 
-    from emgmm.covariance.log_density import relevance_margin
-    from emgmm.engine.estep import weighted_log_prob
+    from emgmm._engine.estep import weighted_log_prob
+    from emgmm.covariance._log_density import relevance_margin
 
     model = gm._fitted_model()
     margin = relevance_margin(gm.resp_threshold)

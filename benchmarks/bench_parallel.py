@@ -160,7 +160,7 @@ def child_memory(p):
     import warnings
 
     from emgmm import GaussianMixture
-    from emgmm.io.sources import as_source
+    from emgmm._io.sources import as_source
 
     mm = np.load(p["path"], mmap_mode="r")
     init = initial_parameters(np.array(mm[:p["K"] * 1000:1000]), p["K"], p["cov"])

@@ -18,7 +18,7 @@ block to a float64 ``.npy`` in ``--data-dir`` (deleted afterwards unless
   workers, as the fit's start-up does before its first iteration); the ``*_out``
   kinds write into a memory-mapped ``.npy`` (``out=``), made before the call.
 * ``cli_predict``, ``cli_score``: ``emgmm predict MODEL DATA -o labels.npy`` and
-  ``emgmm score MODEL DATA``, run as ``emgmm.cli.command.main`` in the fresh process
+  ``emgmm score MODEL DATA``, run as ``emgmm._cli.command.main`` in the fresh process
   (the workers' start-up included, the interpreter's not).
 
 Each child of a prediction kind then times a fit iteration in the same process
@@ -177,7 +177,7 @@ def _method(p, model, sampler):
 
 
 def _cli(p, model, sampler):
-    from emgmm.cli import command
+    from emgmm._cli import command
 
     argv = (["predict", p["model"], p["data"], "-o",
              os.path.join(p["tmp"], "labels.npy")] if p["kind"] == "cli_predict"

@@ -32,12 +32,12 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from emgmm.covariance.full_component import (
+from emgmm.covariance._full_component import (
     add_moments,
     factor_in_place,
     m_step_in_place,
 )
-from emgmm.covariance.screen import ProjectionScreen, component_screen, pair_values
+from emgmm.covariance._screen import ProjectionScreen, component_screen, pair_values
 
 
 def cpu_seconds(func, repeat=1):

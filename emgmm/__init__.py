@@ -4,7 +4,7 @@ A drop-in for :class:`sklearn.mixture.GaussianMixture` that fits data in memory,
 ``np.memmap`` or ``.npy`` files and in HDF5 datasets, in row blocks, on joblib workers.
 
 The public names are imported on first use (PEP 562), so that a worker process
-which only unpickles the task functions of ``emgmm.engine`` does not import
+which only unpickles the task functions of ``emgmm._engine`` does not import
 scikit-learn.
 """
 
@@ -13,13 +13,13 @@ import importlib
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "BayesianGaussianMixture": ".mixture.bayesian_mixture",
-    "GaussianMixture": ".mixture.gaussian_mixture",
-    "GaussianMixtureIC": ".mixture.model_selection",
-    "ModelFileError": ".io.model_file",
-    "load_model": ".mixture.loading",
-    "save_model": ".io.model_file",
-    "as_source": ".io.sources",
+    "BayesianGaussianMixture": "._mixture.bayesian_mixture",
+    "GaussianMixture": "._mixture.gaussian_mixture",
+    "GaussianMixtureIC": "._mixture.model_selection",
+    "ModelFileError": "._io.model_file",
+    "load_model": "._mixture.loading",
+    "save_model": "._io.model_file",
+    "as_source": "._io.sources",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

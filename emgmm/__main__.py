@@ -9,7 +9,7 @@ import sys
 
 
 def run():
-    """Import and run :func:`emgmm.cli.main`; exit with its status.
+    """Import and run :func:`emgmm._cli.main`; exit with its status.
 
     Raises
     ------
@@ -18,7 +18,7 @@ def run():
         command started.
     """
     try:
-        from .cli import main
+        from ._cli import main
     except KeyboardInterrupt:
         print("emgmm: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -408,7 +408,7 @@ def cli_usage_error(argv, capsys):
     """Run ``emgmm`` with ``argv``; check that it is a usage error as argparse reports
     its own (exit status 2, the command's usage, then ``emgmm COMMAND: error: ...``
     as the last line) and return that line."""
-    from emgmm.cli import command
+    from emgmm._cli import command
 
     with pytest.raises(SystemExit) as info:
         command.main(argv)

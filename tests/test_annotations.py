@@ -17,7 +17,7 @@ import pytest
 
 import emgmm
 import emgmm.covariance
-from emgmm.io.sources import Source
+from emgmm._io.sources import Source
 
 OBJECTS = {
     **{f"emgmm.{name}": getattr(emgmm, name) for name in emgmm._PUBLIC},

@@ -433,7 +433,7 @@ def test_temp_folder_short_of_space_gives_both_sizes_and_the_spare(tmp_path,
     ... needs 2 MiB' (whole MiB, the 1 MiB kept to spare unsaid)."""
     import shutil
 
-    from emgmm.runtime import executor as _parallel
+    from emgmm._runtime import executor as _parallel
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage",

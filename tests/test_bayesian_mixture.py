@@ -32,8 +32,8 @@ from emgmm import (
     load_model,
     save_model,
 )
-from emgmm.cli import command as cli
-from emgmm.io.model_file import read_header
+from emgmm._cli import command as cli
+from emgmm._io.model_file import read_header
 
 PRIOR_TYPES = ("dirichlet_process", "dirichlet_distribution")
 ATTRIBUTES = ("weights_", "means_", "covariances_", "precisions_",
@@ -454,7 +454,7 @@ def test_checkpoint_of_other_priors_or_of_a_gaussian_mixture_is_refused(data,
 def test_docstring_examples_run():
     import doctest
 
-    import emgmm.mixture.bayesian_mixture as module
+    import emgmm._mixture.bayesian_mixture as module
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

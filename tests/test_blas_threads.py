@@ -15,9 +15,9 @@ from sklearn.model_selection import GridSearchCV
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import emgmm
-import emgmm.runtime.executor as parallel
+import emgmm._runtime.executor as parallel
 from emgmm import GaussianMixture
-from emgmm.io.sources import MemmapSource
+from emgmm._io.sources import MemmapSource
 
 
 def _blas_threads():
@@ -149,7 +149,7 @@ def test_case_c18_blas_threads_within_cores_inside_grid_search(tmp_path, inner_n
 def test_predict_with_n_jobs_1_runs_one_blas_thread():
     if not _blas_threads():
         pytest.skip("no BLAS loaded")
-    from emgmm.io import sources
+    from emgmm._io import sources
 
     X = np.random.default_rng(0).standard_normal((3000, 8))
     gm = emgmm.GaussianMixture(3, random_state=0, n_jobs=1, max_iter=3, tol=1e3).fit(X)

@@ -1,5 +1,5 @@
-"""Bounds carried across iterations (emgmm/covariance/drift.py,
-emgmm/engine/carried_bounds.py, the pairs schedule's row tasks).
+"""Bounds carried across iterations (emgmm/covariance/_drift.py,
+emgmm/_engine/carried_bounds.py, the pairs schedule's row tasks).
 
 Oracles: Mahalanobis distances in long double of the stored float64 arrays; the
 exact E step of every pair in float64 (numpy on the whole array). The fits with
@@ -12,10 +12,8 @@ import pytest
 from helpers import not_converging, random_spd
 
 from emgmm import GaussianMixture
-from emgmm.covariance.drift import metric_drift, residual_bound, solved
-from emgmm.covariance.screen import ProjectionScreen, component_screen, factor_norms
-from emgmm.engine import carried_bounds, pair_step
-from emgmm.engine.carried_bounds import (
+from emgmm._engine import carried_bounds, pair_step
+from emgmm._engine.carried_bounds import (
     component_groups,
     group_minima,
     group_terms,
@@ -24,10 +22,12 @@ from emgmm.engine.carried_bounds import (
     row_norms_up,
     second_bound,
 )
-from emgmm.engine.model import Model
-from emgmm.engine.pair_rows import CarryPlan, screen_task
-from emgmm.engine.pair_state import PairState, RowBounds
-from emgmm.io.sources import ArraySource
+from emgmm._engine.model import Model
+from emgmm._engine.pair_rows import CarryPlan, screen_task
+from emgmm._engine.pair_state import PairState, RowBounds
+from emgmm._io.sources import ArraySource
+from emgmm.covariance._drift import metric_drift, residual_bound, solved
+from emgmm.covariance._screen import ProjectionScreen, component_screen, factor_norms
 
 LD = np.longdouble
 

@@ -19,8 +19,8 @@ from helpers import (
 )
 
 from emgmm import GaussianMixture
-from emgmm.io.checkpoint import read_state
-from emgmm.mixture.validation import InvalidParameterError
+from emgmm._io.checkpoint import read_state
+from emgmm._mixture.validation import InvalidParameterError
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 

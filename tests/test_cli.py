@@ -24,9 +24,9 @@ from helpers import (
 )
 
 import emgmm
-from emgmm.cli import command as cli
-from emgmm.io.model_file import save_model
-from emgmm.mixture.loading import load_model
+from emgmm._cli import command as cli
+from emgmm._io.model_file import save_model
+from emgmm._mixture.loading import load_model
 
 REPO_ROOT = Path(emgmm.__file__).resolve().parent.parent
 
@@ -561,7 +561,7 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path, model_path):
     """``emgmm info --json | head -c 20``: the reader goes away; the command stops
     without an error message (status 1, as Python's SIGPIPE notes do it)."""
     script = ("import os, sys\n"
-              "from emgmm.cli import main\n"
+              "from emgmm._cli import main\n"
               "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
               f"sys.exit(main(['info', {model_path!r}, '--json']))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -574,7 +574,7 @@ def test_a_closed_stdout_with_buffered_output_ends_quietly(tmp_path, model_path)
     """The same with block-buffered stdout (no PYTHONUNBUFFERED): the output reaches
     the closed pipe only when flushed, which the command does before it returns."""
     script = ("import os, sys\n"
-              "from emgmm.cli import main\n"
+              "from emgmm._cli import main\n"
               "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
               f"sys.exit(main(['info', {model_path!r}, '--json']))\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
@@ -812,7 +812,7 @@ def test_help_lists_the_exit_statuses(capsys, argv):
 def test_an_output_folder_that_refuses_files_is_refused_before_the_fit(tmp_path):
     """os.access says yes to root on sysfs, where no file can be created: the
     output is tried before any work, not found unwritable after the fit."""
-    from emgmm.io.atomic import check_writable
+    from emgmm._io.atomic import check_writable
 
     with pytest.raises(PermissionError, match="directory is not writable: /sys"):
         check_writable("/sys/m.h5")
@@ -979,7 +979,7 @@ def _dead_pid():
 
 
 def test_stale_lock_of_a_killed_fit_is_removed_by_the_next_fit_there(tmp_path):
-    from emgmm.runtime.executor import process_space
+    from emgmm._runtime.executor import process_space
 
     X = np.random.default_rng(0).standard_normal((200, 2))
     stale = tmp_path / ".killed.npz.lock"
@@ -1004,7 +1004,7 @@ def test_a_lock_held_by_a_live_fit_is_kept(tmp_path):
     fd = os.open(held, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        from emgmm.io.checkpoint import remove_stale_locks
+        from emgmm._io.checkpoint import remove_stale_locks
         remove_stale_locks(str(tmp_path))
         assert held.exists()
     finally:

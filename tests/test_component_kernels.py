@@ -1,9 +1,9 @@
 """One component's kernels of the pairs schedule: the GIL-free BLAS and LAPACK calls
-(emgmm/runtime/lapack.py) and the statistics, M step and factor in place
-(emgmm/covariance/full_component.py).
+(emgmm/_runtime/lapack.py) and the statistics, M step and factor in place
+(emgmm/covariance/_full_component.py).
 
 Oracles: numpy and scipy on whole arrays, scikit-learn's precision Cholesky, the
-M step of summed statistics (emgmm.covariance.m_step on SufficientStatistics).
+M step of summed statistics (emgmm.covariance._m_step on SufficientStatistics).
 """
 
 import ctypes
@@ -15,10 +15,11 @@ from helpers import random_spd
 from numpy.testing import assert_allclose
 from scipy import linalg
 
-from emgmm.covariance import cholesky, full_component
-from emgmm.covariance.m_step import m_step
-from emgmm.covariance.statistics import SufficientStatistics
-from emgmm.runtime import lapack
+from emgmm._runtime import lapack
+from emgmm.covariance import _cholesky as cholesky
+from emgmm.covariance import _full_component as full_component
+from emgmm.covariance._m_step import m_step
+from emgmm.covariance._statistics import SufficientStatistics
 
 DTYPES = (np.float64, np.float32)
 TOL = {np.float64: 1e-12, np.float32: 2e-5}
@@ -201,7 +202,7 @@ def test_a_process_held_to_one_thread_runs_the_component_loop_in_it(monkeypatch)
     then run in the calling thread, not in threads of their own."""
     import threading
 
-    from emgmm.runtime.blas import hold_process_limit, release_process_limit
+    from emgmm._runtime.blas import hold_process_limit, release_process_limit
 
     monkeypatch.setattr(cholesky, "THREADED_FLOPS", 0)
     seen = set()

@@ -1,6 +1,7 @@
-"""The covariance-type protocol is split by concern (``emgmm/covariance/protocols.py``):
-each concern is a small abstract class, every method of ``CovarianceType`` is
-defined in exactly one of them, and every registered type implements all of them.
+"""The covariance-type protocol is split by concern
+(``emgmm/covariance/_protocols.py``): each concern is a small abstract class,
+every method of ``CovarianceType`` is defined in exactly one of them, and every
+registered type implements all of them.
 
 Each check is a function that returns what is wrong; the tests run it on the
 package and, so that it can fail, on a class built to break it.
@@ -13,12 +14,12 @@ import pytest
 
 import emgmm.covariance
 from emgmm.covariance import REGISTRY, CovarianceType
-from emgmm.covariance import protocols as protocols_module
+from emgmm.covariance import _protocols as protocols_module
 
 #: At most this many methods in one concern.
 MAX_METHODS = 12
 
-#: The protocols (every class that protocols.py defines), in the order CovarianceType
+#: The protocols (every class that _protocols.py defines), in the order CovarianceType
 #: lists its bases.
 PROTOCOLS = tuple(cls for cls in CovarianceType.__bases__ if cls is not ABC)
 

@@ -15,7 +15,7 @@ from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from emgmm import GaussianMixture
 from emgmm.covariance import REGISTRY, CovarianceType, get_covariance_type
-from emgmm.covariance.diag import DiagCovariance
+from emgmm.covariance._diag import DiagCovariance
 
 K, D = 3, 4
 

@@ -17,8 +17,8 @@ from helpers import make_blobs_data, not_converging
 from numpy.testing import assert_allclose, assert_array_equal
 
 from emgmm import GaussianMixture
-from emgmm.io.sources import as_source
-from emgmm.runtime.executor import Executor
+from emgmm._io.sources import as_source
+from emgmm._runtime.executor import Executor
 
 distributed = pytest.importorskip("distributed")
 dask = pytest.importorskip("dask")

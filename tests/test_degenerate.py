@@ -20,10 +20,10 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from emgmm import GaussianMixture
-from emgmm.covariance.cholesky import factorize
-from emgmm.engine import degenerate
-from emgmm.engine.degenerate import initial_factors, reseed
-from emgmm.engine.passes import Worst, smallest
+from emgmm._engine import degenerate
+from emgmm._engine.degenerate import initial_factors, reseed
+from emgmm._engine.passes import Worst, smallest
+from emgmm.covariance._cholesky import factorize
 
 DUPLICATES = np.repeat([[0.0, 0.0], [10.0, 10.0]], 500, axis=0)
 

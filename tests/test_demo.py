@@ -9,8 +9,8 @@ import pytest
 from helpers import cli_usage_error
 from PIL import Image
 
-from emgmm.cli import command as cli
-from emgmm.cli import demo
+from emgmm._cli import command as cli
+from emgmm._cli import demo
 
 SMALL = ["demo", "--n-patches", "800", "--n-test", "300", "-k", "4", "--max-iter", "4",
          "--sklearn-max-iter", "2", "--tol", "0", "--n-jobs", "1", "--quiet"]

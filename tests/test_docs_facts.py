@@ -47,7 +47,7 @@ def test_the_model_file_page_lists_every_group_and_dataset(tmp_path):
                                         if n != "__version__"))
 def test_public_docstrings_link_no_internal_module(name):
     """The API pages link public pages, not modules outside the API reference
-    (GaussianMixture linked emgmm.covariance.factor_parameters)."""
+    (GaussianMixture linked emgmm.covariance._factor_parameters)."""
     doc = getattr(emgmm, name).__doc__ or ""
     assert not re.search(r":mod:`~?emgmm\.", doc), name
 

@@ -12,10 +12,10 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 from threadpoolctl import threadpool_limits
 
-from emgmm.covariance import factor_log_density as fdensity
-from emgmm.covariance import factor_m_step as fmstep
-from emgmm.covariance import factor_parameters as fparams
-from emgmm.covariance import factor_statistics as fstats
+from emgmm.covariance import _factor_log_density as fdensity
+from emgmm.covariance import _factor_m_step as fmstep
+from emgmm.covariance import _factor_parameters as fparams
+from emgmm.covariance import _factor_statistics as fstats
 
 
 @pytest.fixture(autouse=True)
@@ -542,7 +542,7 @@ def test_reseed_pools_marginal_variances():
     """A re-seeded component gets no loadings and the healthy components' weighted
     marginal variances as its noise (FactorCovariance.pooled_covariance), against
     the dense covariances' diagonals."""
-    from emgmm.covariance.factor import (
+    from emgmm.covariance._factor import (
         FactorCovariance,
         pack_parameters,
         unpack_parameters,
@@ -566,8 +566,8 @@ def test_bad_components_and_recentring():
     psi[0, 3] = np.nan
     np.testing.assert_array_equal(fparams.bad_components(psi), [0, 2])
     # the engine's re-centring rule, on the statistics of 'factor'
-    from emgmm.covariance.factor import FactorCovariance, pack_parameters
-    from emgmm.covariance.m_step import needs_recentring
+    from emgmm.covariance._factor import FactorCovariance, pack_parameters
+    from emgmm.covariance._m_step import needs_recentring
 
     kind = FactorCovariance(1)
     stats = fstats.zero_statistics(2, 3, 1)

@@ -12,7 +12,7 @@ from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
 
 from emgmm import GaussianMixture, load_model, save_model
-from emgmm.covariance import factor_parameters as fparams
+from emgmm.covariance import _factor_parameters as fparams
 
 K, D, Q = 3, 10, 2
 
@@ -202,7 +202,7 @@ def test_q0_fits_like_diag(data):
 
 
 def test_cli_fit_info_score(tmp_path, data, capsys):
-    from emgmm.cli import main
+    from emgmm._cli import main
 
     npy = tmp_path / "x.npy"
     np.save(npy, data)
@@ -233,7 +233,7 @@ def test_model_file_with_bad_noise_is_refused(tmp_path, fitted):
 
 
 def test_large_dense_attribute_warns(fitted, monkeypatch):
-    from emgmm.covariance import factor as factor_covariance
+    from emgmm.covariance import _factor as factor_covariance
 
     monkeypatch.setattr(factor_covariance, "DENSE_WARN_MIB", 0)
     with pytest.warns(UserWarning, match="formed on demand"):
@@ -369,8 +369,8 @@ def test_integer_sample_weights_equal_repeated_rows(data):
 def test_blocks_within_the_chunked_working_set(n, d, K, q, working_memory):
     """'factor' blocks stay within CHUNKED_BLOCK_MIB and working_memory (by the
     type's bytes per row), whole blocks of equal size in a multiple of 8."""
-    from emgmm.covariance.factor import FactorCovariance
-    from emgmm.runtime import memory
+    from emgmm._runtime import memory
+    from emgmm.covariance._factor import FactorCovariance
 
     kind = FactorCovariance(q)
     rows = memory.block_rows(n, d, K, 8, working_memory, covariance_type=kind)

@@ -1,5 +1,5 @@
-"""The certified screen of the 'factor' E step (emgmm/covariance/factor_screen.py)
-and its gathered-pair kernels (emgmm/covariance/factor_pairs.py).
+"""The certified screen of the 'factor' E step (emgmm/covariance/_factor_screen.py)
+and its gathered-pair kernels (emgmm/covariance/_factor_pairs.py).
 
 Oracles: the Woodbury log-density of the packed parameters in long double (bounds
 and pair values), the dense kernels of every pair (statistics, E step) and the
@@ -14,14 +14,15 @@ from numpy.testing import assert_allclose
 from scipy.special import logsumexp
 
 from emgmm import GaussianMixture
-from emgmm.covariance import factor_screen, screen
-from emgmm.covariance.factor_log_density import projections
-from emgmm.covariance.factor_pairs import pair_statistics, pair_values
-from emgmm.covariance.factor_parameters import factorize
-from emgmm.covariance.factor_screen import FactorScreen
-from emgmm.covariance.factor_statistics import block_statistics
-from emgmm.covariance.log_density import relevance_margin
-from emgmm.engine import estep
+from emgmm._engine import estep
+from emgmm.covariance import _factor_screen as factor_screen
+from emgmm.covariance import _screen as screen
+from emgmm.covariance._factor_log_density import projections
+from emgmm.covariance._factor_pairs import pair_statistics, pair_values
+from emgmm.covariance._factor_parameters import factorize
+from emgmm.covariance._factor_screen import FactorScreen
+from emgmm.covariance._factor_statistics import block_statistics
+from emgmm.covariance._log_density import relevance_margin
 
 MARGIN = relevance_margin(1e-20)
 needs_extended = pytest.mark.skipif(
@@ -142,7 +143,7 @@ def test_screened_estep_computes_every_pair_that_may_reach_the_threshold(case):
 
 
 def _packed(precision):
-    from emgmm.covariance.factor import pack_precision
+    from emgmm.covariance._factor import pack_precision
     return pack_precision(precision)
 
 
@@ -180,7 +181,7 @@ def test_gathered_rows_by_chunks_equal_the_whole_gather(monkeypatch, chunk_rows)
     """Each component's gathered rows taken a few at a time (GATHER_CHUNK_BYTES,
     also a last, shorter chunk): the pairs' values and bounds and the statistics
     equal those of one gather of all its rows to 1e-12, and the dense sums."""
-    from emgmm.covariance import factor_pairs
+    from emgmm.covariance import _factor_pairs as factor_pairs
 
     X, weights, means, precision = case_model("separated", seed=4, n=400)
     rng = np.random.default_rng(6)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from emgmm import GaussianMixture
-from emgmm.io.sources import as_source
+from emgmm._io.sources import as_source
 
 h5py = pytest.importorskip("h5py")
 
@@ -28,7 +28,7 @@ _SITECUSTOMIZE = textwrap.dedent("""
     import os
     if os.environ.get("EMGMM_TEST_CUT"):
         import numpy as np
-        import emgmm.io.sources as sources
+        import emgmm._io.sources as sources
         path, marker = os.environ["EMGMM_TEST_CUT"].split(os.pathsep)
         read = sources.Source.read
 
@@ -149,7 +149,7 @@ _DYING_WORKER = textwrap.dedent("""
     import os
     if (os.environ.get("EMGMM_TEST_DIE")
             and os.getpid() != int(os.environ["EMGMM_TEST_DIE"])):
-        import emgmm.io.sources as sources
+        import emgmm._io.sources as sources
         read = sources.Source.read
 
         def cut_and_die(self, start, stop, dtype=None):
@@ -189,7 +189,7 @@ def test_hdf5_file_cut_after_opening_gives_one_message_with_or_without_workers(
     name (n_jobs=2) raise the same error, naming the file (the workers said 'Cannot
     open HDF5 file ... damaged or truncated')."""
     from emgmm import GaussianMixture
-    from emgmm.io import sources
+    from emgmm._io import sources
 
     X = np.random.default_rng(0).standard_normal((ROWS, COLS))
     start = GaussianMixture(3, random_state=0).fit(X[:500])
@@ -262,7 +262,7 @@ def test_file_without_hdf5_signature_given_as_a_dataset(tmp_path):
 def test_object_npy_for_init_array_is_told_by_its_header(tmp_path, monkeypatch):
     """The CLI tells an object array by the .npy header's dtype, not by numpy's
     words ('allow_pickle')."""
-    from emgmm.cli import command as cli
+    from emgmm._cli import command as cli
 
     path = tmp_path / "objects.npy"
     np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)

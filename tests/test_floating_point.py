@@ -142,7 +142,7 @@ def test_tied_initial_covariance_against_oracle(offset, kind):
     scikit-learn's value. Inputs are not modified."""
     from sklearn.mixture._gaussian_mixture import _estimate_gaussian_covariances_tied
 
-    from emgmm.mixture.initialization import parameters_from_responsibilities
+    from emgmm._mixture.initialization import parameters_from_responsibilities
 
     X, labels = _far_apart_clusters(offset)
     rng = np.random.default_rng(1)

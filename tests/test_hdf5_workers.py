@@ -17,9 +17,9 @@ import pytest
 from helpers import assert_same_state, make_blobs_data, quiet_fit
 from numpy.testing import assert_array_equal
 
-import emgmm.runtime.executor as parallel
+import emgmm._runtime.executor as parallel
 from emgmm import GaussianMixture
-from emgmm.io.sources import as_source
+from emgmm._io.sources import as_source
 
 
 def test_case_c22_open_h5py_dataset_fits_with_process_workers(tmp_path):

@@ -1,4 +1,4 @@
-"""The pure kernels (``emgmm.covariance.cholesky``, ``_log_density``, ``_estep``,
+"""The pure kernels (``emgmm.covariance._cholesky``, ``_log_density``, ``_estep``,
 ``_statistics``, ``_m_step``) against independent oracles.
 
 Oracles:
@@ -48,11 +48,8 @@ from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
 from emgmm import GaussianMixture
-from emgmm.covariance import cholesky as _cholesky
-from emgmm.covariance import log_density as _log_density
-from emgmm.covariance import m_step as _m_step
-from emgmm.covariance import statistics as _statistics
-from emgmm.engine import estep as _estep
+from emgmm._engine import estep as _estep
+from emgmm.covariance import _cholesky, _log_density, _m_step, _statistics
 
 U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff 2**-24
 U64 = float(np.finfo(np.float64).eps) / 2  # 2**-53

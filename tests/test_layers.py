@@ -20,7 +20,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "emgmm"
 #: The layers, lowest first: a module imports only from its own layer and those
 #: below. ``""`` is ``emgmm/__init__.py`` (``__version__`` and the facade, which
 #: imports nothing itself); ``__main__`` runs the command line.
-LAYERS = ("", "runtime", "covariance", "engine", "io", "mixture", "cli", "__main__")
+LAYERS = ("", "_runtime", "covariance", "_engine", "_io", "_mixture",
+          "_cli", "__main__")
 
 
 def _modules():
@@ -171,14 +172,15 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize(("source", "module", "expected"), [
-    ("from . import memory", "emgmm.runtime.worker_loss", "emgmm.runtime.memory"),
-    ("from .. import __version__", "emgmm.io.model_file", "emgmm"),
-    ("from .. import GaussianMixture", "emgmm.cli.command",
-     "emgmm.mixture.gaussian_mixture"),
-    ("from ..covariance import REGISTRY", "emgmm.engine.online", "emgmm.covariance"),
-    ("import emgmm.runtime.blas as blas", "emgmm.mixture.base", "emgmm.runtime.blas"),
-    ("def f():\n    from .log_density import chunk_rows", "emgmm.covariance.base",
-     "emgmm.covariance.log_density"),
+    ("from . import memory", "emgmm._runtime.worker_loss", "emgmm._runtime.memory"),
+    ("from .. import __version__", "emgmm._io.model_file", "emgmm"),
+    ("from .. import GaussianMixture", "emgmm._cli.command",
+     "emgmm._mixture.gaussian_mixture"),
+    ("from ..covariance import REGISTRY", "emgmm._engine.online", "emgmm.covariance"),
+    ("import emgmm._runtime.blas as blas", "emgmm._mixture.base",
+     "emgmm._runtime.blas"),
+    ("def f():\n    from ._log_density import chunk_rows", "emgmm.covariance._base",
+     "emgmm.covariance._log_density"),
 ])
 def test_imports_are_resolved(source, module, expected):
     """The resolution the checks rely on, on the forms the package uses."""
@@ -309,3 +311,32 @@ def test_no_function_is_longer_than_sixty_lines_of_code():
     assert not long, long
     sample = "def f():\n    '''doc'''\n" + "    x = 1\n" * 61
     assert len(_code_lines(ast.parse(sample).body[0], sample.splitlines())) == 61
+
+
+#: The modules a user imports; every other module has a private name
+#: (``emgmm._engine.em``, ``emgmm.covariance._base``), as scikit-learn's
+#: ``sklearn/mixture/_base.py``, so that only what these export is public API.
+PUBLIC_MODULES = {"emgmm", "emgmm.__main__", "emgmm.covariance"}
+
+
+def _is_private(module):
+    return any(part.startswith("_") and not part.startswith("__")
+               for part in module.split("."))
+
+
+def test_internal_modules_are_private():
+    public = sorted(m for m in MODULES
+                    if m not in PUBLIC_MODULES and not _is_private(m))
+    assert not public, f"modules with a public name outside PUBLIC_MODULES: {public}"
+    assert _is_private("emgmm._engine.em") and not _is_private("emgmm.engine.em")
+
+
+def test_the_public_modules_export_only_what_they_define_or_gather():
+    """Each public module lists its API in ``__all__``, and every name of it
+    resolves (the facade's imports included)."""
+    import importlib
+
+    for module in sorted(PUBLIC_MODULES - {"emgmm.__main__"}):
+        imported = importlib.import_module(module)
+        missing = [name for name in imported.__all__ if not hasattr(imported, name)]
+        assert not missing, (module, missing)

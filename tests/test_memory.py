@@ -20,7 +20,7 @@ from helpers import (
 )
 
 from emgmm import GaussianMixture
-from emgmm.runtime import memory as emgmm_memory
+from emgmm._runtime import memory as emgmm_memory
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +109,8 @@ def test_starting_model_and_statistics_are_freed_after_their_iteration(monkeypat
     memory: the starting model and the statistics of the iteration before are freed,
     not held through the next pass (for 'full' each is K d^2 float64 values,
     gigabytes at d = 900)."""
-    from emgmm.engine import update as _em
-    from emgmm.mixture import base as gaussian_mixture
+    from emgmm._engine import update as _em
+    from emgmm._mixture import base as gaussian_mixture
 
     refs = {"model": [], "stats": []}
     initial_model = GaussianMixture._initial_model

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import emgmm
-from emgmm.io.model_file import ModelFileError, read_header, save_model
-from emgmm.mixture.loading import load_model
+from emgmm._io.model_file import ModelFileError, read_header, save_model
+from emgmm._mixture.loading import load_model
 
 
 @pytest.fixture(scope="module")

@@ -19,14 +19,14 @@ from helpers import (
 )
 
 import emgmm
-from emgmm.io.model_file import (
+from emgmm._io.model_file import (
     FORMAT_NAME,
     FORMAT_VERSION,
     ModelFileError,
     read_header,
     save_model,
 )
-from emgmm.mixture.loading import load_model
+from emgmm._mixture.loading import load_model
 
 
 def _fit(X, covariance_type, **kwargs):
@@ -274,7 +274,7 @@ def test_pickle_and_joblib_still_work(tmp_path, blobs):
 
 
 def test_outputs_get_the_permissions_of_a_new_file(tmp_path):
-    from emgmm.io.atomic import atomic_output
+    from emgmm._io.atomic import atomic_output
 
     old = os.umask(0o022)
     try:
@@ -293,7 +293,7 @@ def test_atomic_output_names_the_users_path_when_its_folder_refuses(tmp_path,
     the output the user asked for, not the hidden temporary name."""
     import tempfile
 
-    from emgmm.io.atomic import atomic_output
+    from emgmm._io.atomic import atomic_output
 
     def refuse(*args, **kwargs):
         raise OSError(30, "Read-only file system", str(tmp_path / ".m.h5.x.tmp"))
@@ -331,7 +331,7 @@ def test_model_fitted_in_float32_keeps_float32_attributes(tmp_path, covariance_t
 def test_atomic_outputs_replace_all_or_none(tmp_path):
     """A body that fails leaves every earlier file as it was and no temporary file;
     one that succeeds replaces them all."""
-    from emgmm.io.atomic import atomic_outputs
+    from emgmm._io.atomic import atomic_outputs
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_bytes(b"old a")
@@ -354,7 +354,7 @@ def test_atomic_outputs_failed_rename_leaves_no_temporary_file(tmp_path, monkeyp
     """A rename that fails (an immutable file at the second path) names that path,
     not the temporary one, stops the renames and leaves no temporary file; the first
     output was replaced, the second is as it was."""
-    from emgmm.io.atomic import atomic_outputs
+    from emgmm._io.atomic import atomic_outputs
 
     a, b = tmp_path / "a", tmp_path / "b"
     b.write_bytes(b"old b")

@@ -18,7 +18,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import check_estimator
 
 from emgmm import GaussianMixture
-from emgmm.mixture.model_selection import FITTED_ATTRIBUTES, GaussianMixtureIC
+from emgmm._mixture.model_selection import FITTED_ATTRIBUTES, GaussianMixtureIC
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,7 @@ def test_benchmark_script_runs(tmp_path):
 def test_docstring_examples_run():
     import doctest
 
-    import emgmm.mixture.model_selection as module
+    import emgmm._mixture.model_selection as module
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
@@ -181,8 +181,8 @@ def test_cancelled_shared_passes_end_every_member():
     each ends at its next pass instead of running its fit to the end."""
     import threading
 
-    from emgmm.engine.model import Model
-    from emgmm.engine.shared_pass import FitCancelled, SharedPasses
+    from emgmm._engine.model import Model
+    from emgmm._engine.shared_pass import FitCancelled, SharedPasses
 
     model = Model(np.ones(1), np.zeros((1, 2)), np.ones((1, 2)), np.ones((1, 2)),
                   "diag")

@@ -1,4 +1,4 @@
-"""The stepwise online EM kernels (emgmm.engine.online) against numpy oracles.
+"""The stepwise online EM kernels (emgmm._engine.online) against numpy oracles.
 
 The oracle sums the weighted statistics over the whole array directly (einsum over
 every row, component and feature), around whichever centres are asked for; the
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import SKLEARN_ONLINE_COVARIANCE_TYPES
 
-from emgmm.engine import online
+from emgmm._engine import online
 
 
 def _problem(seed, n=50, K=3, d=4):
@@ -451,7 +451,7 @@ def test_factor_split_starved_halves_the_heaviest_and_keeps_the_others():
 def test_factor_widest_axis_by_lanczos_equals_the_dense_one(monkeypatch):
     """Above _DENSE_AXIS_FEATURES the axis comes from Lanczos on W W^T + Psi."""
     from emgmm.covariance import REGISTRY
-    from emgmm.covariance import factor as factor_module
+    from emgmm.covariance import _factor as factor_module
 
     rng = np.random.default_rng(3)
     d = 40

@@ -1,11 +1,11 @@
 """The pairs schedule ('full' beyond the packed estimate's features): rows screen the
-pairs, components own their statistics, M step and factor (emgmm/engine/pair_*.py).
+pairs, components own their statistics, M step and factor (emgmm/_engine/pair_*.py).
 
 Oracles: the same schedule with the screen switched off (every pair computed, the
 same resp_threshold) and the rows schedule, from the same start; the same fit with
 other workers, blocks and sources (bitwise); repeated rows for integer weights.
 Every test runs with the rows' bounds projected afresh each iteration and carried
-across iterations (emgmm/engine/carried_bounds.py).
+across iterations (emgmm/_engine/carried_bounds.py).
 """
 
 import os
@@ -17,9 +17,9 @@ from helpers import make_blobs_data, not_converging, random_spd, sample_mixture
 from numpy.testing import assert_allclose
 
 from emgmm import GaussianMixture
-from emgmm.cli.demo import extract_patches, gray_images, remove_dc
-from emgmm.covariance import screen
-from emgmm.engine import carried_bounds, pair_components
+from emgmm._cli.demo import extract_patches, gray_images, remove_dc
+from emgmm._engine import carried_bounds, pair_components
+from emgmm.covariance import _screen as screen
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_cholesky_")
 
@@ -315,7 +315,7 @@ def test_the_auto_schedule_picks_pairs_only_where_it_applies():
 def test_worker_processes_leave_a_model_in_memory_and_no_folder(patches14):
     """With worker processes the state is memory-mapped in a folder of its own: each
     run copies its model out and removes the folder before the next run starts."""
-    from emgmm.runtime.executor import shared_memory_folder
+    from emgmm._runtime.executor import shared_memory_folder
 
     parent = shared_memory_folder(0)
 
@@ -373,7 +373,7 @@ def test_iteration_records_carry_the_pairs_and_the_phase_seconds(patches14):
 def test_component_ranges_cover_every_component_with_balanced_work(parts):
     """Tasks by work, not by component count: contiguous, non-empty, covering;
     no range above its share by more than one component's cost."""
-    from emgmm.engine.pair_step import balanced_ranges
+    from emgmm._engine.pair_step import balanced_ranges
 
     rng = np.random.default_rng(0)
     costs = np.concatenate([[5000], rng.integers(1, 50, size=199)])

@@ -37,14 +37,14 @@ from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 from threadpoolctl import threadpool_limits
 
-import emgmm.engine.model as em
-import emgmm.engine.passes as passes
-import emgmm.runtime.blas as blas
-import emgmm.runtime.executor as parallel
-import emgmm.runtime.memory as memory
+import emgmm._engine.model as em
+import emgmm._engine.passes as passes
+import emgmm._runtime.blas as blas
+import emgmm._runtime.executor as parallel
+import emgmm._runtime.memory as memory
 from emgmm import GaussianMixture
+from emgmm._io.sources import ArraySource
 from emgmm.covariance import REGISTRY as KINDS
-from emgmm.io.sources import ArraySource
 
 
 def fit(X, **params):
@@ -428,7 +428,7 @@ def test_blas_limit_restored_after_executors_closing_out_of_order(X, tmp_path):
     the limit B found while A was open)."""
     from threadpoolctl import threadpool_limits
 
-    from emgmm.io.sources import MemmapSource
+    from emgmm._io.sources import MemmapSource
 
     np.save(tmp_path / "x.npy", X)
     source = MemmapSource.from_npy(tmp_path / "x.npy")
@@ -547,8 +547,7 @@ def test_per_component_products_run_on_one_blas_thread(n_jobs, monkeypatch):
     equals the one under a process-wide limit of one thread."""
     from contextlib import contextmanager
 
-    from emgmm.covariance import screen as _screen
-    from emgmm.covariance import statistics as _statistics
+    from emgmm.covariance import _screen, _statistics
 
     seen = {"loops": [], "callback": set()}
     single = _statistics.single_blas_thread
@@ -673,7 +672,7 @@ def test_block_rows_follow_the_chunks(covariance_type):
 _RELEASE_SCRIPT = """
 import threading
 import numpy as np
-from emgmm.runtime import memory as _memory
+from emgmm._runtime import memory as _memory
 
 def resident():
     with open("/proc/self/status") as fh:

@@ -1,5 +1,5 @@
 """The execution settings' docstrings have one source
-(``emgmm.mixture.parameter_docs.EXECUTION_SETTINGS``): every estimator that takes a
+(``emgmm._mixture.parameter_docs.EXECUTION_SETTINGS``): every estimator that takes a
 setting documents it with that paragraph, and no marker is left unfilled."""
 
 import inspect
@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from emgmm import BayesianGaussianMixture, GaussianMixture, GaussianMixtureIC
-from emgmm.mixture.parameter_docs import EXECUTION_SETTINGS, fill_parameter_docs
+from emgmm._mixture.parameter_docs import EXECUTION_SETTINGS, fill_parameter_docs
 
 ESTIMATORS = (GaussianMixture, BayesianGaussianMixture, GaussianMixtureIC)
 

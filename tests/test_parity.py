@@ -47,7 +47,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from emgmm import GaussianMixture
-from emgmm.mixture import initialization
+from emgmm._mixture import initialization
 
 U64 = float(np.finfo(np.float64).eps) / 2
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")

@@ -1,7 +1,7 @@
 """partial_fit: stepwise online EM through the public API.
 
 The oracle is an independent numpy/scipy implementation of the documented recursion
-(``emgmm.engine.online``): ``s_t = (1 - eta_t) s_{t-1} + eta_t sbar_t`` with
+(``emgmm._engine.online``): ``s_t = (1 - eta_t) s_{t-1} + eta_t sbar_t`` with
 ``eta_t = (t + learning_offset) ** -learning_decay``, ``sbar_t`` the batch's weighted
 statistics divided by its total weight under the parameters before the step, ``s_0``
 the statistics the M step maps to the starting model. It keeps *uncentred* moments
@@ -29,7 +29,7 @@ from sklearn.utils.validation import check_is_fitted
 
 import emgmm
 from emgmm import GaussianMixture, load_model, save_model
-from emgmm.engine import online
+from emgmm._engine import online
 
 K = 3
 REG = 1e-6
@@ -491,7 +491,7 @@ def test_a_covariance_type_without_online_statistics_is_refused(X, monkeypatch):
     before reading the batch, naming itself and the types that have them; fit
     is unaffected."""
     from emgmm.covariance import REGISTRY
-    from emgmm.covariance.diag import DiagCovariance
+    from emgmm.covariance._diag import DiagCovariance
 
     class NoStream(DiagCovariance):
         name = "nostream"
@@ -537,7 +537,7 @@ def patch_stream():
     K=6 'full', 6,000 rows in batches of 200 drawn without replacement, 3 passes
     (90 calls), default parameters; the batch fit of the same rows; both scored on
     2,000 held-out patches."""
-    from emgmm.cli.demo import extract_patches, gray_images, remove_dc
+    from emgmm._cli.demo import extract_patches, gray_images, remove_dc
 
     patches = np.concatenate([extract_patches(image)
                               for image in gray_images().values()])
@@ -575,7 +575,7 @@ def test_patch_stream_starves_no_component(patch_stream):
 
 # ------------------------------------------------------------------ 'factor'
 #
-# Mixtures of factor analysers stream their own statistics (engine/online.py):
+# Mixtures of factor analysers stream their own statistics (_engine/online.py):
 # tested against fit's EM iteration, and against a numpy/scipy E step of the dense
 # model (E[z | x, k] = W^T Sigma^{-1} (x - mu), Cov[z | x, k] = I - W^T Sigma^{-1} W).
 
@@ -660,7 +660,7 @@ def test_factor_running_statistics_are_the_batch_statistics_around_the_new_means
         factor_data):
     """After a unit step the running statistics are the batch's complete-data
     statistics under the model before the step, summed in numpy over the whole
-    array around the *new* means (the shift of engine/online.py undone by an
+    array around the *new* means (the shift of _engine/online.py undone by an
     independent sum)."""
     start = _fitted_factor(factor_data)
     batch = factor_data[:400]
@@ -739,7 +739,7 @@ def test_factor_stream_continues_from_a_model_file(factor_data, tmp_path):
 def test_the_refusal_names_every_type_with_online_statistics(X, monkeypatch):
     """'factor' is among the types the refusal names, in the registry's order."""
     from emgmm.covariance import REGISTRY
-    from emgmm.covariance.diag import DiagCovariance
+    from emgmm.covariance._diag import DiagCovariance
 
     class NoStream(DiagCovariance):
         name = "nostream"

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import emgmm
-from emgmm.io.model_file import read_header, save_model
-from emgmm.mixture.loading import load_model
-from emgmm.runtime import executor as _parallel
+from emgmm._io.model_file import read_header, save_model
+from emgmm._mixture.loading import load_model
+from emgmm._runtime import executor as _parallel
 
 
 class OtherPath(os.PathLike):

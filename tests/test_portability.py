@@ -22,13 +22,13 @@ import pytest
 from helpers import PARAMS, make_blobs_data, not_converging
 
 from emgmm import GaussianMixture
+from emgmm._io import sources as _sources
+from emgmm._io.weights import as_weight_source
+from emgmm._runtime import executor as _executor
+from emgmm._runtime import memory as _memory
+from emgmm._runtime import processes as _processes
+from emgmm._runtime.worker_loss import explain_worker_loss
 from emgmm.covariance import REGISTRY
-from emgmm.io import sources as _sources
-from emgmm.io.weights import as_weight_source
-from emgmm.runtime import executor as _executor
-from emgmm.runtime import memory as _memory
-from emgmm.runtime import processes as _processes
-from emgmm.runtime.worker_loss import explain_worker_loss
 
 N, D, K = 600, 5, 3
 
@@ -61,7 +61,7 @@ class CountingLock:
 
 
 class ReadPath:
-    """How :func:`emgmm.io.sources.read_exactly` reads: ``"preadv"`` (Linux),
+    """How :func:`emgmm._io.sources.read_exactly` reads: ``"preadv"`` (Linux),
     ``"pread"`` (``os.preadv`` taken away) or ``"seek"`` (``os.pread`` too, as on
     Windows). :meth:`enable` installs it; ``calls`` counts the reads it made."""
 

@@ -17,7 +17,7 @@ import pytest
 from numpy.lib.format import open_memmap
 
 import emgmm
-from emgmm.cli import command
+from emgmm._cli import command
 
 N, D, K, BLOCK = 40_000, 16, 4, 2000
 #: Allowed growth of the peak from n to 4n rows (bytes): noise of small allocations;
@@ -84,7 +84,7 @@ def test_prediction_memory_does_not_grow_with_the_rows(files, kind, n_jobs, caps
     """The tasks' outputs are capped at one block here (``OUTPUT_TASK_BYTES``, 4 MiB
     by default, is reached only beyond ~30M rows at this block size): what the
     parent holds of them is then the same for n and 4n rows."""
-    from emgmm.mixture import base
+    from emgmm._mixture import base
 
     monkeypatch.setattr(base, "OUTPUT_TASK_BYTES", BLOCK * 8, raising=False)
     peaks = []

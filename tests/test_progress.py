@@ -14,7 +14,7 @@ import pytest
 from helpers import not_converging
 
 from emgmm import GaussianMixture
-from emgmm.cli.progress import ProgressReporter
+from emgmm._cli.progress import ProgressReporter
 
 
 def _fit(callback, n_jobs=None):
@@ -100,8 +100,8 @@ def test_quiet_reporter_draws_nothing():
 
 _CHILD = textwrap.dedent("""
     import sys
-    from emgmm.cli.progress import ProgressReporter
-    from emgmm.cli import main
+    from emgmm._cli.progress import ProgressReporter
+    from emgmm._cli import main
     ProgressReporter.bar_after = 0.0  # a bar from the first block on
     sys.exit(main(sys.argv[1:]))
 """)

@@ -53,7 +53,7 @@ def penalty(gm, nk_share):
     ``L(theta_{t+1}) - L(theta_t) >= pen_t(theta_{t+1}) - pen_t(theta_t)``: the
     plain lower bound may go down by the change of this penalty. For 'diag' and
     'spherical', scikit-learn's ``10 eps`` on ``N_k`` adds ``mu_kj^2 10 eps / N_k``
-    to ``c`` (see ``emgmm.covariance.m_step.m_step``).
+    to ``c`` (see ``emgmm.covariance._m_step.m_step``).
     """
     ct = gm.covariance_type
     prec = np.asarray(gm.precisions_, dtype=np.float64)

@@ -23,10 +23,9 @@ from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
-from emgmm.covariance import log_density as _log_density
-from emgmm.covariance import packed_estimate as _packed_estimate
-from emgmm.covariance.screen import ProjectionScreen
-from emgmm.engine import estep as _estep
+from emgmm._engine import estep as _estep
+from emgmm.covariance import _log_density, _packed_estimate
+from emgmm.covariance._screen import ProjectionScreen
 
 # the oracle needs a wider float than float64 (x86-64 long double: 64-bit mantissa)
 needs_extended = pytest.mark.skipif(

@@ -7,7 +7,7 @@ from helpers import make_blobs_data
 
 from emgmm import GaussianMixture
 from emgmm.covariance import REGISTRY, get_covariance_type, register_covariance_type
-from emgmm.covariance.diag import DiagCovariance
+from emgmm.covariance._diag import DiagCovariance
 
 K, D = 3, 4
 

@@ -391,7 +391,7 @@ def _task_arguments(monkeypatch):
     """Record the arguments of every task sent to joblib's workers."""
     import joblib
 
-    from emgmm.runtime import executor
+    from emgmm._runtime import executor
 
     sent = []
 
@@ -413,7 +413,7 @@ def test_process_workers_get_the_weights_by_reference(tmp_path, schedule, temp_f
     fit and in partial_fit."""
     import pickle
 
-    from emgmm.io.weights import WeightSource
+    from emgmm._io.weights import WeightSource
 
     n = 40_000  # 320 kB of weights
     data = make_blobs_data(n, 2, 2, seed=3)
@@ -527,7 +527,7 @@ def test_previous_model_kept_when_weights_are_invalid(X, weights):
 
 
 def test_cli_fit_sample_weight(X, weights, tmp_path):
-    from emgmm import cli
+    from emgmm._cli import command as cli
 
     npy = tmp_path / "X.npy"
     np.save(npy, X)
@@ -549,7 +549,7 @@ def test_cli_fit_sample_weight(X, weights, tmp_path):
 
 
 def test_cli_fit_bad_sample_weight_names_the_row(X, tmp_path, capsys):
-    from emgmm import cli
+    from emgmm._cli import command as cli
 
     npy = tmp_path / "X.npy"
     np.save(npy, X)

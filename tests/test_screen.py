@@ -1,4 +1,4 @@
-"""The certified screen of the 'full' E step (emgmm/covariance/screen.py).
+"""The certified screen of the 'full' E step (emgmm/covariance/_screen.py).
 
 Oracles: the definition of the weighted log-density in long double (bounds), the
 unscreened E step (every pair computed) and the unscreened fit from the same start
@@ -14,11 +14,10 @@ from numpy.testing import assert_allclose
 from scipy.special import logsumexp
 
 from emgmm import GaussianMixture
-from emgmm.cli.demo import extract_patches, gray_images, remove_dc
-from emgmm.covariance import log_density as _log_density
-from emgmm.covariance import screen as _screen
-from emgmm.covariance.screen import ProjectionScreen, exact_pairs
-from emgmm.engine import estep as _estep
+from emgmm._cli.demo import extract_patches, gray_images, remove_dc
+from emgmm._engine import estep as _estep
+from emgmm.covariance import _log_density, _screen
+from emgmm.covariance._screen import ProjectionScreen, exact_pairs
 
 MARGIN = _log_density.relevance_margin(1e-20)
 LD_EPS = float(np.finfo(np.longdouble).eps)

@@ -23,7 +23,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from emgmm import BayesianGaussianMixture, GaussianMixture
-from emgmm.mixture.base import BaseMixture
+from emgmm._mixture.base import BaseMixture
 
 PARAMS = ("weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_")
 

@@ -32,10 +32,10 @@ from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from emgmm import GaussianMixture
+from emgmm._io import sources as _sources
+from emgmm._io.sources import MemmapSource, as_source
+from emgmm._runtime import memory
 from emgmm.covariance import REGISTRY as KINDS
-from emgmm.io import sources as _sources
-from emgmm.io.sources import MemmapSource, as_source
-from emgmm.runtime import memory
 
 N = 200  # 7 and 64 do not divide 200
 D = 3  # the features of the module's data

@@ -24,7 +24,7 @@ from helpers import (
 
 import emgmm
 from emgmm import GaussianMixture
-from emgmm.runtime.executor import TEMP_PREFIX
+from emgmm._runtime.executor import TEMP_PREFIX
 
 
 def _folders():
@@ -65,7 +65,7 @@ def test_any_fit_removes_what_a_killed_fit_left_in_shared_memory():
     import subprocess
     import sys
 
-    from emgmm.runtime import executor
+    from emgmm._runtime import executor
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
@@ -196,7 +196,7 @@ def test_case_c20_stray_folders_removed_only_in_their_own_host_and_namespace(tmp
     """A dead process's folder is removed only when it was made on this host and in
     this PID namespace: in a container sharing the folder, the same pid number is
     another process (whose live folder an earlier version deleted)."""
-    from emgmm.runtime import executor as _parallel
+    from emgmm._runtime import executor as _parallel
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -1,4 +1,4 @@
-"""The variational Bayes updates of emgmm.engine.variational against scikit-learn's
+"""The variational Bayes updates of emgmm._engine.variational against scikit-learn's
 BayesianGaussianMixture (the oracle), from the same responsibilities.
 
 scikit-learn is only used through its public estimator: the initial posterior is its
@@ -17,10 +17,7 @@ from scipy.special import logsumexp, xlogy
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import BayesianGaussianMixture as SkBayesianGaussianMixture
 
-from emgmm.covariance.log_density import log_gaussian_prob
-from emgmm.covariance.m_step import m_step
-from emgmm.covariance.statistics import block_statistics
-from emgmm.engine.variational import (
+from emgmm._engine.variational import (
     PRIOR_TYPES,
     DataMoments,
     VariationalModel,
@@ -31,7 +28,10 @@ from emgmm.engine.variational import (
     resp_log_resp,
     update_posterior,
 )
-from emgmm.mixture.initialization import initial_responsibilities
+from emgmm._mixture.initialization import initial_responsibilities
+from emgmm.covariance._log_density import log_gaussian_prob
+from emgmm.covariance._m_step import m_step
+from emgmm.covariance._statistics import block_statistics
 
 K = 3
 BLOCKS = (0, 37, 38, 200)  # starts of uneven row blocks, one of a single row

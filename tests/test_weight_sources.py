@@ -1,4 +1,4 @@
-"""Weight sources (emgmm.io.weights): every kind reads the same checked blocks."""
+"""Weight sources (emgmm._io.weights): every kind reads the same checked blocks."""
 
 import os
 import pickle
@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from emgmm.io import weights as ws
+from emgmm._io import weights as ws
 
 REPO_ROOT = Path(ws.__file__).resolve().parents[2]
 N = 100
@@ -177,7 +177,7 @@ def test_a_file_replaced_during_reading_is_an_error(tmp_path):
 _CUT_AFTER_CHECK = """
 import sys
 import numpy as np
-from emgmm.io import weights as ws
+from emgmm._io import weights as ws
 path, n = sys.argv[1], int(sys.argv[2])
 source = ws.as_weight_source(path, n)
 source.read(0, 10)  # (a source over a memory map would hold its map from here)

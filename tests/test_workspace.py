@@ -1,4 +1,4 @@
-"""The per-thread work buffers (emgmm.runtime.workspace): lending rules, and fits that
+"""The per-thread work buffers (emgmm._runtime.workspace): lending rules, and fits that
 reuse buffers holding stale values equal fits that allocate every array afresh,
 bitwise."""
 
@@ -9,7 +9,7 @@ import pytest
 from helpers import make_blobs_data, not_converging
 from numpy.testing import assert_array_equal
 
-import emgmm.runtime.workspace as workspace
+import emgmm._runtime.workspace as workspace
 from emgmm import GaussianMixture
 
 

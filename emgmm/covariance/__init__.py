@@ -1,7 +1,7 @@
 """The covariance types behind one protocol (:class:`CovarianceType`).
 
 :class:`CovarianceType` composes one abstract base class per concern (the
-protocols of :mod:`emgmm.covariance.protocols`: :class:`Sizes`,
+protocols of :mod:`emgmm.covariance._protocols`: :class:`Sizes`,
 :class:`Parameterisation`, :class:`Reseeding`, :class:`Kernels`,
 :class:`VariationalPrior`, :class:`ModelFileLayout`, :class:`Validation`,
 :class:`Sampling`, :class:`OnlineStatistics`); a caller that needs one concern
@@ -13,16 +13,16 @@ with a :class:`CovarianceType` subclass and one line here; outside the package,
 one call of :func:`register_covariance_type`, which checks the type first.
 """
 
-from .base import (
+from ._base import (
     REGISTRY,
     CovarianceType,
     get_covariance_type,
     register_covariance_type,
 )
-from .diag import DiagCovariance
-from .factor import FactorCovariance
-from .full import FullCovariance
-from .protocols import (
+from ._diag import DiagCovariance
+from ._factor import FactorCovariance
+from ._full import FullCovariance
+from ._protocols import (
     Kernels,
     ModelFileLayout,
     OnlineStatistics,
@@ -33,10 +33,10 @@ from .protocols import (
     Validation,
     VariationalPrior,
 )
-from .spherical import SphericalCovariance
-from .tied import TiedCovariance
+from ._spherical import SphericalCovariance
+from ._tied import TiedCovariance
 
-# (into the dict of base.py, which the kernel modules' dispatch by name reads)
+# (into the dict of _base.py, which the kernel modules' dispatch by name reads)
 for _kind in (FullCovariance(), TiedCovariance(), DiagCovariance(),
               SphericalCovariance(), FactorCovariance()):
     register_covariance_type(_kind)

@@ -1,0 +1,220 @@
+"""'factor': the sufficient statistics of a block, ``O(d q)`` per component.
+
+Pure functions of one block of rows and the parameters they are given. Notation as
+in :mod:`emgmm.covariance._factor_parameters`.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._runtime.lapack import gemm_add
+from ._factor_log_density import _CHUNK_BYTES, _MIN_PRODUCT_ROWS, projections
+
+# Expanded sums more than this many times larger than their centred value (a tight
+# component far from the shift) are recomputed centred (about 1e-10 relative left).
+_MAX_CANCELLATION = 1e6
+
+
+@dataclass
+class FactorStatistics:
+    """Sufficient statistics of the mixture of factor analysers, summed over rows and
+    centred on fixed centres ``c_k`` (the means of the E step), float64.
+
+    With ``u = x - c_k`` and ``e = E[z | x, k]`` under the E step's parameters:
+
+    Attributes
+    ----------
+    nk : ndarray of shape (K,)
+        ``sum_i r_ik``.
+    sum_x : ndarray of shape (K, d)
+        ``sum_i r_ik u_i``.
+    sum_xx : ndarray of shape (K, d)
+        ``sum_i r_ik u_i^2`` (the diagonal of the second moments).
+    sum_xz : ndarray of shape (K, d, q)
+        ``sum_i r_ik u_i e_i^T``.
+    sum_z : ndarray of shape (K, q)
+        ``sum_i r_ik e_i``.
+    sum_zz : ndarray of shape (K, q, q)
+        ``sum_i r_ik E[z z^T | x_i, k] = sum_i r_ik (e_i e_i^T + M_k^{-1})``.
+    log_likelihood : float
+    n_samples : int
+    """
+
+    nk: np.ndarray
+    sum_x: np.ndarray
+    sum_xx: np.ndarray
+    sum_xz: np.ndarray
+    sum_z: np.ndarray
+    sum_zz: np.ndarray
+    log_likelihood: float
+    n_samples: int
+
+    _ARRAYS = ("nk", "sum_x", "sum_xx", "sum_xz", "sum_z", "sum_zz")
+
+    def __add__(self, other):
+        return FactorStatistics(
+            *(getattr(self, a) + getattr(other, a) for a in self._ARRAYS),
+            self.log_likelihood + other.log_likelihood,
+            self.n_samples + other.n_samples)
+
+    def __iadd__(self, other):
+        for a in self._ARRAYS:
+            getattr(self, a).__iadd__(getattr(other, a))
+        self.log_likelihood += other.log_likelihood
+        self.n_samples += other.n_samples
+        return self
+
+
+def concatenate_statistics(parts):
+    """:class:`FactorStatistics` of consecutive component slices joined along the
+    components (the log-likelihood and rows of the first part)."""
+    first = parts[0]
+    arrays = (np.concatenate([getattr(p, a) for p in parts])
+              for a in FactorStatistics._ARRAYS)
+    return FactorStatistics(*arrays, first.log_likelihood, first.n_samples)
+
+
+def zero_statistics(n_components, n_features, n_factors):
+    """:class:`FactorStatistics` of no rows."""
+    K, d, q = n_components, n_features, n_factors
+    return FactorStatistics(np.zeros(K), np.zeros((K, d)), np.zeros((K, d)),
+                            np.zeros((K, d, q)), np.zeros((K, q)), np.zeros((K, q, q)),
+                            0.0, 0)
+
+
+def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
+                     means=None):
+    """:class:`FactorStatistics` of one block (``log_likelihood = 0``).
+
+    ``e_i^T = p_k(x_i) L_k^{-1}`` from the E step's projections; the sums are GEMMs
+    over row chunks (:func:`_statistics_chunks`: no array of the block's size is
+    formed): ``R^T y``, ``R^T y^2`` and ``Y^T [r_1 e_1, ..., r_K e_K]`` (``(d, n)
+    x (n, K q)``, accumulated in place) with ``y = x - shift``, re-centred on
+    ``c_k`` by
+    ``sum r (y - m)^2 = sum r y^2 - 2 m sum r y + N m^2`` and ``sum r (y - m) e^T =
+    Y^T (r e) - m (sum r e)^T`` (``m = c_k - shift``). A component whose expanded
+    second moments exceed ``_MAX_CANCELLATION`` times their centred value in some
+    feature is recomputed from ``x - c_k``.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d), float32 or float64
+        The block; not modified.
+    resp : ndarray of shape (n, K), float64
+        Responsibilities.
+    centers : ndarray of shape (K, d)
+        The centres ``c_k`` of the sums: the E step's means, or others (the M step
+        holds for any centres, as long as ``e`` is that of the E step).
+    precision : FactorPrecision
+        Of the E step.
+    proj : Projections or None, default=None
+        :func:`estimate_log_prob`'s for this block; ``None``: computed here (float64)
+        from ``means``.
+    resp_threshold : float, default=0.0
+        Pairs with ``r_ik <= resp_threshold`` are left out of every sum.
+    means : ndarray of shape (K, d) or None, default=None
+        The E step's means when ``proj`` is ``None`` (default: ``centers``).
+
+    Returns
+    -------
+    FactorStatistics
+    """
+    X = np.asarray(X)
+    n, d = X.shape
+    resp = np.asarray(resp, dtype=np.float64)
+    if resp_threshold > 0.0:
+        resp = np.where(resp > resp_threshold, resp, 0.0)
+    centers = np.asarray(centers, dtype=np.float64)
+    if proj is None:
+        proj = projections(X, centers if means is None else means, precision,
+                           resp.sum(axis=0))
+    K, q = len(centers), precision.n_factors
+    chol_inv = precision.cholesky_inv
+    sum_y, sum_yy = np.zeros((K, d)), np.zeros((K, d))
+    sum_z, sum_zz = np.zeros((K, q)), np.zeros((K, q, q))
+    flat = np.zeros((d, K * q))                       # sum_i y_i (r_i e_i)^T
+    for r0, r1, Y, rE in _statistics_chunks(X, proj, resp, chol_inv, sum_z, sum_zz):
+        sum_y += resp[r0:r1].T @ Y
+        # flat^T += (r e)^T y: Fortran views of the C-ordered arrays, no copies
+        gemm_add(flat.T, rE.reshape(r1 - r0, K * q).T, Y.T, trans_b=True)
+        Y *= Y
+        sum_yy += resp[r0:r1].T @ Y
+    nk = resp.sum(axis=0)
+    sum_zz += nk[:, None, None] * np.matmul(np.swapaxes(chol_inv, 1, 2), chol_inv)
+    sum_xz = np.swapaxes(flat.reshape(d, K, q), 0, 1)  # (K, d, q), a view
+    m = centers - proj.shift
+    sum_x = sum_y - nk[:, None] * m
+    sum_xx = sum_yy - 2.0 * m * sum_y + nk[:, None] * m**2
+    for k in range(K):  # (no (K, d, q) temporary)
+        sum_xz[k] -= np.outer(m[k], sum_z[k])
+    scale = sum_yy + nk[:, None] * m**2
+    for k in np.flatnonzero((scale / _MAX_CANCELLATION > sum_xx).any(axis=1)):
+        sum_x[k], sum_xx[k], sum_xz[k] = _centred_sums(X, resp[:, k], centers[k],
+                                                       proj.P[:, k], chol_inv[k])
+    np.maximum(sum_xx, 0.0, out=sum_xx)
+    return FactorStatistics(nk, sum_x, sum_xx, sum_xz, sum_z, sum_zz, 0.0, n)
+
+
+def _statistics_rows(n, d, K, q):
+    """Rows of a chunk of :func:`block_statistics`: its shifted rows and weighted
+    posterior means within ``_CHUNK_BYTES``, but at least ``_MIN_PRODUCT_ROWS`` (the
+    inner dimension of the products that update the ``(d, K q)`` sums)."""
+    rows = _CHUNK_BYTES // (8 * (d + K * q) + 1)
+    return int(max(1, min(n, max(rows, _MIN_PRODUCT_ROWS))))
+
+
+def _statistics_chunks(X, proj, resp, cholesky_inv, sum_z, sum_zz):
+    """Yield ``(r0, r1, Y, rE)`` over row chunks of the block: ``Y = x - shift``
+    (float64, C-ordered) and ``rE = r e`` (``(r1 - r0, K, q)``), each chunk's
+    ``sum r e`` and ``sum r e e^T`` added to ``sum_z`` and ``sum_zz`` (two buffers,
+    overwritten by the next chunk: no ``(n, K, q)`` array besides ``P``)."""
+    n, d = X.shape
+    _, K, q = proj.P.shape
+    rows = _statistics_rows(n, d, K, q)
+    y_buf = np.empty((min(rows, n), d))
+    e_buf = np.empty((min(rows, n), K, q))
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        Y, E = y_buf[:r1 - r0], e_buf[:r1 - r0]
+        np.subtract(X[r0:r1], proj.shift, out=Y, dtype=np.float64, casting="unsafe")
+        _weighted_means(proj.P[r0:r1], resp[r0:r1], cholesky_inv, E, sum_z, sum_zz)
+        yield r0, r1, Y, E
+
+
+def _weighted_means(P, resp, cholesky_inv, out, sum_z, sum_zz):
+    """``out = r e`` (``(n, K, q)``) from projections ``P`` (``e = p L^{-1}`` per
+    component), with ``sum r e`` added to ``sum_z`` and ``sum r e e^T`` to ``sum_zz``
+    (``s = sqrt(r) e``: ``s^T s``, then ``r e = sqrt(r) s``)."""
+    np.matmul(np.swapaxes(P, 0, 1), cholesky_inv, out=np.swapaxes(out, 0, 1))
+    root = np.sqrt(resp)[:, :, None]
+    out *= root
+    sum_zz += np.matmul(np.transpose(out, (1, 2, 0)), np.swapaxes(out, 0, 1))
+    out *= root
+    sum_z += out.sum(axis=0)
+    return out
+
+
+def _centred_sums(X, r, center, P, cholesky_inv):
+    """``sum r u``, ``sum r u^2`` and ``sum r u e^T`` (``u = x - c``, ``e = p
+    L^{-1}``) of one component from ``x - c`` directly, over its rows with ``r > 0``
+    by chunks of ``_CHUNK_BYTES`` (where the expansion around the shift cancels)."""
+    d, q = X.shape[1], cholesky_inv.shape[0]
+    sum_x, sum_xx, sum_xz = np.zeros(d), np.zeros(d), np.zeros((d, q))
+    rows = np.flatnonzero(r > 0.0)
+    step = int(max(16, _CHUNK_BYTES // (8 * max(d, 1))))
+    for c0 in range(0, len(rows), step):
+        chunk = rows[c0:c0 + step]
+        diff = np.subtract(X[chunk], center, dtype=np.float64)
+        rE = (P[chunk] @ cholesky_inv) * r[chunk, None]
+        sum_x += r[chunk] @ diff
+        sum_xz += diff.T @ rE
+        diff *= diff
+        sum_xx += r[chunk] @ diff
+    return sum_x, sum_xx, sum_xz
+
+
+def statistics_nbytes(n_components, n_features, n_factors):
+    """Bytes of one set of :class:`FactorStatistics` (float64)."""
+    K, d, q = n_components, n_features, n_factors
+    return 8 * (K + 2 * K * d + K * d * q + K * q + K * q * q)
