@@ -167,3 +167,57 @@ def test_predict_with_n_jobs_1_runs_one_blas_thread():
         gm.score_samples(Recording(X))
         assert max(_blas_threads()) == 2
     assert seen and all(t == [1] * len(t) for t in seen), seen
+
+
+def test_over_ranges_covers_every_item_once_in_order_on_one_blas_thread():
+    """Ranges partition the items in order (cut by work when given), run in threads
+    of this process with one BLAS thread each, and one after the other when called
+    from another thread (a row thread)."""
+    import threading
+
+    from emgmm._runtime.blas import over_ranges
+
+    seen = []
+    together = threading.Barrier(3, timeout=30)  # (broken unless 3 threads run)
+
+    def record(start, stop):
+        together.wait()
+        seen.append((threading.get_ident(), _blas_threads()))
+        return list(range(start, stop))
+
+    parts = over_ranges(record, 10, 3)
+    assert [k for part in parts for k in part] == list(range(10))
+    assert len(parts) == 3 and len({ident for ident, _ in seen}) == 3
+    assert all(max(threads, default=1) == 1 for _, threads in seen)
+    work = np.array([9.0, 0, 0, 0, 0, 0, 0, 0, 1.0, 8.0])
+    parts = over_ranges(lambda a, b: (int(a), int(b)), 10, 2, work=work)
+    assert parts == [(0, 1), (1, 10)]
+
+    from_thread = []
+    worker = threading.Thread(target=lambda: from_thread.append(
+        over_ranges(lambda a, b: threading.get_ident(), 10, 4)))
+    worker.start()
+    worker.join()
+    assert len(from_thread[0]) == 1
+
+
+def test_holds_give_loops_their_threads_and_restore():
+    """A hold's ``loop_threads`` (the executor's idle row threads or workers) is what
+    loops over components may use; a worker's BLAS limit gives its loops as many;
+    the smallest of nested holds holds until the last release."""
+    from emgmm._runtime import blas
+
+    before = blas.held_threads()
+    blas.hold_process_limit(1, loop_threads=4)
+    try:
+        assert blas.held_threads() == 4
+        with blas.limit_blas(2):
+            assert blas.held_threads() == 2
+    finally:
+        blas.release_process_limit()
+    assert blas.held_threads() == before
+    with blas.limit_blas(3):
+        assert blas.held_threads() == 3
+        assert blas.loop_threads(blas.THREADED_WORK - 1) == 1
+        assert blas.loop_threads(blas.THREADED_WORK) == 3
+    assert blas.held_threads() == before

@@ -9,10 +9,13 @@ of the kernels' loops use the BLAS libraries found at the first call in this pro
 and scipy are loaded; an executor's hold looks them up afresh.
 """
 
+import itertools
 import os
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
+import numpy as np
+from joblib import Parallel, delayed
 from threadpoolctl import ThreadpoolController
 
 # (pid, ThreadpoolController) of this process
@@ -26,50 +29,65 @@ def _controller():
     return _CONTROLLER[1]
 
 
+@contextmanager
 def limit_blas(blas_threads):
-    """Context that limits BLAS threads in a worker (a no-op in process: ``None``)."""
+    """Context that limits BLAS threads in a worker (a no-op in process: ``None``):
+    a hold (:func:`hold_process_limit`) whose loops over components
+    (:func:`over_ranges`) take as many threads as its BLAS may."""
     if blas_threads is None:
-        return nullcontext()
-    return _controller().limit(limits=blas_threads, user_api="blas")
+        yield
+        return
+    hold_process_limit(blas_threads, cached=True)
+    try:
+        yield
+    finally:
+        release_process_limit()
 
 
 _LIMIT_LOCK = threading.Lock()
-_LIMIT = {"holders": 0, "threads": None, "original": None}
+_LIMIT = {"holders": 0, "threads": None, "loop_threads": None, "original": None}
 
 
 def _reset_after_fork():
     """A forked child (multiprocessing workers) starts with no holds of its own."""
     global _LIMIT_LOCK
     _LIMIT_LOCK = threading.Lock()
-    _LIMIT.update(holders=0, threads=None, original=None)
+    _LIMIT.update(holders=0, threads=None, loop_threads=None, original=None)
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def hold_process_limit(threads, cached=False):
+def hold_process_limit(threads, cached=False, loop_threads=None):
     """Limit this process's BLAS to at most ``threads`` until released.
 
     ``cached``: through the controller found at the first call (~10 us) instead of
     looking the libraries up again (~1 ms; finds those loaded since).
+    ``loop_threads``: the threads a loop of one-thread BLAS calls may run meanwhile
+    (:func:`held_threads`), when more than ``threads``: an executor whose row
+    threads each hold one BLAS thread leaves all of them to the loops between its
+    passes. The smallest of the holds' values holds, as for ``threads``.
     """
+    loop_threads = max(threads, loop_threads or threads)
     with _LIMIT_LOCK:
         controller = _controller() if cached else ThreadpoolController()
         if _LIMIT["holders"] == 0:
             _LIMIT["original"] = controller.limit(limits=threads, user_api="blas")
             _LIMIT["threads"] = threads
+            _LIMIT["loop_threads"] = loop_threads
         elif threads < _LIMIT["threads"]:
             controller.limit(limits=threads, user_api="blas")
             _LIMIT["threads"] = threads
+        _LIMIT["loop_threads"] = min(_LIMIT["loop_threads"], loop_threads)
         _LIMIT["holders"] += 1
 
 
 def held_threads():
-    """The BLAS threads this process is held to (:func:`hold_process_limit`), or
-    ``os.cpu_count()`` without a hold: how many threads a loop of one-thread LAPACK
-    calls may run (``n_jobs=1`` holds one)."""
-    return _LIMIT["threads"] or os.cpu_count() or 1
+    """The threads a loop of one-thread BLAS or LAPACK calls may run in this
+    process: the holds' ``loop_threads`` (:func:`hold_process_limit`; one under
+    ``n_jobs=1``), or ``os.cpu_count()`` without a hold."""
+    return _LIMIT["loop_threads"] or os.cpu_count() or 1
 
 
 def release_process_limit():
@@ -78,7 +96,7 @@ def release_process_limit():
         _LIMIT["holders"] -= 1
         if _LIMIT["holders"] == 0:
             _LIMIT["original"].restore_original_limits()
-            _LIMIT["original"] = _LIMIT["threads"] = None
+            _LIMIT["original"] = _LIMIT["threads"] = _LIMIT["loop_threads"] = None
 
 
 @contextmanager
@@ -103,3 +121,44 @@ def single_blas_thread():
         yield
     finally:
         release_process_limit()
+
+
+def over_ranges(func, n_items, threads, work=None):
+    """``func(start, stop)`` over ``threads`` contiguous ranges of ``range(n_items)``
+    (at most ``n_items``; of about equal ``work``, an ``(n_items,)`` array of each
+    item's, when given), in threads of this process, or in this thread for one
+    range or when called from a thread other than the main one; their results in
+    range order. Every call runs on one BLAS thread (:func:`single_blas_thread`).
+
+    For loops of one kernel call per component whose products release the GIL:
+    each component's arithmetic is the same whatever ``threads`` is, so the results
+    are too.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        threads = 1  # (a row thread: its siblings hold the other cores)
+    threads = max(1, min(int(threads), n_items))
+    if work is None or threads == 1:
+        edges = np.linspace(0, n_items, threads + 1).astype(int)
+    else:
+        done = np.cumsum(work, dtype=np.float64)
+        cuts = np.searchsorted(done, done[-1] * np.arange(1, threads) / threads)
+        edges = np.concatenate([[0], np.minimum(cuts + 1, n_items), [n_items]])
+    ranges = list(itertools.pairwise(edges))
+    with single_blas_thread():
+        if threads == 1:
+            return [func(*r) for r in ranges]
+        return Parallel(n_jobs=threads, backend="threading")(
+            delayed(func)(start, stop) for start, stop in ranges)
+
+
+#: Flops of a loop over components beyond which :func:`loop_threads` gives it
+#: threads: below, starting them costs more than they save.
+THREADED_WORK = 2**25
+
+
+def loop_threads(work, threads=None):
+    """Threads for a loop over components of ``work`` flops in all: ``threads``
+    (else :func:`held_threads`), or 1 for a small loop."""
+    if work < THREADED_WORK:
+        return 1
+    return held_threads() if threads is None else threads

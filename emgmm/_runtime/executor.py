@@ -415,7 +415,11 @@ class Executor:
             # (the M step) to one task's share: OpenBLAS threads spin for ~0.1 s
             # after each multi-threaded call and would take the cores that the
             # next pass's tasks run on.
-            hold_process_limit(1 if self.row_threads else self.blas_threads)
+            # The loops over components between passes (the M step, the
+            # factorisation, the screen) use the cores of the idle row threads or
+            # workers (:func:`~emgmm._runtime.blas.over_ranges`).
+            hold_process_limit(1 if self.row_threads else self.blas_threads,
+                               loop_threads=self.component_threads)
             self._holds_limit = True
         return self
 
@@ -423,8 +427,10 @@ class Executor:
     def component_threads(self):
         """Threads for a loop of one LAPACK call per component in this process
         between passes (the factorisation of the M step): the pass's parallelism
-        (row threads or workers, which are idle then), one with ``n_jobs=1``."""
-        return max(1, min(max(self.row_threads, self.n_workers), os.cpu_count() or 1))
+        (row threads, workers, which are idle then, or this process's BLAS
+        threads), one with ``n_jobs=1``."""
+        return max(1, min(max(self.row_threads, self.n_workers, self.blas_threads),
+                          os.cpu_count() or 1))
 
     def one_blas_thread(self):
         """Run every task with one BLAS thread, also in this process (for tiny

@@ -10,13 +10,11 @@ matrix (scikit-learn's ``precisions_cholesky_``); 'tied' has one ``(d, d)`` fact
 """
 
 import functools
-import itertools
 
 import numpy as np
-from joblib import Parallel, delayed
 from scipy import linalg
 
-from .._runtime.blas import held_threads, hold_process_limit, release_process_limit
+from .._runtime.blas import held_threads, over_ranges
 from .._runtime.lapack import potrf_lower, potri_lower
 from ._base import get_covariance_type
 
@@ -176,20 +174,15 @@ def cholesky_factors(stack, limit, threads=1):
     the components whose covariance is not positive definite or whose factor
     reaches ``limit`` (their factors NaN).
 
-    ``threads`` threads take contiguous ranges of components (LAPACK releases the
-    GIL); each call runs on the BLAS threads the process allows (the fit's passes
-    hold them to one while row threads run): the result is the same for any
+    ``threads`` threads take contiguous ranges of components, one BLAS thread each
+    (LAPACK releases the GIL; :func:`~emgmm._runtime.blas.over_ranges`); one thread
+    runs them on the process's BLAS threads: the result is the same for any
     ``threads``."""
     out = np.full_like(stack, np.nan)
-    K = len(stack)
-    threads = max(1, min(int(threads), K))
-    edges = np.linspace(0, K, threads + 1).astype(int)
-    ranges = list(itertools.pairwise(edges))
-    if threads == 1:
-        bad = [_factor_range(stack, out, limit, *ranges[0])]
-    else:
-        bad = Parallel(n_jobs=threads, backend="threading")(
-            delayed(_factor_range)(stack, out, limit, k0, k1) for k0, k1 in ranges)
+    if threads <= 1:  # (one loop: each call may use the process's BLAS threads)
+        return out, _factor_range(stack, out, limit, 0, len(stack))
+    bad = over_ranges(functools.partial(_factor_range, stack, out, limit), len(stack),
+                      threads)
     return out, [k for part in bad for k in part]
 
 
@@ -253,20 +246,13 @@ def each_component(func, n_components, n_features):
     BLAS thread each) when the loop does more than ``THREADED_FLOPS`` (``K d^3``),
     else one after the other. ``func`` runs GIL-free LAPACK calls
     (:mod:`emgmm._runtime.lapack`) on its own component's arrays."""
-    threads = min(n_components, held_threads())
+    threads = held_threads()
     if threads < 2 or n_components * n_features**3 < THREADED_FLOPS:
         for k in range(n_components):
             func(k)
         return
-    ranges = list(itertools.pairwise(np.linspace(0, n_components, threads + 1)
-                                     .astype(int)))
-    hold_process_limit(1)
-    try:
-        Parallel(n_jobs=threads, backend="threading")(
-            delayed(lambda a, b: [func(k) for k in range(a, b)])(a, b)
-            for a, b in ranges)
-    finally:
-        release_process_limit()
+    over_ranges(lambda start, stop: [func(k) for k in range(start, stop)],
+                n_components, threads)
 
 
 def upper_factors_of_precisions(stack, covariance_type):
