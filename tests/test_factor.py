@@ -360,6 +360,27 @@ def test_m_step_floor_and_empty_component():
     np.testing.assert_array_equal(means[1], 1.0)
 
 
+@pytest.mark.parametrize("threads", [2, 5])
+def test_m_step_and_factorisation_in_threads_equal_one_thread(threads):
+    """Components in ranges of threads give bitwise the M step and factors of one."""
+    rng = np.random.default_rng(16)
+    K, d, q, n = 7, 9, 3, 400
+    _weights, means, W, psi = _random_model(rng, K, d, q)
+    X = means[rng.integers(K, size=n)] + rng.normal(scale=2.0, size=(n, d))
+    resp = rng.dirichlet(np.ones(K), size=n)
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec)
+    stats = fstats.block_statistics(X, resp, means, prec, proj)
+    one = fmstep.m_step(stats, means, 1e-6)
+    many = fmstep.m_step(stats, means, 1e-6, threads=threads)
+    for a, b in zip(many, one, strict=True):
+        np.testing.assert_array_equal(a, b)
+    one = fparams.factorize(one[2], one[3])
+    many = fparams.factorize(many[2], many[3], threads=threads)
+    for name in ("inv_noise", "projection", "cholesky_inv", "log_det"):
+        np.testing.assert_array_equal(getattr(many, name), getattr(one, name))
+
+
 # ---------------------------------------------------------------------- EM
 
 

@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, eigsh
 
+from .._runtime.blas import held_threads, loop_threads
 from . import _factor_parameters as factor_parameters
 from . import _factor_screen as factor_screen
 from ._base import CovarianceType, widest_axis_of_matrix
@@ -256,11 +257,17 @@ class FactorCovariance(CovarianceType):
     # ---------------------------------------------------- parameterisation
     def factorize(self, covariances, dtype=np.float64, threads=1):
         W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
+        K, d, q = W.shape
+        # (small products: one BLAS thread each, in as many threads as the fit's
+        # hold or the caller allows)
+        threads = loop_threads(K * d * (q + 1) ** 2, max(threads, held_threads()))
         bad = [int(k) for k in bad_components(psi)]
+        if not bad:
+            return pack_precision(factorize(W, psi, threads)), bad
         good = np.setdiff1d(np.arange(len(psi)), bad)
         out = np.full(covariances.shape, np.nan)
         if good.size:
-            out[good] = pack_precision(factorize(W[good], psi[good]))
+            out[good] = pack_precision(factorize(W[good], psi[good], threads))
         return out, bad
 
     def precisions_cholesky_from_precisions(self, precisions):
@@ -399,7 +406,9 @@ class FactorCovariance(CovarianceType):
         return concatenate_statistics(parts)
 
     def m_step(self, stats, centers, reg_covar, overwrite=False):
-        weights, means, W, psi = m_step(stats, centers, reg_covar)
+        K, d, q = stats.sum_xz.shape
+        weights, means, W, psi = m_step(stats, centers, reg_covar,
+                                        loop_threads(K * d * (q + 1) ** 2))
         return weights, means, pack_parameters(W, psi)
 
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):

@@ -8,12 +8,14 @@ Pure functions of the statistics or rows they are given. Notation as in
 
 import numpy as np
 
+from .._runtime.blas import over_ranges
+
 # The initial loadings take an exact SVD of a component's weighted rows up to this
 # size of their smaller side, a randomized one beyond.
 _EXACT_SVD_SIZE = 600
 
 
-def m_step(stats, centers, reg_covar):
+def m_step(stats, centers, reg_covar, threads=1):
     """Weights, means, loadings and noise variances from summed statistics.
 
     The exact EM of Ghahramani & Hinton (1996, "The EM algorithm for mixtures of
@@ -38,6 +40,9 @@ def m_step(stats, centers, reg_covar):
     centers : ndarray of shape (K, d)
         The centres the statistics were accumulated around.
     reg_covar : float
+    threads : int, default=1
+        Threads that take ranges of components
+        (:func:`~emgmm._runtime.blas.over_ranges`; the result does not depend on it).
 
     Returns
     -------
@@ -48,22 +53,40 @@ def m_step(stats, centers, reg_covar):
     """
     eps10 = 10 * np.finfo(np.float64).eps
     nk = stats.nk + eps10
-    K, _d, q = stats.sum_xz.shape
-    omega = np.empty((K, q + 1, q + 1))
-    omega[:, :q, :q] = stats.sum_zz
-    omega[:, np.arange(q), np.arange(q)] += eps10
-    omega[:, :q, q] = stats.sum_z
-    omega[:, q, :q] = stats.sum_z
-    omega[:, q, q] = nk
-    rhs = np.concatenate([np.swapaxes(stats.sum_xz, 1, 2), stats.sum_x[:, None, :]],
-                         axis=1)                               # (K, q + 1, d)
-    aug = np.linalg.solve(omega, rhs)                          # [W, m]^T
-    loadings = np.ascontiguousarray(np.swapaxes(aug[:, :q], 1, 2))
-    shift = aug[:, q]
-    explained = np.einsum("kdq,kdq->kd", loadings, stats.sum_xz) + shift * stats.sum_x
-    noise = np.maximum((stats.sum_xx - explained) / nk[:, None], 0.0) + reg_covar
+    K, d, q = stats.sum_xz.shape
+    loadings = np.empty((K, d, q))
+    noise = np.empty((K, d))
+    shift = np.empty((K, d))
+
+    def solve(k0, k1):
+        for k in range(k0, k1):
+            _component_m_step(stats, k, nk[k], reg_covar, loadings[k], noise[k],
+                              shift[k])
+
+    over_ranges(solve, K, threads)
     means = np.asarray(centers, dtype=np.float64) + shift
     return nk / nk.sum(), means, loadings, noise
+
+
+def _component_m_step(stats, k, nk, reg_covar, loadings, noise, shift):
+    """:func:`m_step` of component ``k`` into its ``loadings`` (d, q), ``noise``
+    (d,) and mean ``shift`` (d,) (one ``(q + 1)``-system, ``d`` right-hand sides)."""
+    d, q = loadings.shape
+    omega = np.empty((q + 1, q + 1))
+    omega[:q, :q] = stats.sum_zz[k]
+    omega[np.arange(q), np.arange(q)] += 10 * np.finfo(np.float64).eps
+    omega[:q, q] = omega[q, :q] = stats.sum_z[k]
+    omega[q, q] = nk
+    rhs = np.empty((q + 1, d))
+    rhs[:q] = stats.sum_xz[k].T
+    rhs[q] = stats.sum_x[k]
+    aug = np.linalg.solve(omega, rhs)                          # [W, m]^T
+    loadings[...] = aug[:q].T
+    shift[...] = aug[q]
+    explained = np.einsum("dq,dq->d", loadings, stats.sum_xz[k])
+    explained += shift * stats.sum_x[k]
+    np.maximum((stats.sum_xx[k] - explained) / nk, 0.0, out=noise)
+    noise += reg_covar
 
 
 def _principal_axes(A, n_factors, random_state):

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.linalg import solve_triangular
 
+from .._runtime.blas import over_ranges
+
 
 def n_parameters(n_components, n_features, n_factors):
     """Free parameters: ``K (d q - q (q - 1) / 2 + 2 d) + K - 1``.
@@ -121,7 +123,7 @@ def check_parameters(loadings, noise_variance):
     return W, psi
 
 
-def factorize(loadings, noise_variance):
+def factorize(loadings, noise_variance, threads=1):
     """:class:`FactorPrecision` of the components: ``O(d q^2 + q^3)`` each.
 
     Parameters
@@ -130,6 +132,9 @@ def factorize(loadings, noise_variance):
         ``W_k``; ``q`` may be 0.
     noise_variance : array-like of shape (K, d)
         ``psi_k``, positive.
+    threads : int, default=1
+        Threads that take ranges of components
+        (:func:`~emgmm._runtime.blas.over_ranges`; the result does not depend on it).
 
     Returns
     -------
@@ -143,27 +148,34 @@ def factorize(loadings, noise_variance):
     W, psi = check_parameters(loadings, noise_variance)
     K, d, q = W.shape
     inv_noise = 1.0 / psi
-    scaled = W * inv_noise[:, :, None]                      # Psi^{-1} W
-    # (one GEMM per component: numpy's stacked matmul of these transposed or
-    # strided operands does not reach BLAS, and took 16x as long at K=200, d=2500)
-    inner = np.empty((K, q, q))
-    for k in range(K):
-        np.matmul(W[k].T, scaled[k], out=inner[k])         # W^T Psi^{-1} W
-    inner[:, np.arange(q), np.arange(q)] += 1.0
-    L = np.linalg.cholesky(inner)
     chol_inv = np.empty((K, q, q))
-    eye = np.eye(q)
-    for k in range(K):
-        chol_inv[k] = solve_triangular(L[k], eye, lower=True)
-    # M >= I: ||L^{-1}|| <= 1, so the product is as accurate as a triangular solve;
     # laid out (d, K, q) so that every block's GEMM reads it as one (d, K q) matrix
     stacked = np.empty((d, K, q))
-    for k in range(K):
-        np.matmul(scaled[k], chol_inv[k].T, out=stacked[:, k])
-    projection = np.swapaxes(stacked, 0, 1)
+    log_diag = np.empty((K, q))
+
+    def factor(k0, k1):
+        for k in range(k0, k1):
+            log_diag[k] = _factor_component(W[k], inv_noise[k], chol_inv[k],
+                                            stacked[:, k])
+
+    over_ranges(factor, K, threads)
     log_det = np.log(psi).sum(axis=1)
-    log_det += 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
-    return FactorPrecision(inv_noise, projection, chol_inv, log_det)
+    log_det += 2.0 * log_diag.sum(axis=1)
+    return FactorPrecision(inv_noise, np.swapaxes(stacked, 0, 1), chol_inv, log_det)
+
+
+def _factor_component(W, inv_noise, chol_inv, projection):
+    """One component of :func:`factorize`: ``L^{-1}`` into ``chol_inv`` (q, q),
+    ``G`` into ``projection`` (d, q); returns ``log diag L`` (q,)."""
+    q = W.shape[1]
+    scaled = W * inv_noise[:, None]                          # Psi^{-1} W
+    inner = W.T @ scaled                                     # W^T Psi^{-1} W
+    inner[np.arange(q), np.arange(q)] += 1.0
+    L = np.linalg.cholesky(inner)
+    chol_inv[...] = solve_triangular(L, np.eye(q), lower=True)
+    # M >= I: ||L^{-1}|| <= 1, so the product is as accurate as a triangular solve
+    np.matmul(scaled, chol_inv.T, out=projection)
+    return np.log(np.diagonal(L))
 
 
 def bad_components(noise_variance):

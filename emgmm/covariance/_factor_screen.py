@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._runtime.blas import single_blas_thread
+from .._runtime.blas import loop_threads
 from ._factor_pairs import pair_values
 from ._log_density import _gamma, _shift
 from ._screen import _OVERSAMPLE, _SUBSPACE_STEPS, ComponentTerms, ProjectionScreen
@@ -142,10 +142,10 @@ class FactorScreen(ProjectionScreen):
         screen = cls.from_arrays(means, None, arrays)
         screen.precision = precision
         screen.g[:] = _shift(means, weights)
-        with single_blas_thread():
-            for k in range(K):
-                screen.set_component(k, component_terms(precision, k, means,
-                                                        screen.g, p))
+        q = precision.n_factors
+        screen.set_components(
+            lambda k: component_terms(precision, k, means, screen.g, p),
+            loop_threads(K * d * (K + q) * (p + _OVERSAMPLE)))
         screen.set_offsets(weights)
         return screen
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._runtime.blas import single_blas_thread
+from .._runtime.blas import loop_threads, over_ranges, single_blas_thread
 from .._runtime.gather import GatherBuffers
 from .._runtime.lapack import trmm_left_lower
 from .._runtime.workspace import borrow
@@ -238,6 +238,15 @@ class ProjectionScreen:
                      "log_det_err"):
             getattr(self, name)[k] = getattr(terms, name)
 
+    def set_components(self, terms, threads=1):
+        """:meth:`set_component` of ``terms(k)`` for every component, ranges of
+        components in ``threads`` threads (one BLAS thread each)."""
+        def fill(k0, k1):
+            for k in range(k0, k1):
+                self.set_component(k, terms(k))
+
+        over_ranges(fill, self.offset.size, threads)
+
     def set_offsets(self, weights):
         """``offset`` and ``offset_err`` from the weights and the stored
         log-determinants (:func:`screen_offsets`)."""
@@ -257,10 +266,9 @@ class ProjectionScreen:
                   for name, shape in cls.shapes(K, d, p).items()}
         screen = cls.from_arrays(means, u, arrays)
         screen.g[:] = _shift(means, weights)
-        with single_blas_thread():
-            for k in range(K):
-                screen.set_component(k, component_screen(u[k], means, means[k],
-                                                         screen.g, p))
+        screen.set_components(
+            lambda k: component_screen(u[k], means, means[k], screen.g, p),
+            loop_threads(K * d * d * (p + _OVERSAMPLE)))
         screen.set_offsets(weights)
         return screen
 
