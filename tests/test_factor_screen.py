@@ -353,3 +353,55 @@ def test_screened_fit_resumed_from_a_checkpoint_equals_the_uninterrupted_one(
     resumed = fit(X, checkpoint=path)
     np.testing.assert_array_equal(resumed.lower_bounds_, straight.lower_bounds_)
     np.testing.assert_array_equal(resumed.loadings_, straight.loadings_)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_pair_kernels_in_threads_equal_the_serial_ones(monkeypatch, threads):
+    """Components in ranges of threads (``over_ranges``, cut by their gathered rows):
+    the pairs' values, bounds and statistics are bitwise those of one thread."""
+    from emgmm._runtime import blas
+
+    X, weights, means, precision = case_model("overlapping", seed=7, n=600)
+    rng = np.random.default_rng(8)
+    resp = rng.dirichlet(np.full(len(weights), 0.2), size=len(X))
+    resp[resp < 1e-2] = 0.0
+    centers = means + rng.normal(scale=0.1, size=means.shape)
+    comps = np.sort(rng.integers(len(weights), size=900))
+    rows = rng.integers(len(X), size=900)
+    scr = FactorScreen.build(weights, means, precision)
+
+    def run():
+        return (pair_values(X, means, precision, scr.offset, comps, rows, scr.u_norm),
+                pair_statistics(X, resp, centers, means, precision, 1e-3))
+
+    serial = run()
+    monkeypatch.setattr(blas, "THREADED_WORK", 0)
+    blas.hold_process_limit(1, loop_threads=threads)
+    try:
+        assert blas.loop_threads(1) == threads
+        (values, errors), stats = run()
+    finally:
+        blas.release_process_limit()
+    np.testing.assert_array_equal(values, serial[0][0])
+    np.testing.assert_array_equal(errors, serial[0][1])
+    for name in ("nk", "sum_x", "sum_xx", "sum_xz", "sum_z", "sum_zz"):
+        np.testing.assert_array_equal(getattr(stats, name),
+                                      getattr(serial[1], name), err_msg=name)
+
+
+def test_screen_built_in_threads_equals_the_serial_one(monkeypatch):
+    """The screen's per-component terms formed in threads equal those formed in one."""
+    from emgmm._runtime import blas
+
+    _, weights, means, precision = case_model("ill_conditioned", seed=9, n=50)
+    serial = FactorScreen.build(weights, means, precision)
+    monkeypatch.setattr(blas, "THREADED_WORK", 0)
+    blas.hold_process_limit(1, loop_threads=3)
+    try:
+        threaded = FactorScreen.build(weights, means, precision)
+    finally:
+        blas.release_process_limit()
+    for name in ("B", "c", "directions", "offset", "err_coef", "q_norm", "u_norm",
+                 "log_det_err"):
+        np.testing.assert_array_equal(getattr(threaded, name), getattr(serial, name),
+                                      err_msg=name)

@@ -10,8 +10,9 @@ Notation as in :mod:`emgmm.covariance._factor_parameters`.
 
 import numpy as np
 
-from .._runtime.blas import single_blas_thread
+from .._runtime.blas import loop_threads, over_ranges
 from .._runtime.gather import GatherBuffers
+from .._runtime.lapack import gemm_add
 from ._factor_statistics import zero_statistics
 from ._log_density import _gamma
 
@@ -68,24 +69,35 @@ def pair_values(X, means, precision, offset, comps, rows, g_norm=None):
     values = np.empty(comps.size)
     errors = g_norm is not None
     err = np.empty(comps.size) if errors else None
-    with single_blas_thread(), \
-            GatherBuffers.borrowed(X, _chunk_rows(counts, d)) as gb:
-        for k in np.flatnonzero(counts):
-            for b0, b1 in _row_chunks(bounds[k], bounds[k + 1], d):
-                u = gb.centred(rows[b0:b1], means[k])
-                p = u @ precision.projection[k]
-                pp = np.einsum("ij,ij->i", p, p)
-                np.square(u, out=u)
-                diag = u @ precision.inv_noise[k]
-                out = values[b0:b1]
-                np.subtract(diag, pp, out=out)
-                np.maximum(out, 0.0, out=out)
-                out *= -0.5
-                out += offset[k]
-                if errors:
-                    err[b0:b1] = _value_errors(diag, pp, np.sqrt(u.sum(axis=1)),
-                                               g_norm[k], out, d, p.shape[1])
+
+    def component_range(k0, k1):
+        with GatherBuffers.borrowed(X, _chunk_rows(counts[k0:k1], d)) as gb:
+            for k in k0 + np.flatnonzero(counts[k0:k1]):
+                for b0, b1 in _row_chunks(bounds[k], bounds[k + 1], d):
+                    u = gb.centred(rows[b0:b1], means[k])
+                    p = u @ precision.projection[k]
+                    pp = np.einsum("ij,ij->i", p, p)
+                    np.square(u, out=u)
+                    diag = u @ precision.inv_noise[k]
+                    out = values[b0:b1]
+                    np.subtract(diag, pp, out=out)
+                    np.maximum(out, 0.0, out=out)
+                    out *= -0.5
+                    out += offset[k]
+                    if errors:
+                        err[b0:b1] = _value_errors(diag, pp, np.sqrt(u.sum(axis=1)),
+                                                   g_norm[k], out, d, p.shape[1])
+
+    _over_components(component_range, counts, d * (precision.n_factors + 2))
     return (values, err) if errors else values
+
+
+def _over_components(func, counts, work_per_row):
+    """:func:`~emgmm._runtime.blas.over_ranges` of ``func`` over the components,
+    ranges of about equal gathered rows ``counts`` (K,), in threads when their
+    ``counts.sum() * work_per_row`` flops are worth it."""
+    threads = loop_threads(float(counts.sum()) * work_per_row)
+    over_ranges(func, counts.size, threads, work=counts)
 
 
 def _value_errors(diag, pp, u_norm, g_norm, values, d, q):
@@ -135,16 +147,19 @@ def pair_statistics(X, resp, centers, means, precision, resp_threshold=0.0,
     cov_z = np.matmul(np.swapaxes(precision.cholesky_inv, 1, 2), precision.cholesky_inv)
     keep = resp > resp_threshold
     counts = keep.sum(axis=0)
-    with single_blas_thread(), \
-            GatherBuffers.borrowed(X, _chunk_rows(counts, d)) as gb:
-        for k in np.flatnonzero(counts):
-            rows = np.flatnonzero(keep[:, k])
-            delta = (np.asarray(centers[k], dtype=np.float64)
-                     - np.asarray(means[k], dtype=np.float64))
-            for c0, c1 in _row_chunks(0, rows.size, d):
-                chunk = rows[c0:c1]
-                _component_sums(stats, k, gb.centred(chunk, means[k]), resp[chunk, k],
-                                delta, precision, cov_z[k])
+
+    def component_range(k0, k1):
+        with GatherBuffers.borrowed(X, _chunk_rows(counts[k0:k1], d)) as gb:
+            for k in k0 + np.flatnonzero(counts[k0:k1]):
+                rows = np.flatnonzero(keep[:, k])
+                delta = (np.asarray(centers[k], dtype=np.float64)
+                         - np.asarray(means[k], dtype=np.float64))
+                for c0, c1 in _row_chunks(0, rows.size, d):
+                    chunk = rows[c0:c1]
+                    _component_sums(stats, k, gb.centred(chunk, means[k]),
+                                    resp[chunk, k], delta, precision, cov_z[k])
+
+    _over_components(component_range, counts, 4 * d * q)
     return stats
 
 
@@ -160,7 +175,7 @@ def _component_sums(stats, k, u, r, delta, precision, cov_z):
     stats.nk[k] += nk
     stats.sum_z[k] += re.sum(axis=0)
     stats.sum_zz[k] += e.T @ re + nk * cov_z
-    stats.sum_xz[k] += u.T @ re
+    gemm_add(stats.sum_xz[k].T, re.T, u.T, trans_b=True)  # sum_xz += u^T re
     stats.sum_x[k] += r @ u
     np.square(u, out=u)
     stats.sum_xx[k] += r @ u
