@@ -270,7 +270,8 @@ def test_far_component_recomputed_by_chunks(monkeypatch):
     _, proj = fdensity.estimate_log_prob(X, means, prec)
     got = fstats.block_statistics(X, resp, means, prec, proj)
     u = X[:70] - means[0]
-    e = proj.P[:70, 0] @ prec.cholesky_inv[0]  # the E step's (as the sums take it)
+    # the E step's posterior means, from x - mu (as the recomputed sums take them)
+    e = ((X[:70] - means[0]) @ prec.projection[0]) @ prec.cholesky_inv[0]
     for name, value in (("sum_x", u.sum(axis=0)), ("sum_xx", (u**2).sum(axis=0)),
                         ("sum_xz", u.T @ e)):
         np.testing.assert_allclose(getattr(got, name)[0], value, rtol=1e-12,
@@ -301,6 +302,41 @@ def test_diag_distances_recompute_only_the_cancelling_pairs(monkeypatch):
     np.testing.assert_allclose(got, ref, rtol=1e-12)
     (redo,) = calls
     assert redo[:20, 0].all() and not redo[:, 1:].any() and not redo[20:, 0].any()
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_statistics_of_an_every_pair_block_by_their_nonzero_pairs(monkeypatch, dense):
+    """After an E step of every pair, a block whose responsibilities are mostly 0
+    (separated components) is summed over its nonzero pairs (gathered, unnormalised
+    rows as sample weights make them), one whose pairs mostly hold some by the
+    dense chunks: either way equal to numpy's sums
+    on the whole array to 1e-12."""
+    from emgmm.covariance import _factor_pairs as fpairs
+    from emgmm.covariance._factor import FactorCovariance
+
+    rng = np.random.default_rng(33)
+    K, d, q, n = 8, 12, 3, 200
+    weights, means, W, psi = _random_model(rng, K, d, q)
+    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
+    resp = rng.dirichlet(np.ones(K), size=n)
+    if not dense:  # one pair in 8 holds a responsibility (each row's largest)
+        resp[resp < resp.max(axis=1, keepdims=True)] = 0.0
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec, weights)
+    assert proj.computed and fstats.dense_pays(resp) == dense
+    gathered = []
+    pair_statistics = fpairs.pair_statistics
+    monkeypatch.setattr(fpairs, "pair_statistics",
+                        lambda *a, **k: gathered.append(1) or pair_statistics(*a, **k))
+    from emgmm.covariance import _factor
+
+    monkeypatch.setattr(_factor, "pair_statistics", fpairs.pair_statistics)
+    got = FactorCovariance(q).block_statistics(X, resp, means, products=proj)
+    assert len(gathered) == (not dense)
+    ref = _numpy_statistics(X, resp, means, means, prec)
+    for name, value in ref.items():
+        np.testing.assert_allclose(getattr(got, name), value, rtol=1e-12,
+                                   atol=1e-12 * np.abs(value).max(), err_msg=name)
 
 
 def test_resp_threshold_leaves_out_pairs():
