@@ -138,6 +138,36 @@ def test_float32_with_margin_exact_where_it_matters():
     weighted = exact + np.log(weights)
     near = weighted >= weighted.max(axis=1, keepdims=True) - 30.0
     np.testing.assert_allclose(refined[near], exact[near], rtol=1e-12)
+
+
+def test_float32_projections_of_a_float64_block_refined_where_it_matters():
+    """The margin's refinement follows the projection GEMM's dtype, not the block's:
+    a float32 block cast to float64 (the engine's dense path after a screen) with
+    float32 projections has the pairs within the margin of their row's best exact
+    (as the float32 block has them), the cancellation of the others within bounds."""
+    rng = np.random.default_rng(20)
+    K, d, q, n = 6, 300, 8, 400
+    means = rng.normal(scale=2.0, size=(K, d))
+    W = rng.normal(size=(K, d, q))
+    psi = rng.uniform(0.2, 1.0, size=(K, d))
+    weights = np.full(K, 1.0 / K)
+    lab = rng.integers(K, size=n)
+    X32 = (means[lab] + np.einsum("ndq,nq->nd", W[lab], rng.normal(size=(n, q)))
+           + rng.normal(size=(n, d)) * np.sqrt(psi[lab])).astype(np.float32)
+    X = X32.astype(np.float64)
+    prec = fparams.factorize(W, psi)
+    exact = fdensity.log_gaussian_prob(X, means, prec, weights)
+    plain = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32)[0]
+    refined = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32,
+                                         margin=30.0)[0]
+    own = (np.arange(n), lab)
+    assert np.abs(plain[own] - exact[own]).max() > 1e-6  # the cancellation is real
+    weighted = exact + np.log(weights)
+    near = weighted >= weighted.max(axis=1, keepdims=True) - 30.0
+    np.testing.assert_allclose(refined[near], exact[near], rtol=1e-12)
+    same = fdensity.estimate_log_prob(X32, means, prec, weights, dtype=np.float32,
+                                      margin=30.0)[0]
+    np.testing.assert_array_equal(refined, same)
     np.testing.assert_allclose(refined, exact, rtol=1e-4)
 
 
