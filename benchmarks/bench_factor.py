@@ -24,9 +24,9 @@ Reported, from one run:
 Optional configuration D (``--disk``): [50k, 10000], K=20, q=16, a planted factor
 mixture in a 4 GB float64 ``.npy`` on disk (written by chunks, deleted after; read
 in blocks, not memory-mapped), fitted from the default k-means start for 6
-iterations: seconds per iteration (mean of iterations 3-6), pairs per row (every
-pair: 'factor' has no screen yet), the peak memory of the fitting process (start
-included) and the flop count at the run's DGEMM rate.
+iterations: seconds per iteration (mean of iterations 3-6), pairs per row (``K``:
+every pair, an upper bound where the screen computes fewer), the peak memory of the
+fitting process (start included) and the flop count at the run's DGEMM rate.
 
 Optional configuration P (``--patches``): 30x30 grayscale patches of the
 scikit-learn sample images (mean removed), 'factor' with q chosen by BIC against
