@@ -218,7 +218,8 @@ def sample(rng, means, loadings, noise_variance, counts):
 def bytes_per_row(n_features, n_components, n_factors, itemsize):
     """Working memory (bytes) of one row of a block during a pass: the row in the
     compute dtype (``d`` values) and six ``(n, K)`` float64 arrays: the diagonal
-    distances and their squared sums (then their rounding bounds), ``||p_k(x)||^2``,
+    distances and the sums ``sum_j y_j^2 / psi_kj`` (then the distances' rounding
+    bounds), ``||p_k(x)||^2``,
     the log-densities (the responsibilities in place), the engine's work array of
     the responsibilities, and the E step's temporaries (with float32 projections,
     their rounding bounds and estimates). No ``K q`` array per row: the
