@@ -5,7 +5,9 @@ float64 HDF5 dataset read in blocks: no memory map, so the data's pages are not
 counted as the fit's memory), 3 EM iterations from a k-means start on 5,000 rows.
 Reported, from one run:
 
-* seconds per EM iteration (median of ``history_``) in float64 and float32 compute;
+* seconds per EM iteration (median of ``history_``) in float64 and float32 compute,
+  screened (the default ``resp_threshold``) and, with ``--every-pair``, also with
+  ``resp_threshold=0`` (every pair computed; fits keyed ``"float64 every pair"``);
 * the flop count of an iteration, ``4 n d K q`` (the E step's GEMM of the rows
   against the stacked ``G_k`` and the statistics' GEMM of the rows against the
   weighted posterior factor means) ``+ 8 n d K`` (the diagonal distances and
@@ -22,9 +24,9 @@ Reported, from one run:
 Optional configuration D (``--disk``): [50k, 10000], K=20, q=16, a planted factor
 mixture in a 4 GB float64 ``.npy`` on disk (written by chunks, deleted after; read
 in blocks, not memory-mapped), fitted from the default k-means start for 6
-iterations: seconds per iteration (mean of iterations 3-6), pairs per row (every
-pair: 'factor' has no screen yet), the peak memory of the fitting process (start
-included) and the flop count at the run's DGEMM rate.
+iterations: seconds per iteration (mean of iterations 3-6), pairs per row (``K``:
+every pair, an upper bound where the screen computes fewer), the peak memory of the
+fitting process (start included) and the flop count at the run's DGEMM rate.
 
 Optional configuration P (``--patches``): 30x30 grayscale patches of the
 scikit-learn sample images (mean removed), 'factor' with q chosen by BIC against
@@ -33,7 +35,7 @@ scikit-learn sample images (mean removed), 'factor' with q chosen by BIC against
 Usage::
 
     nice python benchmarks/bench_factor.py [--quick] [--patches] [--disk]
-                                           [--only-disk] [--tmp DIR]
+                                           [--only-disk] [--every-pair] [--tmp DIR]
                                            [--name NAME | --out PATH]
 """
 
@@ -131,7 +133,9 @@ def worker(spec):
     gm = GaussianMixture(spec["K"], covariance_type="factor", n_factors=spec["q"],
                          tol=0.0, max_iter=spec["iters"],
                          init_max_samples=spec.get("init_max_samples", 5000),
-                         random_state=0, compute_dtype=spec["dtype"])
+                         random_state=0, compute_dtype=spec["dtype"],
+                         **({} if spec.get("resp_threshold") is None
+                            else {"resp_threshold": spec["resp_threshold"]}))
     tic = time.perf_counter()
     with warnings.catch_warnings(), threadpool_limits(spec["blas_threads"], "blas"):
         warnings.simplefilter("ignore")
@@ -177,19 +181,22 @@ def paper_estimate(per_core_rate):
             "full_model_gib": 8 * K * d * d / 2**30}
 
 
-def run_factor(cfg, tmp, blas_threads, log):
+def run_factor(cfg, tmp, blas_threads, log, every_pair=False):
     n, d, K, q = (cfg[k] for k in ("n", "d", "K", "q"))
     path = os.path.join(tmp, "factor.h5")
     tic = time.perf_counter()
     planted_data(path, n, d, K, q)
     log(f"data [{n}, {d}] written in {time.perf_counter() - tic:.0f} s")
     rows = {}
-    for dtype in ("float64", "float32"):
-        rec = run_worker({"data": f"{path}:/x", "K": K, "q": q, "iters": cfg["iters"],
-                              "dtype": dtype, "blas_threads": blas_threads})
-        rows[dtype] = rec
-        log(f"{dtype}: {rec['seconds_per_iteration']:.2f} s/iteration, peak "
-            f"{rec['peak_mb']:.0f} MiB (baseline {rec['baseline_mb']:.0f})")
+    for pairs, threshold in (("", None), (" every pair", 0.0))[:1 + every_pair]:
+        for dtype in ("float64", "float32"):
+            rec = run_worker({"data": f"{path}:/x", "K": K, "q": q,
+                              "iters": cfg["iters"], "dtype": dtype,
+                              "blas_threads": blas_threads,
+                              "resp_threshold": threshold})
+            rows[dtype + pairs] = rec
+            log(f"{dtype + pairs}: {rec['seconds_per_iteration']:.2f} s/iteration, "
+                f"peak {rec['peak_mb']:.0f} MiB (baseline {rec['baseline_mb']:.0f})")
     os.remove(path)
     return rows
 
@@ -261,6 +268,8 @@ def main(argv=None):
     p.add_argument("--disk", action="store_true", help="also configuration D")
     p.add_argument("--only-disk", action="store_true",
                    help="configuration D alone (no F)")
+    p.add_argument("--every-pair", action="store_true",
+                   help="F also with resp_threshold=0 (every pair computed)")
     p.add_argument("--tmp", default=None, help="directory of the data files")
     p.add_argument("--name", default=None)
     p.add_argument("--out", default=None, help="JSON path (overrides --name)")
@@ -286,7 +295,7 @@ def main(argv=None):
         return _write(result, args, name, start, log)
     cfg = F_QUICK if args.quick else F
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        rows = run_factor(cfg, tmp, args.blas_threads, log)
+        rows = run_factor(cfg, tmp, args.blas_threads, log, args.every_pair)
         disk = None if not args.disk else run_disk(
             D_QUICK if args.quick else D, tmp, args.blas_threads, rates, log)
     n, d, K, q = (cfg[k] for k in ("n", "d", "K", "q"))
@@ -316,6 +325,7 @@ def main(argv=None):
             f"{rec['peak_mb'] - rec['baseline_mb']:.0f} MiB = "
             f"{(rec['peak_mb'] - rec['baseline_mb']) / target_mb:.2f}x (model + one "
             "block)")
+        rec["memory_ratio"] = (rec["peak_mb"] - rec["baseline_mb"]) / target_mb
     return _write(result, args, args.name or ("factor_quick" if args.quick
                                               else "factor"), start, log)
 

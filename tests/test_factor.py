@@ -138,6 +138,36 @@ def test_float32_with_margin_exact_where_it_matters():
     weighted = exact + np.log(weights)
     near = weighted >= weighted.max(axis=1, keepdims=True) - 30.0
     np.testing.assert_allclose(refined[near], exact[near], rtol=1e-12)
+
+
+def test_float32_projections_of_a_float64_block_refined_where_it_matters():
+    """The margin's refinement follows the projection GEMM's dtype, not the block's:
+    a float32 block cast to float64 (the engine's dense path after a screen) with
+    float32 projections has the pairs within the margin of their row's best exact
+    (as the float32 block has them), the cancellation of the others within bounds."""
+    rng = np.random.default_rng(20)
+    K, d, q, n = 6, 300, 8, 400
+    means = rng.normal(scale=2.0, size=(K, d))
+    W = rng.normal(size=(K, d, q))
+    psi = rng.uniform(0.2, 1.0, size=(K, d))
+    weights = np.full(K, 1.0 / K)
+    lab = rng.integers(K, size=n)
+    X32 = (means[lab] + np.einsum("ndq,nq->nd", W[lab], rng.normal(size=(n, q)))
+           + rng.normal(size=(n, d)) * np.sqrt(psi[lab])).astype(np.float32)
+    X = X32.astype(np.float64)
+    prec = fparams.factorize(W, psi)
+    exact = fdensity.log_gaussian_prob(X, means, prec, weights)
+    plain = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32)[0]
+    refined = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32,
+                                         margin=30.0)[0]
+    own = (np.arange(n), lab)
+    assert np.abs(plain[own] - exact[own]).max() > 1e-6  # the cancellation is real
+    weighted = exact + np.log(weights)
+    near = weighted >= weighted.max(axis=1, keepdims=True) - 30.0
+    np.testing.assert_allclose(refined[near], exact[near], rtol=1e-12)
+    same = fdensity.estimate_log_prob(X32, means, prec, weights, dtype=np.float32,
+                                      margin=30.0)[0]
+    np.testing.assert_array_equal(refined, same)
     np.testing.assert_allclose(refined, exact, rtol=1e-4)
 
 
@@ -270,7 +300,8 @@ def test_far_component_recomputed_by_chunks(monkeypatch):
     _, proj = fdensity.estimate_log_prob(X, means, prec)
     got = fstats.block_statistics(X, resp, means, prec, proj)
     u = X[:70] - means[0]
-    e = proj.P[:70, 0] @ prec.cholesky_inv[0]  # the E step's (as the sums take it)
+    # the E step's posterior means, from x - mu (as the recomputed sums take them)
+    e = ((X[:70] - means[0]) @ prec.projection[0]) @ prec.cholesky_inv[0]
     for name, value in (("sum_x", u.sum(axis=0)), ("sum_xx", (u**2).sum(axis=0)),
                         ("sum_xz", u.T @ e)):
         np.testing.assert_allclose(getattr(got, name)[0], value, rtol=1e-12,
@@ -301,6 +332,41 @@ def test_diag_distances_recompute_only_the_cancelling_pairs(monkeypatch):
     np.testing.assert_allclose(got, ref, rtol=1e-12)
     (redo,) = calls
     assert redo[:20, 0].all() and not redo[:, 1:].any() and not redo[20:, 0].any()
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_statistics_of_an_every_pair_block_by_their_nonzero_pairs(monkeypatch, dense):
+    """After an E step of every pair, a block whose responsibilities are mostly 0
+    (separated components) is summed over its nonzero pairs (gathered, unnormalised
+    rows as sample weights make them), one whose pairs mostly hold some by the
+    dense chunks: either way equal to numpy's sums
+    on the whole array to 1e-12."""
+    from emgmm.covariance import _factor_pairs as fpairs
+    from emgmm.covariance._factor import FactorCovariance
+
+    rng = np.random.default_rng(33)
+    K, d, q, n = 8, 12, 3, 200
+    weights, means, W, psi = _random_model(rng, K, d, q)
+    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
+    resp = rng.dirichlet(np.ones(K), size=n)
+    if not dense:  # one pair in 8 holds a responsibility (each row's largest)
+        resp[resp < resp.max(axis=1, keepdims=True)] = 0.0
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec, weights)
+    assert proj.computed and fstats.dense_pays(resp) == dense
+    gathered = []
+    pair_statistics = fpairs.pair_statistics
+    monkeypatch.setattr(fpairs, "pair_statistics",
+                        lambda *a, **k: gathered.append(1) or pair_statistics(*a, **k))
+    from emgmm.covariance import _factor
+
+    monkeypatch.setattr(_factor, "pair_statistics", fpairs.pair_statistics)
+    got = FactorCovariance(q).block_statistics(X, resp, means, products=proj)
+    assert len(gathered) == (not dense)
+    ref = _numpy_statistics(X, resp, means, means, prec)
+    for name, value in ref.items():
+        np.testing.assert_allclose(getattr(got, name), value, rtol=1e-12,
+                                   atol=1e-12 * np.abs(value).max(), err_msg=name)
 
 
 def test_resp_threshold_leaves_out_pairs():

@@ -31,6 +31,7 @@ from ._factor_statistics import (
     FactorStatistics,
     block_statistics,
     concatenate_statistics,
+    dense_pays,
     statistics_nbytes,
 )
 
@@ -387,12 +388,14 @@ class FactorCovariance(CovarianceType):
 
     def block_statistics(self, X, resp, centers, resp_threshold=0.0, products=None,
                          out=None):
-        """Summed over every pair where the E step formed the projections, over
-        each component's rows of nonzero responsibility where it did not (a
-        screened E step: :func:`~emgmm.covariance._factor_pairs.pair_statistics`)."""
+        """Summed over every pair where the E step computed every pair and enough
+        of them hold a responsibility (:func:`dense_pays`), else over each
+        component's rows of nonzero responsibility (a screened E step, or well
+        separated components:
+        :func:`~emgmm.covariance._factor_pairs.pair_statistics`)."""
         if products is None:
             raise ValueError("'factor' statistics need the block's projections")
-        if not products.computed:
+        if not (products.computed and dense_pays(resp, resp_threshold)):
             return pair_statistics(X, resp, centers, products.means,
                                    products.precision, resp_threshold, out)
         stats = block_statistics(X, resp, centers, products.precision, products,

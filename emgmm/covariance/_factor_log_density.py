@@ -25,8 +25,11 @@ _MIN_PRODUCT_ROWS = 256
 
 @dataclass
 class Projections:
-    """Products of a block kept from the E step for its statistics, formed when first
-    read (a screened E step never reads them).
+    """What the E step of a block and its statistics share: the block, the
+    parameters and the shift. No per-row product is kept: the E step forms the
+    projections chunk by chunk of rows (:func:`densities`), and the statistics form
+    the posterior means again from their own chunks of shifted rows
+    (:func:`~emgmm.covariance._factor_statistics.block_statistics`).
 
     Attributes
     ----------
@@ -40,14 +43,10 @@ class Projections:
         ``g``: the rows enter every product as ``y = x - g``, formed by chunks.
     dtype : numpy dtype
         Of the projection GEMM.
-    P : ndarray of shape (n, K, q), float64
-        ``p_k(x_i) = (x_i - mu_k)^T G_k`` (computed on first access).
-    y_norm : ndarray of shape (n,), float64
-        ``||x_i - g||`` (computed with ``P``).
-    diag : ndarray of shape (n, K), float64, or None
-        ``sum_j (x_ij - mu_kj)^2 / psi_kj`` (computed with ``P``, from the same pass
-        over the rows, for float64 projections); ``None``: computed by
-        :func:`densities`.
+    computed : bool
+        Whether the E step computed every pair (:func:`densities`); a screened E
+        step computes only some, and its statistics are summed over the pairs of
+        nonzero responsibility.
     """
 
     X: np.ndarray
@@ -55,43 +54,18 @@ class Projections:
     precision: FactorPrecision
     shift: np.ndarray
     dtype: object = np.float64
-    _products: tuple | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def computed(self):
-        """Whether :attr:`P` has been formed."""
-        return self._products is not None
-
-    def _formed(self):
-        if self._products is None:
-            if np.dtype(self.dtype) == np.float64:
-                self._products = _projections_and_distances(
-                    self.X, self.means, self.precision, self.shift)
-            else:
-                self._products = _projections(self.X, self.means, self.precision,
-                                              self.shift, self.dtype) + (None,)
-        return self._products
-
-    @property
-    def P(self):
-        return self._formed()[0]
-
-    @property
-    def y_norm(self):
-        return self._formed()[1]
-
-    @property
-    def diag(self):
-        return self._formed()[2]
+    computed: bool = field(default=False, compare=False)
 
 
-def _square_chunks(X, shift, min_rows=16):
+def _square_chunks(X, shift, min_rows=16, row_bytes=0):
     """Yield ``(r0, r1, Z)`` with ``Z = [y^2, y, 1]`` (float64) of rows ``r0:r1``,
-    ``y = x - shift``, in chunks of about ``_CHUNK_BYTES`` but at least ``min_rows``
-    rows (one buffer, overwritten by the next chunk): no ``(n, d)`` float64 copy of
-    the block is held."""
+    ``y = x - shift``, in chunks of about ``_CHUNK_BYTES`` (with the caller's
+    ``row_bytes`` of other buffers per row) but at least ``min_rows`` rows (one
+    buffer, overwritten by the next chunk): no ``(n, d)`` float64 copy of the block
+    is held."""
     n, d = X.shape
-    rows = int(max(1, min(n, max(min_rows, _CHUNK_BYTES // (8 * (2 * d + 1))))))
+    per_row = 8 * (2 * d + 1) + row_bytes
+    rows = int(max(1, min(n, max(min_rows, _CHUNK_BYTES // per_row))))
     buf = np.empty((min(rows, n), 2 * d + 1))
     buf[:, 2 * d] = 1.0
     for r0 in range(0, n, rows):
@@ -178,50 +152,51 @@ def _direct_distances(X, means, inv_noise, redo, out):
             out[chunk, k] = diff @ inv_noise[k]
 
 
-def _projections_and_distances(X, means, precision, shift):
-    """float64 ``P``, ``||y||`` and the diagonal distances of :class:`Projections`
-    from one pass of row chunks of ``[y^2, y, 1]`` (:func:`_square_chunks`, at least
-    ``_MIN_PRODUCT_ROWS`` rows): the projection GEMM of each chunk's ``y`` against
-    the stacked ``G_k`` and the two of :class:`_DiagonalSums`, then ``P -= (mu_k -
-    shift)^T G_k``."""
+def _distance_terms(X, means, precision, shift, dtype):
+    """The two terms of every pair's distance from one pass of row chunks of ``[y^2,
+    y, 1]`` (:func:`_square_chunks`: with the chunk's projections within
+    ``_CHUNK_BYTES``, but at least ``_MIN_PRODUCT_ROWS`` rows): the
+    diagonal distances (:class:`_DiagonalSums`), ``||p_k(x_i)||^2`` with ``p_k(x) =
+    y^T G_k - (mu_k - g)^T G_k`` from each chunk's projection GEMM into a chunk
+    buffer (in ``dtype``; float32 rows as ``fl(x - fl(g))``) and, for float32,
+    ``||y||``. No ``(n, K q)`` array is formed.
+
+    Returns
+    -------
+    diag, squared : ndarray of shape (n, K), float64
+        The diagonal distances and ``||p||^2``.
+    y_norm : ndarray of shape (n,), float64, or None
+        ``||y||`` of the rows the float32 GEMM took (``None`` for float64).
+    """
     n, d = X.shape
     K, _, q = precision.projection.shape
-    G = precision.stacked(np.float64)
-    P = np.empty((n, K * q))
-    y_norm = np.empty(n)
-    diag = _DiagonalSums(means, precision.inv_noise, shift, n)
-    for r0, r1, Z in _square_chunks(X, shift, _MIN_PRODUCT_ROWS):
-        np.matmul(Z[:, d:2 * d], G, out=P[r0:r1])
-        y_norm[r0:r1] = np.sqrt(Z[:, :d].sum(axis=1))
-        diag.add(r0, r1, Z)
-    m = np.asarray(means, dtype=np.float64) - shift
-    P = P.reshape(n, K, q)
-    P -= np.einsum("kd,kdq->kq", m, precision.projection)[None]
-    return P, y_norm, diag.finish(X, means)
-
-
-def _projections(X, means, precision, shift, dtype):
-    """``P`` and ``||y||`` of :class:`Projections`: GEMMs of the shifted rows (by
-    chunks, in ``dtype``) against every component's ``G_k`` stacked as ``(d, K q)``,
-    minus ``(mu_k - shift)^T G_k``."""
-    n, d = X.shape
-    K, _, q = precision.projection.shape
-    g = shift.astype(dtype)  # the shift as the chunks have it, also in m below
+    single = np.dtype(dtype) != np.float64
+    g = shift.astype(dtype)  # the shift as the GEMM's rows have it, also in m below
     G = precision.stacked(dtype)
-    P = np.empty((n, K * q))
-    y_norm = np.empty(n)
-    rows = int(max(1, min(n, max(_MIN_PRODUCT_ROWS, _CHUNK_BYTES // (8 * d)))))
-    buf = np.empty((min(rows, n), d), dtype=dtype)
-    for r0 in range(0, n, rows):
-        r1 = min(r0 + rows, n)
-        Y = buf[:r1 - r0]
-        np.subtract(X[r0:r1], g, out=Y, dtype=dtype, casting="unsafe")
-        y_norm[r0:r1] = np.sqrt(np.einsum("ij,ij->i", Y, Y, dtype=np.float64))
-        P[r0:r1] = Y @ G
     m = np.asarray(means, dtype=np.float64) - g.astype(np.float64)
-    P = P.reshape(n, K, q)
-    P -= np.einsum("kd,kdq->kq", m, precision.projection)[None]
-    return P, y_norm
+    offset = np.einsum("kd,kdq->kq", m, precision.projection)
+    squared = np.empty((n, K))
+    y_norm = np.empty(n) if single else None
+    diag = _DiagonalSums(means, precision.inv_noise, shift, n)
+    buf = cast = None
+    row_bytes = 8 * K * q + (d * np.dtype(dtype).itemsize if single else 0)
+    for r0, r1, Z in _square_chunks(X, shift, _MIN_PRODUCT_ROWS, row_bytes):
+        if buf is None:
+            buf = np.empty((len(Z), K * q))
+            cast = np.empty((len(Z), d), dtype=dtype) if single else None
+        P = buf[:r1 - r0]
+        if single:
+            Y = cast[:r1 - r0]
+            np.subtract(X[r0:r1], g, out=Y, dtype=dtype, casting="unsafe")
+            y_norm[r0:r1] = np.sqrt(np.einsum("ij,ij->i", Y, Y, dtype=np.float64))
+            P[...] = Y @ G
+        else:
+            np.matmul(Z[:, d:2 * d], G, out=P)
+        P = P.reshape(r1 - r0, K, q)
+        P -= offset[None]
+        np.einsum("nkq,nkq->nk", P, P, out=squared[r0:r1])
+        diag.add(r0, r1, Z)
+    return diag.finish(X, means), squared, y_norm
 
 
 def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64,
@@ -273,47 +248,59 @@ def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64,
 
 def densities(X, means, precision, proj, offset, margin=None):
     """``offset_k - 1/2 (x - mu_k)^T Sigma_k^{-1} (x - mu_k)``: ``(n, K)`` float64
-    from the block's projections ``proj`` (see :func:`estimate_log_prob`; its
-    ``margin`` refinement, for float32 projections, ranks the pairs by these values:
-    ``offset`` should hold ``log w_k``)."""
-    diag = proj.diag
-    if diag is None:
-        diag = _diag_distances(X, means, precision.inv_noise, proj.shift)
-    maha = diag - np.einsum("nkq,nkq->nk", proj.P, proj.P)
+    of every pair of the block, from its projections formed by row chunks
+    (:func:`_distance_terms`; see :func:`estimate_log_prob`; its ``margin``
+    refinement, for float32 projections, ranks the pairs by these values:
+    ``offset`` should hold ``log w_k``). Marks ``proj`` computed."""
+    diag, squared, y_norm = _distance_terms(X, means, precision, proj.shift,
+                                            proj.dtype)
+    proj.computed = True
     d = X.shape[1]
-    if margin is not None and X.dtype != np.float64 and maha.size:
-        bound = _float32_bound(proj, precision, d)
-        est = offset - 0.5 * maha
+    if margin is not None and y_norm is not None and diag.size:
+        bound = _float32_bound(squared, y_norm, precision, d)
+        est = diag - squared
+        est *= -0.5
+        est += offset
         floor = (est - 0.5 * bound).max(axis=1, keepdims=True) - margin
         redo = (est + 0.5 * bound >= floor).T
-        _exact_projections(proj, means, precision, redo)
-        maha = diag - np.einsum("nkq,nkq->nk", proj.P, proj.P)
+        del est, bound
+        _exact_squares(X, means, precision, redo, squared)
+    maha = diag
+    maha -= squared
     np.maximum(maha, 0.0, out=maha)
     maha *= -0.5
     maha += offset
     return maha
 
 
-def _float32_bound(proj, precision, d):
+def _float32_bound(squared, y_norm, precision, d):
     """Bound on the error of ``||p||^2`` from a float32 projection GEMM, ``(n, K)``:
     ``2 ||p|| e + e^2`` with ``||dp|| <= e = gamma_{d+2} ||y|| ||G_k||_F`` (Higham
     2002, eq. 3.5, with the float32 rounding of ``y`` and of ``G``; Cauchy-Schwarz
-    for ``|y|^T |G|``)."""
+    for ``|y|^T |G|``), from ``squared = ||p||^2`` and ``y_norm = ||y||``."""
     unit = np.finfo(np.float32).eps / 2
     gamma = (d + 2) * unit / (1.0 - (d + 2) * unit)
-    err = gamma * np.outer(proj.y_norm,
-                           np.linalg.norm(precision.projection, axis=(1, 2)))
-    p_norm = np.sqrt(np.einsum("nkq,nkq->nk", proj.P, proj.P))  # no (n, K, q) copy
-    return 2.0 * p_norm * err + err * err
+    err = gamma * np.outer(y_norm, np.linalg.norm(precision.projection, axis=(1, 2)))
+    bound = np.sqrt(squared)
+    bound *= 2.0 * err
+    err *= err
+    bound += err
+    return bound
 
 
-def _exact_projections(proj, means, precision, redo):
-    """Recompute ``proj.P`` in float64 on the pairs of ``redo`` (``(K, n)`` bool):
-    per component, its rows gathered, one GEMM."""
+def _exact_squares(X, means, precision, redo, squared):
+    """Recompute ``squared = ||p||^2`` in float64 on the pairs of ``redo`` (``(K,
+    n)`` bool): per component, its rows gathered (by chunks of ``_CHUNK_BYTES``),
+    ``p = (x - mu_k)^T G_k``."""
+    d = X.shape[1]
+    step = int(max(16, _CHUNK_BYTES // (8 * max(d, 1))))
     for k in np.flatnonzero(redo.any(axis=1)):
         rows = np.flatnonzero(redo[k])
-        diff = np.subtract(proj.X[rows], means[k], dtype=np.float64)
-        proj.P[rows, k] = diff @ precision.projection[k]
+        for c0 in range(0, len(rows), step):
+            chunk = rows[c0:c0 + step]
+            diff = np.subtract(X[chunk], means[k], dtype=np.float64)
+            p = diff @ precision.projection[k]
+            squared[chunk, k] = np.einsum("ij,ij->i", p, p)
 
 
 def projections(X, means, precision, weights=None, dtype=np.float64, shift=None):

@@ -229,11 +229,15 @@ def sample(rng, means, loadings, noise_variance, counts):
 
 def bytes_per_row(n_features, n_components, n_factors, itemsize):
     """Working memory (bytes) of one row of a block during a pass: the row in the
-    compute dtype, its projections (``K q`` float64) and six ``(n, K)`` float64
-    arrays (the diagonal distances and their rounding bounds, the log-densities,
-    the responsibilities and the E step's temporaries). The shifted rows, their
-    squares and the weighted posterior means are formed by row chunks
-    (``_CHUNK_BYTES``, at least ``_MIN_PRODUCT_ROWS`` rows), a few per thread
-    whatever the block."""
-    d, K, q = n_features, n_components, n_factors
-    return d * itemsize + K * q * 8 + 6 * K * 8
+    compute dtype (``d`` values) and six ``(n, K)`` float64 arrays: the diagonal
+    distances and the sums ``sum_j y_j^2 / psi_kj`` (then the distances' rounding
+    bounds), ``||p_k(x)||^2``,
+    the log-densities (the responsibilities in place), the engine's work array of
+    the responsibilities, and the E step's temporaries (with float32 projections,
+    their rounding bounds and estimates). No ``K q`` array per row: the
+    projections, the shifted rows ``[y^2, y, 1]``, and the statistics' posterior
+    means are formed by row chunks (``_CHUNK_BYTES``, at least
+    ``_MIN_PRODUCT_ROWS`` rows), a few per thread whatever the block
+    (``n_factors`` does not enter)."""
+    d, K = n_features, n_components
+    return d * itemsize + 6 * K * 8

@@ -14,6 +14,11 @@ from ._factor_log_density import _CHUNK_BYTES, _MIN_PRODUCT_ROWS, projections
 # Expanded sums more than this many times larger than their centred value (a tight
 # component far from the shift) are recomputed centred (about 1e-10 relative left).
 _MAX_CANCELLATION = 1e6
+# A block whose pairs of nonzero responsibility are at most 1 / _PAIR_FRACTION of
+# its pairs has its statistics summed over those pairs (each component's rows
+# gathered) instead of by dense chunks that form every pair's posterior mean
+# (dense_pays).
+_PAIR_FRACTION = 8
 
 
 @dataclass
@@ -85,13 +90,15 @@ def zero_statistics(n_components, n_features, n_factors):
 
 def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
                      means=None):
-    """:class:`FactorStatistics` of one block (``log_likelihood = 0``).
+    """:class:`FactorStatistics` of one block (``log_likelihood = 0``), summed over
+    every pair (see :func:`dense_pays`).
 
-    ``e_i^T = p_k(x_i) L_k^{-1}`` from the E step's projections; the sums are GEMMs
-    over row chunks (:func:`_statistics_chunks`: no array of the block's size is
-    formed): ``R^T y``, ``R^T y^2`` and ``Y^T [r_1 e_1, ..., r_K e_K]`` (``(d, n)
-    x (n, K q)``, accumulated in place) with ``y = x - shift``, re-centred on
-    ``c_k`` by
+    By row chunks (:func:`_statistics_chunks`: no array of the block's size is
+    formed): each chunk's shifted rows ``y = x -
+    shift``, their projections ``p_k = y^T G_k - (mu_k - shift)^T G_k`` formed again
+    (one GEMM ``(rows, d) x (d, K q)``: the E step keeps none) and ``e_i^T = p_k(x_i)
+    L_k^{-1}``; then the GEMMs ``R^T y``, ``R^T y^2`` and ``Y^T [r_1 e_1, ..., r_K
+    e_K]`` (``(d, n) x (n, K q)``, accumulated in place), re-centred on ``c_k`` by
     ``sum r (y - m)^2 = sum r y^2 - 2 m sum r y + N m^2`` and ``sum r (y - m) e^T =
     Y^T (r e) - m (sum r e)^T`` (``m = c_k - shift``). A component whose expanded
     second moments exceed ``_MAX_CANCELLATION`` times their centred value in some
@@ -109,8 +116,8 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
     precision : FactorPrecision
         Of the E step.
     proj : Projections or None, default=None
-        :func:`estimate_log_prob`'s for this block; ``None``: computed here (float64)
-        from ``means``.
+        :func:`estimate_log_prob`'s for this block (its means and shift); ``None``:
+        from ``means`` around their mixture mean.
     resp_threshold : float, default=0.0
         Pairs with ``r_ik <= resp_threshold`` are left out of every sum.
     means : ndarray of shape (K, d) or None, default=None
@@ -123,18 +130,18 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
     X = np.asarray(X)
     n, d = X.shape
     resp = np.asarray(resp, dtype=np.float64)
-    if resp_threshold > 0.0:
-        resp = np.where(resp > resp_threshold, resp, 0.0)
     centers = np.asarray(centers, dtype=np.float64)
     if proj is None:
         proj = projections(X, centers if means is None else means, precision,
                            resp.sum(axis=0))
     K, q = len(centers), precision.n_factors
+    if resp_threshold > 0.0:
+        resp = np.where(resp > resp_threshold, resp, 0.0)
     chol_inv = precision.cholesky_inv
     sum_y, sum_yy = np.zeros((K, d)), np.zeros((K, d))
     sum_z, sum_zz = np.zeros((K, q)), np.zeros((K, q, q))
     flat = np.zeros((d, K * q))                       # sum_i y_i (r_i e_i)^T
-    for r0, r1, Y, rE in _statistics_chunks(X, proj, resp, chol_inv, sum_z, sum_zz):
+    for r0, r1, Y, rE in _statistics_chunks(X, proj, resp, sum_z, sum_zz):
         sum_y += resp[r0:r1].T @ Y
         # flat^T += (r e)^T y: Fortran views of the C-ordered arrays, no copies
         gemm_add(flat.T, rE.reshape(r1 - r0, K * q).T, Y.T, trans_b=True)
@@ -150,35 +157,58 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
         sum_xz[k] -= np.outer(m[k], sum_z[k])
     scale = sum_yy + nk[:, None] * m**2
     for k in np.flatnonzero((scale / _MAX_CANCELLATION > sum_xx).any(axis=1)):
-        sum_x[k], sum_xx[k], sum_xz[k] = _centred_sums(X, resp[:, k], centers[k],
-                                                       proj.P[:, k], chol_inv[k])
+        sum_x[k], sum_xx[k], sum_xz[k] = _centred_sums(
+            X, resp[:, k], centers[k], proj.means[k], precision.projection[k],
+            chol_inv[k])
     np.maximum(sum_xx, 0.0, out=sum_xx)
     return FactorStatistics(nk, sum_x, sum_xx, sum_xz, sum_z, sum_zz, 0.0, n)
 
 
+def dense_pays(resp, resp_threshold=0.0):
+    """Whether :func:`block_statistics` (every pair's posterior mean, by one GEMM
+    per chunk) is the way to sum ``resp``: more than ``1 / _PAIR_FRACTION`` of the
+    pairs above ``resp_threshold``. Else the sums over each component's rows of
+    nonzero responsibility
+    (:func:`~emgmm.covariance._factor_pairs.pair_statistics`, ``O(d q)`` per such
+    pair) take less: on well separated components the others' responsibilities
+    underflow to 0 also with ``resp_threshold=0``."""
+    n, K = np.shape(resp)
+    return _PAIR_FRACTION * np.count_nonzero(resp > resp_threshold) > n * K
+
+
 def _statistics_rows(n, d, K, q):
-    """Rows of a chunk of :func:`block_statistics`: its shifted rows and weighted
-    posterior means within ``_CHUNK_BYTES``, but at least ``_MIN_PRODUCT_ROWS`` (the
-    inner dimension of the products that update the ``(d, K q)`` sums)."""
-    rows = _CHUNK_BYTES // (8 * (d + K * q) + 1)
+    """Rows of a chunk of :func:`block_statistics`: its shifted rows, their
+    projections and weighted posterior means within ``_CHUNK_BYTES``, but at least
+    ``_MIN_PRODUCT_ROWS`` (the inner dimension of the products that update the
+    ``(d, K q)`` sums)."""
+    rows = _CHUNK_BYTES // (8 * (d + 2 * K * q) + 1)
     return int(max(1, min(n, max(rows, _MIN_PRODUCT_ROWS))))
 
 
-def _statistics_chunks(X, proj, resp, cholesky_inv, sum_z, sum_zz):
+def _statistics_chunks(X, proj, resp, sum_z, sum_zz):
     """Yield ``(r0, r1, Y, rE)`` over row chunks of the block: ``Y = x - shift``
-    (float64, C-ordered) and ``rE = r e`` (``(r1 - r0, K, q)``), each chunk's
-    ``sum r e`` and ``sum r e e^T`` added to ``sum_z`` and ``sum_zz`` (two buffers,
-    overwritten by the next chunk: no ``(n, K, q)`` array besides ``P``)."""
+    (float64, C-ordered) and ``rE = r e`` (``(r1 - r0, K, q)``) from the chunk's
+    projections (float64, whatever the E step's GEMM), each chunk's ``sum r e`` and
+    ``sum r e e^T`` added to ``sum_z`` and ``sum_zz`` (three buffers, overwritten by
+    the next chunk: no ``(n, K, q)`` array)."""
     n, d = X.shape
-    _, K, q = proj.P.shape
+    precision = proj.precision
+    K, _, q = precision.projection.shape
+    G = precision.stacked(np.float64)
+    m = np.asarray(proj.means, dtype=np.float64) - proj.shift
+    offset = np.einsum("kd,kdq->kq", m, precision.projection)
     rows = _statistics_rows(n, d, K, q)
     y_buf = np.empty((min(rows, n), d))
+    p_buf = np.empty((min(rows, n), K * q))
     e_buf = np.empty((min(rows, n), K, q))
     for r0 in range(0, n, rows):
         r1 = min(r0 + rows, n)
-        Y, E = y_buf[:r1 - r0], e_buf[:r1 - r0]
+        Y, P, E = y_buf[:r1 - r0], p_buf[:r1 - r0], e_buf[:r1 - r0]
         np.subtract(X[r0:r1], proj.shift, out=Y, dtype=np.float64, casting="unsafe")
-        _weighted_means(proj.P[r0:r1], resp[r0:r1], cholesky_inv, E, sum_z, sum_zz)
+        np.matmul(Y, G, out=P)
+        P = P.reshape(r1 - r0, K, q)
+        P -= offset[None]
+        _weighted_means(P, resp[r0:r1], precision.cholesky_inv, E, sum_z, sum_zz)
         yield r0, r1, Y, E
 
 
@@ -195,18 +225,21 @@ def _weighted_means(P, resp, cholesky_inv, out, sum_z, sum_zz):
     return out
 
 
-def _centred_sums(X, r, center, P, cholesky_inv):
+def _centred_sums(X, r, center, mean, projection, cholesky_inv):
     """``sum r u``, ``sum r u^2`` and ``sum r u e^T`` (``u = x - c``, ``e = p
-    L^{-1}``) of one component from ``x - c`` directly, over its rows with ``r > 0``
-    by chunks of ``_CHUNK_BYTES`` (where the expansion around the shift cancels)."""
+    L^{-1}``, ``p = (x - mu)^T G``) of one component from ``x - c`` and ``x - mu``
+    directly, over its rows with ``r > 0`` by chunks of ``_CHUNK_BYTES`` (where the
+    expansion around the shift cancels)."""
     d, q = X.shape[1], cholesky_inv.shape[0]
     sum_x, sum_xx, sum_xz = np.zeros(d), np.zeros(d), np.zeros((d, q))
     rows = np.flatnonzero(r > 0.0)
     step = int(max(16, _CHUNK_BYTES // (8 * max(d, 1))))
     for c0 in range(0, len(rows), step):
         chunk = rows[c0:c0 + step]
-        diff = np.subtract(X[chunk], center, dtype=np.float64)
-        rE = (P[chunk] @ cholesky_inv) * r[chunk, None]
+        diff = np.subtract(X[chunk], mean, dtype=np.float64)
+        rE = ((diff @ projection) @ cholesky_inv) * r[chunk, None]
+        if np.any(center != mean):
+            np.subtract(X[chunk], center, out=diff, dtype=np.float64)
         sum_x += r[chunk] @ diff
         sum_xz += diff.T @ rE
         diff *= diff
