@@ -326,7 +326,10 @@ def test_diag_distances_recompute_only_the_cancelling_pairs(monkeypatch):
     monkeypatch.setattr(fdensity, "_direct_distances",
                         lambda X, mu, inv, redo, out: (calls.append(redo.copy()),
                                                        direct(X, mu, inv, redo, out)))
-    got = fdensity._diag_distances(X, means, inv_noise, shift)
+    diag = fdensity._DiagonalSums(means, inv_noise, shift, len(X))
+    for r0, r1, Z in fdensity._square_chunks(X, shift):
+        diag.add(r0, r1, Z)
+    got = diag.finish(X, means)
     ref = np.stack([((X - m) ** 2) @ w for m, w in zip(means, inv_noise,
                                                         strict=True)], axis=1)
     np.testing.assert_allclose(got, ref, rtol=1e-12)

@@ -77,17 +77,6 @@ def _square_chunks(X, shift, min_rows=16, row_bytes=0):
         yield r0, r1, Z
 
 
-def _diag_distances(X, means, inv_noise, shift):
-    """``sum_j (x_ij - mu_kj)^2 / psi_kj``: ``(n, K)``, from the shifted rows'
-    ``y^2`` and ``y`` (by row chunks): ``S_ik + B_ik + C_k`` with ``S = y^2 @
-    (1 / psi)``, ``B = y @ (-2 m / psi)`` and ``C_k = sum_j m_kj^2 / psi_kj``
-    (``m = mu - shift``), then :func:`_refine_distances`."""
-    diag = _DiagonalSums(means, inv_noise, shift, X.shape[0])
-    for r0, r1, Z in _square_chunks(X, shift):
-        diag.add(r0, r1, Z)
-    return diag.finish(X, means)
-
-
 class _DiagonalSums:
     """The expanded diagonal distances of a block, accumulated by row chunks of
     ``[y^2, y, 1]`` (:func:`_square_chunks`): two GEMMs per chunk."""
