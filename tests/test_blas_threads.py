@@ -203,13 +203,18 @@ def test_over_ranges_covers_every_item_once_in_order_on_one_blas_thread():
 
 def test_holds_give_loops_their_threads_and_restore():
     """A hold's ``loop_threads`` (the executor's idle row threads or workers) is what
-    loops over components may use; a worker's BLAS limit gives its loops as many;
-    the smallest of nested holds holds until the last release."""
+    loops over components may use, also after the loops' own one-thread holds; a
+    worker's BLAS limit gives its loops as many; the smallest of nested holds that
+    name it holds until the last release."""
     from emgmm._runtime import blas
 
     before = blas.held_threads()
     blas.hold_process_limit(1, loop_threads=4)
     try:
+        assert blas.held_threads() == 4
+        with blas.single_blas_thread():  # (as every loop of over_ranges takes)
+            assert max(_blas_threads(), default=1) == 1
+        blas.over_ranges(lambda start, stop: None, 8, 2)
         assert blas.held_threads() == 4
         with blas.limit_blas(2):
             assert blas.held_threads() == 2

@@ -37,7 +37,7 @@ def limit_blas(blas_threads):
     if blas_threads is None:
         yield
         return
-    hold_process_limit(blas_threads, cached=True)
+    hold_process_limit(blas_threads, cached=True, loop_threads=blas_threads)
     try:
         yield
     finally:
@@ -65,21 +65,25 @@ def hold_process_limit(threads, cached=False, loop_threads=None):
     ``cached``: through the controller found at the first call (~10 us) instead of
     looking the libraries up again (~1 ms; finds those loaded since).
     ``loop_threads``: the threads a loop of one-thread BLAS calls may run meanwhile
-    (:func:`held_threads`), when more than ``threads``: an executor whose row
-    threads each hold one BLAS thread leaves all of them to the loops between its
-    passes. The smallest of the holds' values holds, as for ``threads``.
+    (:func:`held_threads`; at least ``threads``): an executor whose row threads each
+    hold one BLAS thread leaves all of them to the loops between its passes. The
+    first hold sets it (``threads`` when not given); a later hold that names it can
+    lower it until the last release; one that does not (:func:`single_blas_thread`)
+    leaves it.
     """
-    loop_threads = max(threads, loop_threads or threads)
     with _LIMIT_LOCK:
         controller = _controller() if cached else ThreadpoolController()
         if _LIMIT["holders"] == 0:
             _LIMIT["original"] = controller.limit(limits=threads, user_api="blas")
             _LIMIT["threads"] = threads
-            _LIMIT["loop_threads"] = loop_threads
-        elif threads < _LIMIT["threads"]:
-            controller.limit(limits=threads, user_api="blas")
-            _LIMIT["threads"] = threads
-        _LIMIT["loop_threads"] = min(_LIMIT["loop_threads"], loop_threads)
+            _LIMIT["loop_threads"] = max(threads, loop_threads or threads)
+        else:
+            if threads < _LIMIT["threads"]:
+                controller.limit(limits=threads, user_api="blas")
+                _LIMIT["threads"] = threads
+            if loop_threads is not None:
+                _LIMIT["loop_threads"] = min(_LIMIT["loop_threads"],
+                                             max(threads, loop_threads))
         _LIMIT["holders"] += 1
 
 
