@@ -271,6 +271,59 @@ def test_no_private_name_of_another_project():
         "joblib.parallel._backend"]
 
 
+#: Private names of the standard library that its documentation gives as API.
+DOCUMENTED_PRIVATE = {"_exit"}  # os._exit
+
+
+def _foreign_private_attributes(trees):
+    """``obj._name`` reads and ``getattr(obj, "_name")`` / ``hasattr`` of a ``_name``
+    that no module of ``trees`` defines (as a function, class, variable, attribute,
+    argument or import): another project's private state, whatever the object is
+    named (a memmap's ``mm._mmap`` was read to tell a view from its map)."""
+    def private(name):
+        return name.startswith("_") and not name.startswith("__")
+
+    defined = set(DOCUMENTED_PRIVATE)
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Name | ast.Attribute) and isinstance(
+                    node.ctx, ast.Store):
+                defined.add(node.id if isinstance(node, ast.Name) else node.attr)
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+            elif isinstance(node, ast.alias):
+                defined.add((node.asname or node.name).split(".")[0])
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif (isinstance(node, ast.Call)
+                  and getattr(node.func, "id", None) in ("getattr", "hasattr")
+                  and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                  and isinstance(node.args[1].value, str)):
+                name = node.args[1].value
+            if name and private(name) and name not in defined:
+                found.append(f"{module}:{node.lineno}: {name}")
+    return found
+
+
+def test_no_private_attribute_of_another_project():
+    """A private attribute read from an object of another project (numpy's memmaps,
+    h5py's datasets, joblib's backends) is caught by its name, which emgmm does not
+    define."""
+    trees = {module: ast.parse(path.read_text())
+             for module, (path, _) in MODULES.items()}
+    found = _foreign_private_attributes(trees)
+    assert not found, found
+    assert _foreign_private_attributes({"m": ast.parse(
+        "def f(mm):\n    return mm.base is getattr(mm, '_mmap', None)")}) == [
+        "m:2: _mmap"]
+
+
 #: Lines of code (not docstrings, comments or blank lines) a function may take.
 MAX_FUNCTION_LINES = 60
 
