@@ -393,3 +393,59 @@ def test_the_public_modules_export_only_what_they_define_or_gather():
         imported = importlib.import_module(module)
         missing = [name for name in imported.__all__ if not hasattr(imported, name)]
         assert not missing, (module, missing)
+
+
+def _emgmm_aliases(tree):
+    """``{local name: dotted emgmm name}`` bound by the imports of ``tree`` (any
+    depth): modules, and classes or functions imported from them."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "emgmm" and alias.asname:
+                    aliases[alias.asname] = alias.name
+        elif (isinstance(node, ast.ImportFrom) and node.level == 0
+              and (node.module or "").split(".")[0] == "emgmm"):
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return aliases
+
+
+def _patched_functions(tree):
+    """``[(line, emgmm object, attribute)]`` of the ``*.setattr(obj, "name", ...)``
+    calls of ``tree`` on an object of emgmm that replace a function (not an
+    upper-case module constant)."""
+    aliases, found = _emgmm_aliases(tree), []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "setattr" and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant)):
+            continue
+        root = node.args[0]
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        name = node.args[1].value
+        if (isinstance(root, ast.Name) and root.id in aliases
+                and not name.lstrip("_").isupper()):
+            found.append((node.lineno, ast.unparse(node.args[0]), name))
+    return found
+
+
+def test_contributing_lists_every_patched_function_of_emgmm():
+    """A test that replaces one of emgmm's functions (a spy, a tripwire, a failure
+    or a platform) is in CONTRIBUTING.md's list of the patches that remain: a new
+    one is a seam to add first, or a reason to give there."""
+    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    section = text[text.index("The patches of emgmm's own functions"):
+                   text.index("### Where the tests live")]
+    unlisted = [f"{path.name}:{line}: {target}.{name}"
+                for path in sorted((PACKAGE.parent / "tests").glob("test_*.py"))
+                for line, target, name in _patched_functions(
+                    ast.parse(path.read_text()))
+                if f"{name}`" not in section]
+    assert not unlisted, unlisted
+    assert _patched_functions(ast.parse(
+        "from emgmm._engine import estep as e\n"
+        "def test(monkeypatch):\n"
+        "    monkeypatch.setattr(e, 'log_prob', None)\n"
+        "    monkeypatch.setattr(e, 'CHUNK', 1)\n")) == [(3, "e", "log_prob")]
