@@ -116,6 +116,10 @@ def covariance_type_params(slow_beyond_sklearn=False):
 
 #: The types with the conjugate prior of BayesianGaussianMixture.
 VARIATIONAL_COVARIANCE_TYPES = covariance_types_where("variational")
+#: The variational types that scikit-learn's BayesianGaussianMixture has too: the
+#: tests that compare with it, or write priors and factors in its layouts.
+SKLEARN_VARIATIONAL_COVARIANCE_TYPES = tuple(
+    name for name in VARIATIONAL_COVARIANCE_TYPES if name in SKLEARN_COVARIANCE_TYPES)
 #: The types with the running statistics of partial_fit (stepwise online EM).
 ONLINE_COVARIANCE_TYPES = covariance_types_where("has_online_statistics")
 #: The online types in scikit-learn's layouts: the tests whose oracle keeps Gaussian
