@@ -12,6 +12,7 @@ when no component is left healthy to recover from.
 import warnings
 
 import numpy as np
+import pytest
 from helpers import SKLEARN_COVARIANCE_TYPES, assert_valid_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -97,6 +98,7 @@ class _View:
         self.means_ = params["means_"]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(data_sets())
