@@ -34,11 +34,25 @@ FILE_KINDS = tuple(k for k in SOURCE_KINDS if k != "ndarray")
 #: Every registered covariance type (``emgmm.covariance.REGISTRY``), in its order: the
 #: generic tests run over these, so that a newly registered type gets their coverage.
 COVARIANCE_TYPES = tuple(REGISTRY)
-#: The registered types that scikit-learn's GaussianMixture has too (read from its
-#: parameter constraints): the tests that compare with scikit-learn run over these.
-SKLEARN_COVARIANCE_TYPES = tuple(
-    name for name in REGISTRY
-    if name in SkGaussianMixture._parameter_constraints["covariance_type"][0].options)
+
+
+def _sklearn_fits(covariance_type):
+    """Whether scikit-learn's GaussianMixture fits ``covariance_type`` (its ``fit``
+    refuses an unknown one with a ValueError before any work; asked through its
+    public API, not its private ``_parameter_constraints``)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # one iteration: not converged
+            SkGaussianMixture(1, covariance_type=covariance_type,
+                              max_iter=1).fit(np.eye(3))
+    except ValueError:
+        return False
+    return True
+
+
+#: The registered types that scikit-learn's GaussianMixture has too: the tests that
+#: compare with scikit-learn run over these.
+SKLEARN_COVARIANCE_TYPES = tuple(name for name in REGISTRY if _sklearn_fits(name))
 
 
 def covariance_types_where(capability):
@@ -102,6 +116,10 @@ def covariance_type_params(slow_beyond_sklearn=False):
 
 #: The types with the conjugate prior of BayesianGaussianMixture.
 VARIATIONAL_COVARIANCE_TYPES = covariance_types_where("variational")
+#: The variational types that scikit-learn's BayesianGaussianMixture has too: the
+#: tests that compare with it, or write priors and factors in its layouts.
+SKLEARN_VARIATIONAL_COVARIANCE_TYPES = tuple(
+    name for name in VARIATIONAL_COVARIANCE_TYPES if name in SKLEARN_COVARIANCE_TYPES)
 #: The types with the running statistics of partial_fit (stepwise online EM).
 ONLINE_COVARIANCE_TYPES = covariance_types_where("has_online_statistics")
 #: The online types in scikit-learn's layouts: the tests whose oracle keeps Gaussian

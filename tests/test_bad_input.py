@@ -11,7 +11,14 @@ import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from helpers import FILE_KINDS, file_fingerprint, not_converging
+from helpers import (
+    COVARIANCE_TYPES,
+    FILE_KINDS,
+    SKLEARN_COVARIANCE_TYPES,
+    file_fingerprint,
+    not_converging,
+    type_settings,
+)
 from sklearn.mixture import GaussianMixture as SkGaussianMixture
 
 from emgmm import GaussianMixture
@@ -171,7 +178,7 @@ def test_row_overflowing_float32_is_refused_by_predict_and_score():
     assert np.isfinite(gm.score_samples(query)).all()
 
 
-@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_far_outlier_gets_responsibilities_that_sum_to_one(covariance_type):
     """A query row so far out (a netCDF fill value, 9.97e36) that the log-densities
     of the components agree to float64's precision: ``log sum exp`` rounds to their
@@ -404,14 +411,15 @@ def test_missing_files(tmp_path, fitted):
     check_refused(fitted, "fit", f"{path}:/missing", KeyError, "missing", [path])
 
 
-@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_float64_data_whose_variances_overflow_get_the_overflow_message(
         covariance_type):
     """Data of scale 1e200: the variances (1e400) overflow float64. The message says
     so, not scikit-learn's "ill-defined covariance ... collapsed samples"."""
     rng = np.random.default_rng(0)
     X = np.concatenate([rng.normal(size=(300, 3)), rng.normal(size=(300, 3)) + 5])
-    gm = GaussianMixture(2, covariance_type=covariance_type, random_state=0)
+    gm = GaussianMixture(2, **type_settings(covariance_type, X.shape[1]),
+                         random_state=0)
     with pytest.raises(ValueError, match="not finite: the data's variances overflow "
                                          "float64") as info:
         gm.fit(X * 1e200)

@@ -18,7 +18,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import VARIATIONAL_COVARIANCE_TYPES, cli_usage_error, make_blobs_data
+from helpers import (
+    SKLEARN_VARIATIONAL_COVARIANCE_TYPES,
+    VARIATIONAL_COVARIANCE_TYPES,
+    cli_usage_error,
+    make_blobs_data,
+)
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
@@ -89,7 +94,7 @@ def assert_same_fit(mine, sk, X, rtol=1e-7):
 
 
 @pytest.mark.parametrize("prior_type", PRIOR_TYPES)
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 def test_same_fit_as_sklearn_in_blocks(data, covariance_type, prior_type):
     sk, params = _pair(covariance_type=covariance_type,
                        weight_concentration_prior_type=prior_type)
@@ -99,7 +104,7 @@ def test_same_fit_as_sklearn_in_blocks(data, covariance_type, prior_type):
     assert_array_equal(mine.predict(data), sk.predict(data))
 
 
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 def test_same_fit_with_given_priors_and_random_init(data, covariance_type):
     d = data.shape[1]
     covariance_prior = {"full": np.eye(d) * 3.0 + 0.5, "tied": np.eye(d) * 3.0 + 0.5,
@@ -125,7 +130,7 @@ def test_same_convergence_and_choice_of_restart(data, covariance_type):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 @pytest.mark.parametrize("kind", ["npy", "h5_chunked"])
 def test_file_sources_and_two_workers_give_the_same_fit(data, make_sources, kind,
                                                         covariance_type):
@@ -290,7 +295,7 @@ def test_model_file_round_trip(data, tmp_path, covariance_type, prior_type):
     assert_allclose(again.lower_bounds_, mine.lower_bounds_, rtol=1e-12)
 
 
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 def test_sklearn_model_saved_loads_as_emgmm(data, tmp_path, covariance_type):
     sk = SkBayesianGaussianMixture(n_components=3, covariance_type=covariance_type,
                                    random_state=0, max_iter=300).fit(data)

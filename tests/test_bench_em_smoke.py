@@ -69,6 +69,7 @@ def test_quick_run_writes_every_field(quick_result):
     assert "| config | mode | sklearn s/iter" in stdout
 
 
+@pytest.mark.slow
 def test_quick_run_lower_bounds_agree_with_sklearn(quick_result):
     result, _ = quick_result
     for r in result["rows"]:

@@ -106,7 +106,7 @@ def test_tied_not_positive_definite_raises_in_both_policies():
                             on_degenerate=policy, random_state=0).fit(X)
 
 
-@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_factorize_flags_singular_and_overflowing(covariance_type):
     d = 3
     good = {"full": np.eye(d), "tied": np.eye(d), "diag": np.ones(d),

@@ -1235,7 +1235,7 @@ def test_case_c06_log_density_equals_scipys(d, covariance_type):
                     rtol=1e-10)
 
 
-@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_case_c15_kernels_never_write_into_inputs(covariance_type):
     rng = np.random.default_rng(0)
     n, d, K = 64, 6, 4

@@ -271,6 +271,59 @@ def test_no_private_name_of_another_project():
         "joblib.parallel._backend"]
 
 
+#: Private names of the standard library that its documentation gives as API.
+DOCUMENTED_PRIVATE = {"_exit"}  # os._exit
+
+
+def _foreign_private_attributes(trees):
+    """``obj._name`` reads and ``getattr(obj, "_name")`` / ``hasattr`` of a ``_name``
+    that no module of ``trees`` defines (as a function, class, variable, attribute,
+    argument or import): another project's private state, whatever the object is
+    named (a memmap's ``mm._mmap`` was read to tell a view from its map)."""
+    def private(name):
+        return name.startswith("_") and not name.startswith("__")
+
+    defined = set(DOCUMENTED_PRIVATE)
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Name | ast.Attribute) and isinstance(
+                    node.ctx, ast.Store):
+                defined.add(node.id if isinstance(node, ast.Name) else node.attr)
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+            elif isinstance(node, ast.alias):
+                defined.add((node.asname or node.name).split(".")[0])
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif (isinstance(node, ast.Call)
+                  and getattr(node.func, "id", None) in ("getattr", "hasattr")
+                  and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                  and isinstance(node.args[1].value, str)):
+                name = node.args[1].value
+            if name and private(name) and name not in defined:
+                found.append(f"{module}:{node.lineno}: {name}")
+    return found
+
+
+def test_no_private_attribute_of_another_project():
+    """A private attribute read from an object of another project (numpy's memmaps,
+    h5py's datasets, joblib's backends) is caught by its name, which emgmm does not
+    define."""
+    trees = {module: ast.parse(path.read_text())
+             for module, (path, _) in MODULES.items()}
+    found = _foreign_private_attributes(trees)
+    assert not found, found
+    assert _foreign_private_attributes({"m": ast.parse(
+        "def f(mm):\n    return mm.base is getattr(mm, '_mmap', None)")}) == [
+        "m:2: _mmap"]
+
+
 #: Lines of code (not docstrings, comments or blank lines) a function may take.
 MAX_FUNCTION_LINES = 60
 
@@ -340,3 +393,59 @@ def test_the_public_modules_export_only_what_they_define_or_gather():
         imported = importlib.import_module(module)
         missing = [name for name in imported.__all__ if not hasattr(imported, name)]
         assert not missing, (module, missing)
+
+
+def _emgmm_aliases(tree):
+    """``{local name: dotted emgmm name}`` bound by the imports of ``tree`` (any
+    depth): modules, and classes or functions imported from them."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "emgmm" and alias.asname:
+                    aliases[alias.asname] = alias.name
+        elif (isinstance(node, ast.ImportFrom) and node.level == 0
+              and (node.module or "").split(".")[0] == "emgmm"):
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return aliases
+
+
+def _patched_functions(tree):
+    """``[(line, emgmm object, attribute)]`` of the ``*.setattr(obj, "name", ...)``
+    calls of ``tree`` on an object of emgmm that replace a function (not an
+    upper-case module constant)."""
+    aliases, found = _emgmm_aliases(tree), []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "setattr" and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant)):
+            continue
+        root = node.args[0]
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        name = node.args[1].value
+        if (isinstance(root, ast.Name) and root.id in aliases
+                and not name.lstrip("_").isupper()):
+            found.append((node.lineno, ast.unparse(node.args[0]), name))
+    return found
+
+
+def test_contributing_lists_every_patched_function_of_emgmm():
+    """A test that replaces one of emgmm's functions (a spy, a tripwire, a failure
+    or a platform) is in CONTRIBUTING.md's list of the patches that remain: a new
+    one is a seam to add first, or a reason to give there."""
+    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    section = text[text.index("The patches of emgmm's own functions"):
+                   text.index("### Where the tests live")]
+    unlisted = [f"{path.name}:{line}: {target}.{name}"
+                for path in sorted((PACKAGE.parent / "tests").glob("test_*.py"))
+                for line, target, name in _patched_functions(
+                    ast.parse(path.read_text()))
+                if f"{name}`" not in section]
+    assert not unlisted, unlisted
+    assert _patched_functions(ast.parse(
+        "from emgmm._engine import estep as e\n"
+        "def test(monkeypatch):\n"
+        "    monkeypatch.setattr(e, 'log_prob', None)\n"
+        "    monkeypatch.setattr(e, 'CHUNK', 1)\n")) == [(3, "e", "log_prob")]

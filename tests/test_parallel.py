@@ -623,7 +623,7 @@ def test_row_threads_off_for_tiny_fits_and_under_a_blas_limit(X, monkeypatch):
     assert spy.row_threads == [0, 0, 0, 0]
 
 
-@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 def test_block_rows_within_budget(covariance_type):
     """Blocks fit working_memory; 'diag'/'spherical' blocks also fit the streaming
     working set, and the others keep the larger blocks their per-block work needs."""
@@ -633,7 +633,7 @@ def test_block_rows_within_budget(covariance_type):
     assert rows * per_row <= 1024 * 2**20
     n_blocks = -(-n // rows)
     assert n_blocks % memory.BLOCK_MULTIPLE == 0
-    if covariance_type in ("diag", "spherical"):
+    if KINDS[covariance_type].streams_blocks:  # 'diag', 'spherical'
         assert rows * per_row <= memory.STREAMING_BLOCK_MIB * 2**20
     else:
         assert rows >= memory.MIN_BLOCK_ROWS

@@ -39,7 +39,13 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import SKLEARN_COVARIANCE_TYPES, make_blobs_data, not_converging
+from helpers import (
+    COVARIANCE_TYPES,
+    SKLEARN_COVARIANCE_TYPES,
+    make_blobs_data,
+    not_converging,
+    type_settings,
+)
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_digits
@@ -339,8 +345,7 @@ class PlanRecorder:
             self.plan = record
 
 
-@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical",
-                                             "factor"])
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_the_init_subsample_is_capped_by_the_block(monkeypatch, covariance_type):
     """Beyond INIT_SAMPLE_MIN_BYTES the subsample holds at most one float64 block
     of the fit (here 40 rows), for every covariance type: k-means' copies of it
@@ -348,11 +353,9 @@ def test_the_init_subsample_is_capped_by_the_block(monkeypatch, covariance_type)
     X = make_blobs_data(500, 50, 3, seed=5)
     monkeypatch.setattr(initialization, "INIT_SAMPLE_MIN_BYTES", 8)
     recorder = PlanRecorder()
-    extra = {"n_factors": 2} if covariance_type == "factor" else {}
     with not_converging():
-        GaussianMixture(3, covariance_type=covariance_type, max_iter=1,
-                        random_state=0, block_size=40, callback=recorder,
-                        **extra).fit(X)
+        GaussianMixture(3, **type_settings(covariance_type, X.shape[1]), max_iter=1,
+                        random_state=0, block_size=40, callback=recorder).fit(X)
     assert recorder.plan["init_rows"] == 40
     monkeypatch.setattr(initialization, "INIT_SAMPLE_MIN_BYTES", 500 * 50 * 8)
     assert initialization.init_rows(100_000, 500, 50, 3, block_rows=40) == 500

@@ -565,6 +565,7 @@ def test_patch_stream_ends_within_one_percent_of_the_batch_fit(patch_stream):
     assert online_score >= batch_score - 0.01 * abs(batch_score)
 
 
+@pytest.mark.slow
 def test_patch_stream_starves_no_component(patch_stream):
     """Every weight ends above the starved floor, a tenth of the mean weight (before
     issue 36 one component ended with 0.999)."""

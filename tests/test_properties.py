@@ -12,7 +12,8 @@ when no component is left healthy to recover from.
 import warnings
 
 import numpy as np
-from helpers import assert_valid_model
+import pytest
+from helpers import SKLEARN_COVARIANCE_TYPES, assert_valid_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +38,7 @@ def data_sets(draw):
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     X = ((X + offset) * scale).astype(dtype)
     k = max(1, n - draw(st.integers(0, 3)))  # close to n_samples
-    covariance_type = draw(st.sampled_from(["full", "tied", "diag", "spherical"]))
+    covariance_type = draw(st.sampled_from(SKLEARN_COVARIANCE_TYPES))
     init_params = draw(st.sampled_from(["kmeans", "random_from_data", "random"]))
     return X, k, covariance_type, init_params
 
@@ -97,6 +98,7 @@ class _View:
         self.means_ = params["means_"]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(data_sets())

@@ -18,7 +18,13 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from helpers import IGNORE_NOT_CONVERGED, not_converging, random_spd, sample_mixture
+from helpers import (
+    IGNORE_NOT_CONVERGED,
+    SKLEARN_COVARIANCE_TYPES,
+    not_converging,
+    random_spd,
+    sample_mixture,
+)
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
@@ -682,7 +688,7 @@ def test_relevance_margin():
     assert _log_density.relevance_margin(1e-320) == pytest.approx(745.2 + 2.0)
 
 
-@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("covariance_type", SKLEARN_COVARIANCE_TYPES)
 @pytest.mark.parametrize("margin", [None, 48.0])
 @pytest.mark.parametrize("chunk_bytes", [None, 512])
 def test_estimate_resp_is_exp_of_log_resp(covariance_type, margin, chunk_bytes,

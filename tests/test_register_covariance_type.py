@@ -1,6 +1,12 @@
 """``emgmm.covariance.register_covariance_type``: the checked entry point that adds
 a covariance type to the registry, and what it refuses."""
 
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from helpers import make_blobs_data
@@ -62,3 +68,51 @@ def test_what_is_no_covariance_type_is_refused(registry, kind, match):
     with pytest.raises((TypeError, ValueError), match=match):
         register_covariance_type(kind)
     assert registry == before
+
+
+#: A pytest plugin registering 'diag' under another name from outside the package:
+#: loaded (``-p``) before the tests are collected, so that the generic tests, which
+#: are parametrised over the registry, are collected for it too.
+PLUGIN = """
+from emgmm.covariance import register_covariance_type
+from emgmm.covariance._diag import DiagCovariance
+
+
+class DiagAgain(DiagCovariance):
+    name = "diag_again"
+
+
+register_covariance_type(DiagAgain())
+"""
+
+
+@pytest.mark.slow
+def test_the_generic_tests_run_and_pass_on_a_type_registered_from_outside(tmp_path):
+    """The quick subset's tests parametrised over the registry, run in a pytest
+    whose plugin registered a type, pass on that type (those with process workers
+    left out: see the next test)."""
+    (tmp_path / "diag_again_plugin.py").write_text(PLUGIN)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "diag_again_plugin",
+         "-p", "no:cacheprovider", "-q", "-m", "not slow",
+         "-k", "diag_again and not n_jobs_2_equals_n_jobs_1", str(root / "tests")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    passed = int(re.search(r"(\d+) passed", result.stdout).group(1))
+    assert passed >= 40, result.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(raises=ValueError, strict=True,
+                   reason="process workers import emgmm afresh and look the type up "
+                          "by its name, which only the fitting process registered")
+def test_process_workers_fit_a_type_registered_from_outside(registry):
+    register_covariance_type(_diag_named("diag_again"))
+    X = make_blobs_data(2000, D, K, seed=4)
+    new = GaussianMixture(K, covariance_type="diag_again", n_jobs=2, block_size=100,
+                          random_state=0).fit(X)
+    diag = GaussianMixture(K, covariance_type="diag", random_state=0).fit(X)
+    assert new.lower_bounds_ == diag.lower_bounds_

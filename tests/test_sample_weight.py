@@ -49,11 +49,13 @@ def weights(X):
 
 def _inits(X, covariance_type):
     """A fixed starting model: k-means centres, equal weights, unit-ish precisions
-    (in scikit-learn's layouts; none for a type that refuses precisions_init)."""
+    (written in scikit-learn's layouts: none for another type, nor for one that
+    refuses precisions_init)."""
     d = X.shape[1]
     means = KMeans(K, n_init=1, random_state=0).fit(X).cluster_centers_
     inits = {"means_init": means, "weights_init": np.full(K, 1.0 / K)}
-    if accepts_precisions_init(covariance_type):
+    if (covariance_type in SKLEARN_COVARIANCE_TYPES
+            and accepts_precisions_init(covariance_type)):
         precisions = {"full": np.stack([np.eye(d) * 0.5] * K), "tied": np.eye(d) * 0.5,
                       "diag": np.full((K, d), 0.5), "spherical": np.full(K, 0.5)}
         inits["precisions_init"] = precisions[covariance_type]

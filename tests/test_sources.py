@@ -19,6 +19,7 @@ from helpers import (
     FILE_KINDS,
     IGNORE_NOT_CONVERGED,
     PARAMS,
+    SKLEARN_COVARIANCE_TYPES,
     SOURCE_KINDS,
     accepts_precisions_init,
     covariance_type_params,
@@ -918,7 +919,8 @@ def test_case_c11_permuted_rows_give_the_same_model(
     X = c11_data
     perm = np.random.default_rng(3).permutation(len(X))
     kw = dict(C11_FIT, **type_settings(covariance_type, X.shape[1]), **_c11_init(X))
-    if accepts_precisions_init(covariance_type):
+    if (covariance_type in SKLEARN_COVARIANCE_TYPES
+            and accepts_precisions_init(covariance_type)):
         if covariance_type != "full":  # in scikit-learn's layouts
             P = kw["precisions_init"]
             kw["precisions_init"] = {"tied": P[0],

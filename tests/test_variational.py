@@ -11,7 +11,7 @@ previous means, emgmm's log-density kernels plus the per-component offsets.
 
 import numpy as np
 import pytest
-from helpers import VARIATIONAL_COVARIANCE_TYPES, make_blobs_data
+from helpers import SKLEARN_VARIATIONAL_COVARIANCE_TYPES, make_blobs_data
 from numpy.testing import assert_allclose
 from scipy.special import logsumexp, xlogy
 from sklearn.exceptions import ConvergenceWarning
@@ -177,7 +177,7 @@ def test_moments_of_data_far_from_the_origin_keep_their_spread():
     assert_allclose(_moments(X, True).scatter / 499, np.cov(X.T), rtol=1e-7, atol=1e-7)
 
 
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 def test_default_priors_equal_sklearn(data, covariance_type):
     sk = _sklearn(covariance_type, "dirichlet_process", 0).fit(data)
     priors = _priors(data, covariance_type, "dirichlet_process")
@@ -204,7 +204,7 @@ def test_given_priors_are_kept_and_a_small_dof_is_refused(data):
 
 
 @pytest.mark.parametrize("prior_type", PRIOR_TYPES)
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 def test_initial_posterior_equals_sklearn(data, covariance_type, prior_type):
     sk = _sklearn(covariance_type, prior_type, 0, seed=5).fit(data)
     priors = _priors(data, covariance_type, prior_type)
@@ -213,7 +213,7 @@ def test_initial_posterior_equals_sklearn(data, covariance_type, prior_type):
 
 
 @pytest.mark.parametrize("prior_type", PRIOR_TYPES)
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 def test_offsets_and_kernels_give_sklearn_weighted_log_prob(data, covariance_type,
                                                             prior_type):
     with pytest.warns(ConvergenceWarning):
@@ -236,7 +236,7 @@ def test_offsets_and_kernels_give_sklearn_weighted_log_prob(data, covariance_typ
 
 
 @pytest.mark.parametrize("prior_type", PRIOR_TYPES)
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 def test_blocked_iterations_equal_sklearn(data, covariance_type, prior_type):
     n_iter = 6
     with pytest.warns(ConvergenceWarning):
@@ -246,7 +246,7 @@ def test_blocked_iterations_equal_sklearn(data, covariance_type, prior_type):
     _assert_same_posterior(params, sk, prior_type, 1e-10)
 
 
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 def test_given_priors_iterate_as_sklearn(data, covariance_type):
     d = data.shape[1]
     cov = {"full": np.eye(d) * 2.0 + 0.3, "tied": np.eye(d) * 2.0 + 0.3,
@@ -263,7 +263,7 @@ def test_given_priors_iterate_as_sklearn(data, covariance_type):
     _assert_same_posterior(params, sk, "dirichlet_distribution", 1e-10)
 
 
-@pytest.mark.parametrize("covariance_type", VARIATIONAL_COVARIANCE_TYPES)
+@pytest.mark.parametrize("covariance_type", SKLEARN_VARIATIONAL_COVARIANCE_TYPES)
 def test_resp_log_resp_from_statistics_around_any_centres(data, covariance_type):
     """Centres away from the means, some responsibilities exactly zero."""
     rng = np.random.default_rng(7)

@@ -11,6 +11,7 @@ infinity raises a ``ValueError`` that names the first offending row and the file
 from __future__ import annotations
 
 import abc
+import mmap
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -603,8 +604,10 @@ class MemmapSource(Source):
         base = mm
         while isinstance(base.base, np.memmap):
             base = base.base
-        if base.base is not getattr(mm, "_mmap", None):
-            return None  # a view through another array: treat as an in-memory array
+        if not isinstance(base.base, mmap.mmap):
+            # the chain of memmaps ends at a plain array, not at the file's map: a
+            # view through another array, treated as an in-memory array
+            return None
         # a contiguous view (a reshape, a range of rows) reads its own bytes of the
         # file: its offset there is the map's plus its distance from the map's start
         # (a view's .offset is its map's)

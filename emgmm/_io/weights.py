@@ -11,6 +11,7 @@ An in-memory array is written once to a ``.npy`` file for process workers
 
 import abc
 import hashlib
+import mmap
 import os
 from dataclasses import dataclass
 from numbers import Real
@@ -307,7 +308,7 @@ def _from_memmap(mm):
     that is not a whole contiguous map of its file (a view, copy-on-write): then
     read as an in-memory array."""
     if (mm.ndim != 1 or not mm.flags.c_contiguous or mm.filename is None
-            or mm.mode == "c" or mm.base is not getattr(mm, "_mmap", None)):
+            or mm.mode == "c" or not isinstance(mm.base, mmap.mmap)):
         return None
     source = MemmapWeights(mm.filename, mm.dtype, mm.shape[0], mm.offset,
                            f"sample_weight (memmap {mm.filename})")

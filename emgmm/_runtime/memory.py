@@ -177,7 +177,7 @@ MIN_SLICES = 16
 BUFFER_BYTES = 256 * _MIB
 
 #: Multiply-adds a (slice, rows) task should do at least, so that dispatching it
-#: costs little next to its work (about 20-60 ms of one core).
+#: costs little next to its work.
 TASK_WORK = 2**26
 
 

@@ -5,11 +5,10 @@ responsibilities, the packed products of a row chunk). Allocated afresh for ever
 block, they come from glibc's ``malloc``: the first ones from mappings of their own,
 but freeing such a chunk raises the allocator's mmap threshold to its size (up to
 32 MiB), and the next blocks' arrays then come from the heap arenas, one per thread,
-where freed memory stays resident and fragments (on [100k, 64], K=200 'full' with two
-row threads: 216-256 MiB resident above the data, where tracemalloc traced a peak of
-134 MiB).
-Allocating every block's arrays on mappings of their own instead costs a page fault
-per page touched (~15 ms per 19 MiB array, 5-10% of such a block).
+where freed memory stays resident and fragments (resident memory well above what
+tracemalloc traces). Allocating every block's arrays on mappings of their own
+instead costs a page fault per page touched, every block (the measurements:
+benchmarks/README.md, "Memory").
 
 A :class:`Workspace` keeps one buffer per name on an anonymous mapping of its own,
 lent to one user at a time and kept for the next block; the executor gives each
