@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..covariance import get_covariance_type
+from ..covariance import REGISTRY, get_covariance_type, register_covariance_type
 from ..covariance._packed_estimate import prepare_log_prob
 
 
@@ -58,6 +58,25 @@ class Model:
         screen = (None if self.screen is None
                   else {name: copied(a) for name, a in self.screen.items()})
         return Model(*map(copied, arrays), self.covariance_type, screen=screen)
+
+    def __getstate__(self):
+        # A worker process imports emgmm afresh, where a type that the fitting
+        # process registered is unknown (and a CovarianceType pickles as its name):
+        # such a type travels with the model, as its class and attributes.
+        kind = get_covariance_type(self.covariance_type)
+        own = type(kind).__module__.startswith("emgmm.")
+        return {**self.__dict__, "_kind": None if own else (type(kind), vars(kind))}
+
+    def __setstate__(self, state):
+        carried = state.pop("_kind", None)
+        if carried is not None:
+            cls, attributes = carried
+            name = getattr(cls, "name", None)
+            if REGISTRY.get(attributes.get("name", name)) is None:
+                kind = cls.__new__(cls)
+                vars(kind).update(attributes)
+                register_covariance_type(kind)
+        self.__dict__.update(state)
 
     @property
     def kind(self):
