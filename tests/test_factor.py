@@ -357,13 +357,11 @@ def test_statistics_of_an_every_pair_block_by_their_nonzero_pairs(monkeypatch, d
     prec = fparams.factorize(W, psi)
     _, proj = fdensity.estimate_log_prob(X, means, prec, weights)
     assert proj.computed and fstats.dense_pays(resp) == dense
-    gathered = []
-    pair_statistics = fpairs.pair_statistics
-    monkeypatch.setattr(fpairs, "pair_statistics",
-                        lambda *a, **k: gathered.append(1) or pair_statistics(*a, **k))
     from emgmm.covariance import _factor
 
-    monkeypatch.setattr(_factor, "pair_statistics", fpairs.pair_statistics)
+    gathered = []
+    monkeypatch.setattr(_factor, "pair_statistics", lambda *a, **k: gathered.append(1)
+                        or fpairs.pair_statistics(*a, **k))
     got = FactorCovariance(q).block_statistics(X, resp, means, products=proj)
     assert len(gathered) == (not dense)
     ref = _numpy_statistics(X, resp, means, means, prec)
