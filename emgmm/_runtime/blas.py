@@ -5,7 +5,7 @@ threadpoolctl limits are process-wide: tasks that run in threads of one process 
 one limit, which the holds below count (the smallest requested limit holds until the
 last release, which restores the limits found by the first). The limits of tasks and
 of the kernels' loops use the BLAS libraries found at the first call in this process
-(finding them costs ~1 ms: ``dl_iterate_phdr`` over every shared object), when numpy
+(finding them walks every shared object with ``dl_iterate_phdr``), when numpy
 and scipy are loaded; an executor's hold looks them up afresh.
 """
 
@@ -63,7 +63,7 @@ def hold_process_limit(threads, cached=False, loop_threads=None):
     """Limit this process's BLAS to at most ``threads`` until released.
 
     ``cached``: through the controller found at the first call (~10 us) instead of
-    looking the libraries up again (~1 ms; finds those loaded since).
+    looking the libraries up again (which finds those loaded since, at a cost).
     ``loop_threads``: the threads a loop of one-thread BLAS calls may run meanwhile
     (:func:`held_threads`; at least ``threads``): an executor whose row threads each
     hold one BLAS thread leaves all of them to the loops between its passes. The
@@ -108,11 +108,10 @@ def single_blas_thread():
     """Context for a loop of small BLAS calls (one per component): one BLAS thread.
 
     OpenBLAS splits every product beyond a small size over its threads, which then
-    synchronise on each call: the per-component products of the refined E step (a few
-    hundred rows each, d=64; triangular products then) took 7x as long on two threads
-    as on one, and an explicit ``n_jobs=1`` fit of [100k, 64], K=200 'full' ~25%
-    longer per iteration. A hold on the process (:func:`hold_process_limit`, cached:
-    ~10 us with its release), taken in the main thread only: OpenBLAS (0.3.31)
+    synchronise on each call: loops of small products run several times slower on
+    two threads than on one (benchmarks/README.md, "How the 'full' kernels get
+    there"). A hold on the process (:func:`hold_process_limit`, cached), taken
+    in the main thread only: OpenBLAS (0.3.31)
     ignores a limit set from another thread once the main thread has set one, so a
     hold released last by another thread could not restore the limit. Thread workers
     (row threads) run under their pass's hold of one thread anyway.

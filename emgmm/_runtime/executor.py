@@ -412,12 +412,11 @@ class Executor:
             # one BLAS thread). In threads of this process the limit is theirs
             # (threadpoolctl limits are process-wide: per-thread limits would race).
             # Either way it also holds this process's own BLAS calls between passes
-            # (the M step) to one task's share: OpenBLAS threads spin for ~0.1 s
+            # (the M step) to one task's share: OpenBLAS threads spin for a while
             # after each multi-threaded call and would take the cores that the
-            # next pass's tasks run on.
-            # The loops over components between passes (the M step, the
-            # factorisation, the screen) use the cores of the idle row threads or
-            # workers (:func:`~emgmm._runtime.blas.over_ranges`).
+            # next pass's tasks run on. The loops over components between passes
+            # (the M step, the factorisation, the screen) use the cores of the
+            # idle row threads or workers (:func:`~emgmm._runtime.blas.over_ranges`).
             hold_process_limit(1 if self.row_threads else self.blas_threads,
                                loop_threads=self.component_threads)
             self._holds_limit = True
