@@ -192,6 +192,9 @@ def test_over_ranges_covers_every_item_once_in_order_on_one_blas_thread():
     work = np.array([9.0, 0, 0, 0, 0, 0, 0, 0, 1.0, 8.0])
     parts = over_ranges(lambda a, b: (int(a), int(b)), 10, 2, work=work)
     assert parts == [(0, 1), (1, 10)]
+    skewed = over_ranges(lambda a, b: list(range(a, b)), 3, 3,
+                         work=np.array([100.0, 0, 0]))
+    assert [k for part in skewed for k in part] == [0, 1, 2]  # (some ranges empty)
 
     from_thread = []
     worker = threading.Thread(target=lambda: from_thread.append(
@@ -201,28 +204,57 @@ def test_over_ranges_covers_every_item_once_in_order_on_one_blas_thread():
     assert len(from_thread[0]) == 1
 
 
-def test_holds_give_loops_their_threads_and_restore():
-    """A hold's ``loop_threads`` (the executor's idle row threads or workers) is what
-    loops over components may use, also after the loops' own one-thread holds; a
-    worker's BLAS limit gives its loops as many; the smallest of nested holds that
-    name it holds until the last release."""
+def test_loops_take_a_hold_s_threads_else_as_many_as_blas(two_blas_threads):
+    """Without a hold, loops over components take as many threads as BLAS may use
+    (a threadpoolctl limit bounds them); a hold's ``loop_threads`` (the executor's)
+    outlasts the one-thread holds of the loops themselves, the smallest of nested
+    holds that name it holds until the last release; a worker's ``limit_blas`` is
+    back at its value after a loop inside it."""
     from emgmm._runtime import blas
 
-    before = blas.held_threads()
+    assert blas.held_threads() == 2
+    with threadpool_limits(limits=1, user_api="blas"):
+        assert blas.held_threads() == 1
     blas.hold_process_limit(1, loop_threads=4)
     try:
         assert blas.held_threads() == 4
         with blas.single_blas_thread():  # (as every loop of over_ranges takes)
-            assert max(_blas_threads(), default=1) == 1
+            assert max(_blas_threads()) == 1
         blas.over_ranges(lambda start, stop: None, 8, 2)
         assert blas.held_threads() == 4
-        with blas.limit_blas(2):
-            assert blas.held_threads() == 2
+        blas.hold_process_limit(1, loop_threads=3)
+        blas.release_process_limit()
+        assert blas.held_threads() == 3
     finally:
         blas.release_process_limit()
-    assert blas.held_threads() == before
-    with blas.limit_blas(3):
-        assert blas.held_threads() == 3
-        assert blas.loop_threads(blas.THREADED_WORK - 1) == 1
-        assert blas.loop_threads(blas.THREADED_WORK) == 3
-    assert blas.held_threads() == before
+    assert blas.held_threads() == 2 and max(_blas_threads()) == 2
+    with blas.limit_blas(1):
+        assert blas.held_threads() == 1
+    with blas.limit_blas(2):
+        blas.over_ranges(lambda start, stop: None, 8, 2)
+        assert max(_blas_threads()) == 2
+    assert blas.threads_for_loop(blas.THREADED_WORK - 1) == 1
+    assert blas.threads_for_loop(blas.THREADED_WORK) == 2
+
+
+@pytest.mark.parametrize("limit", [None, 1])
+@pytest.mark.parametrize("row_threads", [True, False])
+def test_executor_gives_its_loops_the_cores_of_its_pass(two_blas_threads, tmp_path,
+                                                       limit, row_threads):
+    """Inside an executor, loops take its component threads: its row threads, or,
+    for a pass without them (large statistics), as many as BLAS may use; one under
+    a limit of one BLAS thread; restored after."""
+    from emgmm._io.sources import as_source
+    from emgmm._runtime import blas
+
+    path = tmp_path / "X.npy"
+    np.save(path, np.zeros((10, 3)))
+    with threadpool_limits(limits=limit, user_api="blas"):
+        before = blas.held_threads()
+        executor = parallel.Executor(as_source(str(path)), None)
+        if not row_threads:
+            executor.row_threads = 0  # (as the estimators set it before entering)
+        with executor:
+            assert executor.component_threads == (1 if limit == 1 else 2)
+            assert blas.held_threads() == executor.component_threads
+        assert blas.held_threads() == before

@@ -138,6 +138,7 @@ def test_float32_with_margin_exact_where_it_matters():
     weighted = exact + np.log(weights)
     near = weighted >= weighted.max(axis=1, keepdims=True) - 30.0
     np.testing.assert_allclose(refined[near], exact[near], rtol=1e-12)
+    np.testing.assert_allclose(refined, exact, rtol=1e-4)
 
 
 def test_float32_projections_of_a_float64_block_refined_where_it_matters():
@@ -326,10 +327,8 @@ def test_diag_distances_recompute_only_the_cancelling_pairs(monkeypatch):
     monkeypatch.setattr(fdensity, "_direct_distances",
                         lambda X, mu, inv, redo, out: (calls.append(redo.copy()),
                                                        direct(X, mu, inv, redo, out)))
-    diag = fdensity._DiagonalSums(means, inv_noise, shift, len(X))
-    for r0, r1, Z in fdensity._square_chunks(X, shift):
-        diag.add(r0, r1, Z)
-    got = diag.finish(X, means)
+    prec = fparams.factorize(np.zeros((len(means), d, 0)), 1.0 / inv_noise)  # q = 0
+    got = fdensity._distance_terms(X, means, prec, shift, np.float64)[0]
     ref = np.stack([((X - m) ** 2) @ w for m, w in zip(means, inv_noise,
                                                         strict=True)], axis=1)
     np.testing.assert_allclose(got, ref, rtol=1e-12)

@@ -378,7 +378,7 @@ def test_pair_kernels_in_threads_equal_the_serial_ones(monkeypatch, threads):
     monkeypatch.setattr(blas, "THREADED_WORK", 0)
     blas.hold_process_limit(1, loop_threads=threads)
     try:
-        assert blas.loop_threads(1) == threads
+        assert blas.threads_for_loop(1) == threads
         (values, errors), stats = run()
     finally:
         blas.release_process_limit()

@@ -119,6 +119,27 @@ def test_bounds_are_upper_bounds_of_every_pair(seed):
             assert np.all(slack <= 1e-6 * (1.0 + np.abs(exact))), (p, slack.max())
 
 
+def test_screen_built_in_threads_equals_the_serial_one(monkeypatch):
+    """The per-component terms of a 'full' screen formed in threads (one BLAS thread
+    each) equal those formed in one thread."""
+    from emgmm._runtime import blas
+
+    rng = np.random.default_rng(3)
+    weights, means, U = random_model(rng, 9, 20, 1.0, 1e6, 0.0)
+    with blas.single_blas_thread():
+        serial = ProjectionScreen.build(weights, means, U, 4)
+    monkeypatch.setattr(blas, "THREADED_WORK", 0)
+    blas.hold_process_limit(1, loop_threads=3)
+    try:
+        threaded = ProjectionScreen.build(weights, means, U, 4)
+    finally:
+        blas.release_process_limit()
+    for name in ("B", "c", "directions", "offset", "err_coef", "q_norm", "u_norm",
+                 "log_det_err"):
+        np.testing.assert_array_equal(getattr(threaded, name), getattr(serial, name),
+                                      err_msg=name)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_screened_estep_computes_every_pair_that_may_reach_the_threshold(case):
     """Every pair within the margin of its row's best (by the unscreened E step) is

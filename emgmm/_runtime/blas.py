@@ -12,11 +12,11 @@ and scipy are loaded; an executor's hold looks them up afresh.
 import itertools
 import os
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 from joblib import Parallel, delayed
-from threadpoolctl import ThreadpoolController
+from threadpoolctl import ThreadpoolController, threadpool_info
 
 # (pid, ThreadpoolController) of this process
 _CONTROLLER = None
@@ -29,19 +29,20 @@ def _controller():
     return _CONTROLLER[1]
 
 
-@contextmanager
 def limit_blas(blas_threads):
-    """Context that limits BLAS threads in a worker (a no-op in process: ``None``):
-    a hold (:func:`hold_process_limit`) whose loops over components
-    (:func:`over_ranges`) take as many threads as its BLAS may."""
+    """Context that limits BLAS threads in a worker (a no-op in process: ``None``);
+    the loops over components there (:func:`over_ranges`) take as many threads."""
     if blas_threads is None:
-        yield
-        return
-    hold_process_limit(blas_threads, cached=True, loop_threads=blas_threads)
-    try:
-        yield
-    finally:
-        release_process_limit()
+        return nullcontext()
+    return _controller().limit(limits=blas_threads, user_api="blas")
+
+
+def blas_thread_count():
+    """The BLAS threads this process may use now (1 when no BLAS is loaded): the
+    limits of threadpoolctl, of joblib in its workers, or of a hold."""
+    counts = [info["num_threads"] for info in threadpool_info()
+              if info.get("user_api") == "blas"]
+    return max(counts, default=1)
 
 
 _LIMIT_LOCK = threading.Lock()
@@ -90,8 +91,9 @@ def hold_process_limit(threads, cached=False, loop_threads=None):
 def held_threads():
     """The threads a loop of one-thread BLAS or LAPACK calls may run in this
     process: the holds' ``loop_threads`` (:func:`hold_process_limit`; one under
-    ``n_jobs=1``), or ``os.cpu_count()`` without a hold."""
-    return _LIMIT["loop_threads"] or os.cpu_count() or 1
+    ``n_jobs=1``), else as many as BLAS may use now (:func:`blas_thread_count`:
+    a threadpoolctl limit, or joblib's share in a worker, bounds the loops too)."""
+    return _LIMIT["loop_threads"] or blas_thread_count()
 
 
 def release_process_limit():
@@ -129,13 +131,15 @@ def single_blas_thread():
 def over_ranges(func, n_items, threads, work=None):
     """``func(start, stop)`` over ``threads`` contiguous ranges of ``range(n_items)``
     (at most ``n_items``; of about equal ``work``, an ``(n_items,)`` array of each
-    item's, when given), in threads of this process, or in this thread for one
-    range or when called from a thread other than the main one; their results in
-    range order. Every call runs on one BLAS thread (:func:`single_blas_thread`).
+    item's, when given; some may be empty), in threads of this process, or in this
+    thread for one range or when called from a thread other than the main one; their
+    results in range order. From the main thread every call runs on one BLAS thread
+    (:func:`single_blas_thread`); from another, on the BLAS threads of its pass
+    (one for row threads).
 
     For loops of one kernel call per component whose products release the GIL:
-    each component's arithmetic is the same whatever ``threads`` is, so the results
-    are too.
+    each component's arithmetic is the same whatever ``threads`` is (at one BLAS
+    thread), so the results are too.
     """
     if threading.current_thread() is not threading.main_thread():
         threads = 1  # (a row thread: its siblings hold the other cores)
@@ -159,7 +163,7 @@ def over_ranges(func, n_items, threads, work=None):
 THREADED_WORK = 2**25
 
 
-def loop_threads(work, threads=None):
+def threads_for_loop(work, threads=None):
     """Threads for a loop over components of ``work`` flops in all: ``threads``
     (else :func:`held_threads`), or 1 for a small loop."""
     if work < THREADED_WORK:

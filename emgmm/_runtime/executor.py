@@ -22,9 +22,8 @@ import uuid
 import numpy as np
 from joblib import Parallel, cpu_count, delayed, effective_n_jobs
 from joblib.parallel import get_active_backend
-from threadpoolctl import threadpool_info
 
-from .blas import hold_process_limit, release_process_limit
+from .blas import blas_thread_count, hold_process_limit, release_process_limit
 from .parent_watch import run_watched
 from .processes import pid_alive
 from .workspace import per_thread
@@ -264,13 +263,6 @@ def means_one_core(n_jobs):
     return max(1, effective_n_jobs(n_jobs)) == 1
 
 
-def blas_thread_count():
-    """The BLAS threads this process may use now (1 when no BLAS is loaded)."""
-    counts = [info["num_threads"] for info in threadpool_info()
-              if info.get("user_api") == "blas"]
-    return max(counts, default=1)
-
-
 class Executor:
     """Runs lists of tasks over a source, in process or with joblib workers.
 
@@ -426,10 +418,16 @@ class Executor:
     def component_threads(self):
         """Threads for a loop of one LAPACK call per component in this process
         between passes (the factorisation of the M step): the pass's parallelism
-        (row threads, workers, which are idle then, or this process's BLAS
-        threads), one with ``n_jobs=1``."""
-        return max(1, min(max(self.row_threads, self.n_workers, self.blas_threads),
-                          os.cpu_count() or 1))
+        (row threads or workers, which are idle then; else the BLAS threads the
+        process may use), one with ``n_jobs=1``."""
+        if self.one_core or self._one_blas_thread:
+            return 1
+        if self.row_threads or self.n_workers > 1:
+            return max(1, min(max(self.row_threads, self.n_workers),
+                              os.cpu_count() or 1))
+        # a lone process without row threads: as many as BLAS may use (a
+        # threadpoolctl limit, or joblib's share inside an outer worker)
+        return max(1, min(self.blas_threads, blas_thread_count()))
 
     def one_blas_thread(self):
         """Run every task with one BLAS thread, also in this process (for tiny

@@ -27,6 +27,14 @@ class GatherBuffers:
                  else borrow("gather_raw", shape, X.dtype)) as raw:
             yield cls(X, buf, raw)
 
+    def split(self, parts):
+        """``parts`` buffers over equal slices of these ones' rows (one for each of
+        as many threads)."""
+        size = len(self.buf) // parts
+        return [GatherBuffers(self.X, self.buf[i * size:(i + 1) * size],
+                              self.raw[i * size:(i + 1) * size])
+                for i in range(parts)]
+
     def centred(self, rows, center):
         """``X[rows] - center`` (float64), a view of the buffer valid until the next
         call."""

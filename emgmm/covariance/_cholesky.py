@@ -176,8 +176,9 @@ def cholesky_factors(stack, limit, threads=1):
 
     ``threads`` threads take contiguous ranges of components, one BLAS thread each
     (LAPACK releases the GIL; :func:`~emgmm._runtime.blas.over_ranges`); one thread
-    runs them on the process's BLAS threads: the result is the same for any
-    ``threads``."""
+    runs them on the process's BLAS threads (for 'tied', one large factorisation).
+    The result is the same for any ``threads`` at one BLAS thread per call, which a
+    fit gives them whenever it runs more than one."""
     out = np.full_like(stack, np.nan)
     if threads <= 1:  # (one loop: each call may use the process's BLAS threads)
         return out, _factor_range(stack, out, limit, 0, len(stack))
@@ -246,8 +247,9 @@ def each_component(func, n_components, n_features):
     BLAS thread each) when the loop does more than ``THREADED_FLOPS`` (``K d^3``),
     else one after the other. ``func`` runs GIL-free LAPACK calls
     (:mod:`emgmm._runtime.lapack`) on its own component's arrays."""
-    threads = held_threads()
-    if threads < 2 or n_components * n_features**3 < THREADED_FLOPS:
+    small = n_components * n_features**3 < THREADED_FLOPS
+    threads = 1 if small else held_threads()
+    if threads < 2:
         for k in range(n_components):
             func(k)
         return

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, eigsh
 
-from .._runtime.blas import held_threads, loop_threads
+from .._runtime.blas import threads_for_loop
 from . import _factor_parameters as factor_parameters
 from . import _factor_screen as factor_screen
 from ._base import CovarianceType, widest_axis_of_matrix
@@ -259,9 +259,7 @@ class FactorCovariance(CovarianceType):
     def factorize(self, covariances, dtype=np.float64, threads=1):
         W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
         K, d, q = W.shape
-        # (small products: one BLAS thread each, in as many threads as the fit's
-        # hold or the caller allows)
-        threads = loop_threads(K * d * (q + 1) ** 2, max(threads, held_threads()))
+        threads = threads_for_loop(K * d * (q + 1) ** 2, threads)
         bad = [int(k) for k in bad_components(psi)]
         if not bad:
             return pack_precision(factorize(W, psi, threads)), bad
@@ -358,8 +356,8 @@ class FactorCovariance(CovarianceType):
                                                  unpack_precision(precisions_cholesky))]
 
     def block_products(self, X, model, g=None):
-        """The block's :class:`Projections` (with its factorisation) for the E step
-        and the statistics of the same block, formed when first read."""
+        """The block's :class:`Projections` (its factorisation and shift) for the E
+        step and the statistics of the same block."""
         return projections(X, model.means, self._precision(model), model.weights,
                            X.dtype, shift=g)
 
@@ -411,7 +409,7 @@ class FactorCovariance(CovarianceType):
     def m_step(self, stats, centers, reg_covar, overwrite=False):
         K, d, q = stats.sum_xz.shape
         weights, means, W, psi = m_step(stats, centers, reg_covar,
-                                        loop_threads(K * d * (q + 1) ** 2))
+                                        threads_for_loop(K * d * (q + 1) ** 2))
         return weights, means, pack_parameters(W, psi)
 
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):

@@ -18,23 +18,21 @@ _LOG_2PI = np.log(2.0 * np.pi)
 _REFINE_RTOL = 1e-10
 # Bytes of the row chunks of [y^2, y, 1] (their products with the coefficients).
 _CHUNK_BYTES = 8 * 2**20
-# Rows of the statistics' chunks at least (the inner dimension of the GEMMs that
-# update the (d, K q) sums: fewer rows make them memory bound).
+# Rows of the E step's and the statistics' chunks at least (the inner dimension of
+# the GEMMs that update the (d, K q) sums: fewer rows make them memory bound).
 _MIN_PRODUCT_ROWS = 256
 
 
 @dataclass
 class Projections:
-    """What the E step of a block and its statistics share: the block, the
-    parameters and the shift. No per-row product is kept: the E step forms the
+    """What the E step of a block and its statistics share: the parameters and the
+    shift. No per-row product is kept: the E step forms the
     projections chunk by chunk of rows (:func:`densities`), and the statistics form
     the posterior means again from their own chunks of shifted rows
     (:func:`~emgmm.covariance._factor_statistics.block_statistics`).
 
     Attributes
     ----------
-    X : ndarray of shape (n, d)
-        The block (as read; never modified).
     means : ndarray of shape (K, d)
         The E step's means.
     precision : FactorPrecision
@@ -49,7 +47,6 @@ class Projections:
         nonzero responsibility.
     """
 
-    X: np.ndarray
     means: np.ndarray
     precision: FactorPrecision
     shift: np.ndarray
@@ -57,7 +54,7 @@ class Projections:
     computed: bool = field(default=False, compare=False)
 
 
-def _square_chunks(X, shift, min_rows=16, row_bytes=0):
+def _square_chunks(X, shift, min_rows, row_bytes=0):
     """Yield ``(r0, r1, Z)`` with ``Z = [y^2, y, 1]`` (float64) of rows ``r0:r1``,
     ``y = x - shift``, in chunks of about ``_CHUNK_BYTES`` (with the caller's
     ``row_bytes`` of other buffers per row) but at least ``min_rows`` rows (one
@@ -190,8 +187,8 @@ def _distance_terms(X, means, precision, shift, dtype):
 
 def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64,
                       margin=None):
-    """Log-densities of every row under every component, and the products kept for
-    :func:`block_statistics`.
+    """Log-densities of every row under every component, and the block's
+    :class:`Projections` for its statistics.
 
     ``log N(x | mu_k, Sigma_k) = -d/2 log(2 pi) - 1/2 log det Sigma_k
     - 1/2 (sum_j (x_j - mu_kj)^2 / psi_kj - ||p_k(x)||^2)`` (see the module's
@@ -201,9 +198,9 @@ def estimate_log_prob(X, means, precision, weights=None, dtype=np.float64,
     With a float32 projection GEMM the two terms cancel where the factors explain
     most of the variance (``||p||^2`` ~ 6e4 at d=2500, q=16: 0.02 nats off). Given a
     ``margin``, the pairs that may lie within it of their row's best weighted
-    log-density (by the rounding bound of :func:`_float32_bound`) get their
-    projections recomputed in float64: those are exact, the others are within the
-    bound and have responsibilities below ``exp(-margin)``.
+    log-density (by the rounding bound of :func:`_float32_bound`) get ``||p||^2``
+    recomputed in float64: those are exact, the others are within the bound and
+    have responsibilities below ``exp(-margin)``.
 
     Parameters
     ----------
@@ -298,7 +295,7 @@ def projections(X, means, precision, weights=None, dtype=np.float64, shift=None)
     ``means`` and ``weights``); the projection GEMM in ``dtype``."""
     if shift is None:
         shift = _shift(means, weights)
-    return Projections(np.asarray(X), means, precision, shift, dtype)
+    return Projections(means, precision, shift, dtype)
 
 
 def log_gaussian_prob(X, means, precision, weights=None):

@@ -8,31 +8,25 @@ nonzero responsibility instead of over every pair (:func:`pair_statistics`).
 Notation as in :mod:`emgmm.covariance._factor_parameters`.
 """
 
+import queue
+
 import numpy as np
 
-from .._runtime.blas import loop_threads, over_ranges
+from .._runtime.blas import over_ranges, threads_for_loop
 from .._runtime.gather import GatherBuffers
 from .._runtime.lapack import gemm_add
 from ._factor_statistics import zero_statistics
 from ._log_density import _gamma
 
 _U64 = np.finfo(np.float64).eps / 2
-#: Bytes of the gathered rows of one component taken at a time (float64): the gather
-#: buffers of a thread hold at most this much, not a component's rows of the block.
+#: Bytes of the gathered rows taken at a time (float64) by a call's threads together:
+#: its gather buffers hold at most this much, not a component's rows of the block.
 GATHER_CHUNK_BYTES = 16 * 2**20
 
 
-def _row_chunks(start, stop, n_features):
-    """``(c0, c1)`` spans of ``start:stop`` of at most ``GATHER_CHUNK_BYTES`` of
-    float64 rows each."""
-    step = max(1, GATHER_CHUNK_BYTES // (8 * max(n_features, 1)))
+def _row_chunks(start, stop, step):
+    """``(c0, c1)`` spans of ``start:stop`` of at most ``step`` rows each."""
     return [(c0, min(c0 + step, stop)) for c0 in range(start, stop, step)]
-
-
-def _chunk_rows(counts, n_features):
-    """Rows of the gather buffers: the largest count, at most one chunk's."""
-    step = max(1, GATHER_CHUNK_BYTES // (8 * max(n_features, 1)))
-    return int(min(counts.max(initial=0), step))
 
 
 def pair_values(X, means, precision, offset, comps, rows, g_norm=None):
@@ -70,34 +64,49 @@ def pair_values(X, means, precision, offset, comps, rows, g_norm=None):
     errors = g_norm is not None
     err = np.empty(comps.size) if errors else None
 
-    def component_range(k0, k1):
-        with GatherBuffers.borrowed(X, _chunk_rows(counts[k0:k1], d)) as gb:
-            for k in k0 + np.flatnonzero(counts[k0:k1]):
-                for b0, b1 in _row_chunks(bounds[k], bounds[k + 1], d):
-                    u = gb.centred(rows[b0:b1], means[k])
-                    p = u @ precision.projection[k]
-                    pp = np.einsum("ij,ij->i", p, p)
-                    np.square(u, out=u)
-                    diag = u @ precision.inv_noise[k]
-                    out = values[b0:b1]
-                    np.subtract(diag, pp, out=out)
-                    np.maximum(out, 0.0, out=out)
-                    out *= -0.5
-                    out += offset[k]
-                    if errors:
-                        err[b0:b1] = _value_errors(diag, pp, np.sqrt(u.sum(axis=1)),
-                                                   g_norm[k], out, d, p.shape[1])
+    def component_range(k0, k1, gb, step):
+        for k in k0 + np.flatnonzero(counts[k0:k1]):
+            for b0, b1 in _row_chunks(bounds[k], bounds[k + 1], step):
+                u = gb.centred(rows[b0:b1], means[k])
+                p = u @ precision.projection[k]
+                pp = np.einsum("ij,ij->i", p, p)
+                np.square(u, out=u)
+                diag = u @ precision.inv_noise[k]
+                out = values[b0:b1]
+                np.subtract(diag, pp, out=out)
+                np.maximum(out, 0.0, out=out)
+                out *= -0.5
+                out += offset[k]
+                if errors:
+                    err[b0:b1] = _value_errors(diag, pp, np.sqrt(u.sum(axis=1)),
+                                               g_norm[k], out, d, p.shape[1])
 
-    _over_components(component_range, counts, d * (precision.n_factors + 2))
+    _over_components(component_range, X, counts, d * (precision.n_factors + 2))
     return (values, err) if errors else values
 
 
-def _over_components(func, counts, work_per_row):
-    """:func:`~emgmm._runtime.blas.over_ranges` of ``func`` over the components,
-    ranges of about equal gathered rows ``counts`` (K,), in threads when their
-    ``counts.sum() * work_per_row`` flops are worth it."""
-    threads = loop_threads(float(counts.sum()) * work_per_row)
-    over_ranges(func, counts.size, threads, work=counts)
+def _over_components(func, X, counts, work_per_row):
+    """``func(k0, k1, gather_buffers, step)`` over ranges of the components of about
+    equal gathered rows ``counts`` (K,) (:func:`~emgmm._runtime.blas.over_ranges`),
+    in threads when their ``counts.sum() * work_per_row`` flops are worth it. The
+    threads share one borrowed pair of gather buffers of ``GATHER_CHUNK_BYTES``,
+    a slice each (``step`` rows of ``X`` at a time), whatever their number."""
+    threads = threads_for_loop(float(counts.sum()) * work_per_row)
+    step = max(1, GATHER_CHUNK_BYTES // (8 * max(X.shape[1], 1) * threads))
+    with GatherBuffers.borrowed(X, int(min(counts.max(initial=0), step)) * threads) \
+            as gb:
+        free = queue.SimpleQueue()
+        for part in gb.split(threads):
+            free.put(part)
+
+        def run(k0, k1):
+            part = free.get()
+            try:
+                func(k0, k1, part, step)
+            finally:
+                free.put(part)
+
+        over_ranges(run, counts.size, threads, work=counts)
 
 
 def _value_errors(diag, pp, u_norm, g_norm, values, d, q):
@@ -148,18 +157,17 @@ def pair_statistics(X, resp, centers, means, precision, resp_threshold=0.0,
     keep = resp > resp_threshold
     counts = keep.sum(axis=0)
 
-    def component_range(k0, k1):
-        with GatherBuffers.borrowed(X, _chunk_rows(counts[k0:k1], d)) as gb:
-            for k in k0 + np.flatnonzero(counts[k0:k1]):
-                rows = np.flatnonzero(keep[:, k])
-                delta = (np.asarray(centers[k], dtype=np.float64)
-                         - np.asarray(means[k], dtype=np.float64))
-                for c0, c1 in _row_chunks(0, rows.size, d):
-                    chunk = rows[c0:c1]
-                    _component_sums(stats, k, gb.centred(chunk, means[k]),
-                                    resp[chunk, k], delta, precision, cov_z[k])
+    def component_range(k0, k1, gb, step):
+        for k in k0 + np.flatnonzero(counts[k0:k1]):
+            rows = np.flatnonzero(keep[:, k])
+            delta = (np.asarray(centers[k], dtype=np.float64)
+                     - np.asarray(means[k], dtype=np.float64))
+            for c0, c1 in _row_chunks(0, rows.size, step):
+                chunk = rows[c0:c1]
+                _component_sums(stats, k, gb.centred(chunk, means[k]),
+                                resp[chunk, k], delta, precision, cov_z[k])
 
-    _over_components(component_range, counts, 4 * d * q)
+    _over_components(component_range, X, counts, 4 * d * q)
     return stats
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._runtime.blas import loop_threads
+from .._runtime.blas import threads_for_loop
 from ._factor_pairs import pair_values
 from ._log_density import _gamma, _shift
 from ._screen import _OVERSAMPLE, _SUBSPACE_STEPS, ComponentTerms, ProjectionScreen
@@ -142,10 +142,11 @@ class FactorScreen(ProjectionScreen):
         screen = cls.from_arrays(means, None, arrays)
         screen.precision = precision
         screen.g[:] = _shift(means, weights)
-        q = precision.n_factors
+        work = K * d * (K + precision.n_factors) * (p + _OVERSAMPLE) \
+            * (_SUBSPACE_STEPS + 1)
         screen.set_components(
             lambda k: component_terms(precision, k, means, screen.g, p),
-            loop_threads(K * d * (K + q) * (p + _OVERSAMPLE)))
+            threads_for_loop(work))
         screen.set_offsets(weights)
         return screen
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._runtime.blas import loop_threads, over_ranges, single_blas_thread
+from .._runtime.blas import over_ranges, single_blas_thread, threads_for_loop
 from .._runtime.gather import GatherBuffers
 from .._runtime.lapack import trmm_left_lower
 from .._runtime.workspace import borrow
@@ -268,7 +268,7 @@ class ProjectionScreen:
         screen.g[:] = _shift(means, weights)
         screen.set_components(
             lambda k: component_screen(u[k], means, means[k], screen.g, p),
-            loop_threads(K * d * d * (p + _OVERSAMPLE)))
+            threads_for_loop(K * d * d * (p + _OVERSAMPLE) * (_SUBSPACE_STEPS + 1)))
         screen.set_offsets(weights)
         return screen
 
