@@ -12,7 +12,9 @@ Reported, from one run:
   against the stacked ``G_k`` and the statistics' GEMM of the rows against the
   weighted posterior factor means) ``+ 8 n d K`` (the diagonal distances and
   second moments), its time at the DGEMM rate of ``numpy.matmul`` on 2000 x 2000
-  matrices measured in the same run, and the useful GFLOP/s;
+  matrices measured in the same run, and the useful GFLOP/s (a reference count:
+  the dense statistics form each chunk's projections again, ``+2 n d K q``, and a
+  block summed over its nonzero pairs skips their GEMM, ``-2 n d K q``);
 * peak memory: ``VmHWM`` of the fresh subprocess that fits, its ``VmRSS`` after
   imports (baseline), the largest ``VmRSS`` sampled every 20 ms during the start
   and during the iterations, and ``extra = VmHWM - baseline`` against ``model + one
