@@ -12,10 +12,10 @@ and scipy are loaded; an executor's hold looks them up afresh.
 import itertools
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
-from joblib import Parallel, delayed
 from threadpoolctl import ThreadpoolController, threadpool_info
 
 # (pid, ThreadpoolController) of this process
@@ -154,8 +154,30 @@ def over_ranges(func, n_items, threads, work=None):
     with single_blas_thread():
         if threads == 1:
             return [func(*r) for r in ranges]
-        return Parallel(n_jobs=threads, backend="threading")(
-            delayed(func)(start, stop) for start, stop in ranges)
+        # (the first range in this thread, the others in the pool's)
+        futures = [_pool(threads - 1).submit(func, *r) for r in ranges[1:]]
+        try:
+            first = func(*ranges[0])
+        finally:
+            wait(futures)  # (no range still writes when this returns or raises)
+        return [first] + [f.result() for f in futures]
+
+
+# (pid, threads, ThreadPoolExecutor): the threads that run over_ranges's ranges,
+# kept for the next loop (a pool started per loop cost as much as the kernels of a
+# block: benchmarks/README.md); made afresh in a forked child
+_POOL = None
+
+
+def _pool(threads):
+    """A pool of at least ``threads`` threads of this process."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < threads:
+        if _POOL is not None and _POOL[0] == os.getpid():
+            _POOL[2].shutdown(wait=False)
+        _POOL = (os.getpid(), threads, ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="emgmm-components"))
+    return _POOL[2]
 
 
 #: Flops of a loop over components beyond which :func:`loop_threads` gives it
