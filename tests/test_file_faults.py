@@ -291,3 +291,14 @@ def _hdf5_bytes(tmp_path):
     with h5py.File(path, "w") as f:
         f["x"] = np.random.default_rng(0).standard_normal((100, 3))
     return bytearray(path.read_bytes())
+
+
+def test_truncated_npy_is_named_truncated(tmp_path):
+    """A .npy cut short (its data shorter than its header says) is named truncated,
+    not left at numpy's mmap wording."""
+    path = tmp_path / "X.npy"
+    np.save(path, np.ones((100, 3)))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 40)
+    with pytest.raises(ValueError, match=r"X\.npy.*shorter than its header says"):
+        as_source(str(path))

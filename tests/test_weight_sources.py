@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from emgmm._io import weights as ws
+from emgmm._io.sources import MissingDatasetError
 
 REPO_ROOT = Path(ws.__file__).resolve().parents[2]
 N = 100
@@ -156,8 +157,9 @@ def test_missing_files_and_datasets(tmp_path):
     h5 = tmp_path / "w.h5"
     with h5py.File(h5, "w") as f:
         f.create_dataset("w", data=np.ones(N))
-    with pytest.raises(KeyError, match="no dataset '/nope'"):
+    with pytest.raises(MissingDatasetError, match="no dataset '/nope'") as info:
         ws.as_weight_source(f"{h5}:/nope", N)
+    assert str(info.value).startswith("HDF5 file")  # (its message, as for X)
     text = tmp_path / "w.txt"
     text.write_text("1\n2\n")
     with pytest.raises(ValueError, match="not a .npy file"):
@@ -250,3 +252,13 @@ def test_fingerprint_tells_weights_apart_whatever_the_source(w, tmp_path):
     other[50] += 1.0
     assert a != ws.weights_fingerprint(ws.as_weight_source(other, N))
     assert ws.weights_fingerprint(None) is None
+
+
+def test_truncated_npy_weights_are_named_truncated(tmp_path):
+    """A .npy of weights cut short says so, naming the weights."""
+    path = tmp_path / "w.npy"
+    np.save(path, np.ones(N))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 16)
+    with pytest.raises(ValueError, match=r"sample_weight.*truncated"):
+        ws.as_weight_source(str(path), N)

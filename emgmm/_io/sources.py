@@ -96,6 +96,15 @@ def check_block_finite(block, start, where):
     )
 
 
+def npy_error(description, exc):
+    """The ``ValueError`` for a file ``np.load`` could not read as a ``.npy``
+    array: one shorter than its header says is named truncated."""
+    reason = str(exc)
+    if "mmap length is greater than file size" in reason:
+        reason = "the file is shorter than its header says (truncated?)"
+    return ValueError(f"Cannot read {description} as a .npy array: {reason}")
+
+
 class MissingDatasetError(KeyError):
     """An HDF5 file without the named dataset: a ``KeyError`` (as h5py raises) that
     prints as its message, not as the quoted repr a ``KeyError`` prints."""
@@ -643,7 +652,7 @@ class MemmapSource(Source):
         except FileNotFoundError:
             raise FileNotFoundError(f"No such .npy file: {path}") from None
         except ValueError as exc:
-            raise ValueError(f"Cannot read {path} as a .npy array: {exc}") from None
+            raise npy_error(path, exc) from None
         if not isinstance(mm, np.memmap):
             raise ValueError(f"{path} is not a plain .npy array file.")
         _check_numeric_dtype(mm.dtype, path)

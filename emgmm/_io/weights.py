@@ -22,6 +22,7 @@ import numpy as np
 from .sources import (
     _REOPENABLE_DRIVERS,
     OPEN_LOCK,
+    MissingDatasetError,
     _check_descriptor_unchanged,
     _check_file_unchanged,
     _file_state,
@@ -29,6 +30,7 @@ from .sources import (
     hdf5_error,
     is_hdf5_dataset,
     is_npy,
+    npy_error,
     read_exactly,
     split_hdf5_spec,
 )
@@ -184,8 +186,7 @@ class MemmapWeights(WeightSource):
         try:
             mm = np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
-            raise ValueError(
-                f"Cannot read {description} as a .npy array: {exc}") from None
+            raise npy_error(description, exc) from None
         if not isinstance(mm, np.memmap) or not mm.flags.c_contiguous:
             raise ValueError(f"{description} is not a plain 1-D .npy array file.")
         _check_dtype(mm.dtype, description)
@@ -243,8 +244,9 @@ class HDF5Weights(WeightSource):
             return self._file[self.dataset]
         except KeyError:
             self.close()
-            raise KeyError(f"HDF5 file {self.filename} has no dataset "
-                           f"{self.dataset!r} ({self.description}).") from None
+            raise MissingDatasetError(
+                f"HDF5 file {self.filename} has no dataset {self.dataset!r} "
+                f"({self.description}).") from None
 
     def _read(self, start, stop):
         block = self._dataset()[start:stop]
