@@ -451,6 +451,8 @@ def test_m_step_and_factorisation_in_threads_equal_one_thread(threads):
 
 
 def test_q0_equals_sklearn_diag():
+    """No factors and no floor (reg_covar=0: 'factor' floors its noise at reg_covar,
+    scikit-learn's 'diag' adds it): scikit-learn's fit."""
     rng = np.random.default_rng(7)
     K, d, n = 3, 5, 600
     X = np.concatenate([rng.normal(loc=4 * k, size=(n // K, d)) for k in range(K)])
@@ -459,11 +461,11 @@ def test_q0_equals_sklearn_diag():
     var0 = np.ones((K, d))
     sk = SkGaussianMixture(K, covariance_type="diag", weights_init=w0, means_init=mu0,
                            precisions_init=1.0 / var0, max_iter=15, tol=0,
-                           reg_covar=1e-6)
+                           reg_covar=0.0)
     with pytest.warns(ConvergenceWarning):
         sk.fit(X)
     (w, mu, _W, psi), bounds = _em(X, w0, mu0, np.zeros((K, d, 0)), var0, 15,
-                                  reg_covar=1e-6)
+                                  reg_covar=0.0)
     # scikit-learn's lower_bound_ is the mean log-likelihood of its last E step
     np.testing.assert_allclose(bounds[-1], sk.lower_bound_, rtol=1e-10)
     np.testing.assert_allclose(mu, sk.means_, rtol=1e-8)

@@ -192,9 +192,11 @@ def test_precisions_init_refused(data):
 
 
 def test_q0_fits_like_diag(data):
-    fa = _fit(data, n_factors=0, max_iter=5, tol=0.0)
+    """With no factors and no floor (reg_covar=0: 'factor' floors its noise at
+    reg_covar, 'diag' adds it) the fits are the same."""
+    fa = _fit(data, n_factors=0, max_iter=5, tol=0.0, reg_covar=0.0)
     diag = GaussianMixture(K, covariance_type="diag", random_state=0, max_iter=5,
-                           tol=0.0)
+                           tol=0.0, reg_covar=0.0)
     with pytest.warns(ConvergenceWarning):
         diag.fit(data)
     np.testing.assert_allclose(fa.lower_bounds_, diag.lower_bounds_, rtol=1e-10)
@@ -378,3 +380,20 @@ def test_blocks_within_the_chunked_working_set(n, d, K, q, working_memory):
     assert rows * kind.bytes_per_row(d, K, 8) <= budget
     assert 2 * rows * kind.bytes_per_row(d, K, 8) > budget  # not needlessly small
     assert -(-n // rows) % memory.BLOCK_MULTIPLE == 0
+
+
+@pytest.mark.parametrize("n_components", [1, 2])
+def test_case_c09_flat_cluster_bound_never_decreases(n_components):
+    """A cluster of 20 points on a 2-D plane in 30-D (CASES C09b), with the default
+    reg_covar: the noise floored at reg_covar (not raised by it) keeps EM's lower
+    bound from decreasing; adding reg_covar made it fall at every iteration."""
+    rng = np.random.default_rng(0)
+    flat = rng.normal(size=(20, 2)) @ rng.normal(size=(2, 30)) + 10
+    X = flat if n_components == 1 else np.vstack([rng.normal(size=(300, 30)), flat])
+    gm = GaussianMixture(n_components, covariance_type="factor", n_factors=2,
+                         random_state=0, tol=0.0, max_iter=8)
+    with pytest.warns(ConvergenceWarning):
+        gm.fit(X)
+    bounds = np.array(gm.lower_bounds_)
+    assert np.all(np.diff(bounds) >= -1e-9 * np.abs(bounds[1:])), bounds
+    assert np.all(gm.noise_variance_ >= gm.reg_covar)

@@ -345,7 +345,8 @@ def test_factor_stepwise_update_is_the_convex_combination_around_running_centres
 
 
 def _numpy_factor_m_step(s, centers, reg):
-    """Ghahramani & Hinton's M step in numpy, per component (no 10 eps guards)."""
+    """Ghahramani & Hinton's M step in numpy, per component (no 10 eps guards), the
+    noise floored at ``reg``."""
     K, d, q = s["sum_xz"].shape
     weights = s["nk"] / s["nk"].sum()
     means, W, psi = np.empty((K, d)), np.empty((K, d, q)), np.empty((K, d))
@@ -355,7 +356,8 @@ def _numpy_factor_m_step(s, centers, reg):
         rhs = np.hstack([s["sum_xz"][k], s["sum_x"][k][:, None]])
         aug = np.linalg.solve(omega, rhs.T).T
         W[k], means[k] = aug[:, :q], centers[k] + aug[:, q]
-        psi[k] = (s["sum_xx"][k] - np.sum(aug * rhs, axis=1)) / s["nk"][k] + reg
+        psi[k] = np.maximum((s["sum_xx"][k] - np.sum(aug * rhs, axis=1)) / s["nk"][k],
+                            reg)
     return weights, means, W, psi
 
 

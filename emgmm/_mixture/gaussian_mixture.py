@@ -67,7 +67,8 @@ class GaussianMixture(BaseMixture):
         per-sample log-likelihood (nats per sample) between two iterations is below
         ``tol``.
     reg_covar : float, default=1e-6
-        Non-negative value added to the diagonal of every covariance.
+        Non-negative value added to the diagonal of every covariance ('factor':
+        the floor of its noise variances, its M step's maximiser under that bound).
     max_iter : int, default=100
         Number of EM iterations per initialisation.
     n_init : int, default=1

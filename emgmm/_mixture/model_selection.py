@@ -105,7 +105,8 @@ class GaussianMixtureIC(DensityMixin, BaseEstimator):
     tol : float, default=1e-3
         Convergence threshold of every candidate's EM.
     reg_covar : float, default=1e-6
-        Non-negative value added to the diagonal of every covariance.
+        Non-negative value added to the diagonal of every covariance ('factor':
+        the floor of its noise variances, its M step's maximiser under that bound).
     max_iter : int, default=100
         EM iterations per initialisation.
     n_init : int, default=1

@@ -488,12 +488,13 @@ class FactorCovariance(CovarianceType):
         """The expected statistics of the model's own distribution around its
         means, per unit of weight: ``sum_zz = w_k I`` (``E[z z^T] = I``), ``sum_z =
         0``, ``sum_xz = w_k W_k`` (``E[u z^T] = W``) and ``sum_xx = w_k (diag(W_k
-        W_k^T) + psi_k - reg_covar)``; the M step maps them back to ``(W_k, psi_k)``
-        (up to its ``10 eps`` guards). ``covariances``: packed (K, d + q, q + 1)."""
+        W_k^T) + psi_k)``; the M step maps them back to ``(W_k, psi_k)`` (``psi_k >=
+        reg_covar``, its floor; up to its ``10 eps`` guards). ``covariances``:
+        packed (K, d + q, q + 1)."""
         W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
         w = np.asarray(weights, dtype=np.float64)
         K, _, q = W.shape
-        return {"sum_xx": w[:, None] * ((W**2).sum(axis=2) + psi - reg_covar),
+        return {"sum_xx": w[:, None] * ((W**2).sum(axis=2) + psi),
                 "sum_xz": w[:, None, None] * W, "sum_z": np.zeros((K, q)),
                 "sum_zz": w[:, None, None] * np.eye(q)}
 

@@ -29,9 +29,13 @@ def m_step(stats, centers, reg_covar, threads=1):
     step before the loadings). ``N_k`` gets ``10 eps`` as in scikit-learn (also on
     the diagonal of ``S_zz``, so that an empty component gets ``W = 0``).
 
-    The noise variances are floored: ``psi = max(psi_raw, 0) + reg_covar``, so
-    ``psi >= reg_covar`` (``reg_covar`` on the diagonal of ``Sigma_k``, as the other
-    types add it). With ``q = 0`` this is the 'diag' M step.
+    The noise variances are floored: ``psi = max(psi_raw, reg_covar)``, the
+    maximiser of the expected complete-data log-likelihood over ``psi >=
+    reg_covar`` (the loadings' maximiser does not depend on ``psi``), so that the
+    lower bound never decreases, as scikit-learn's ``FactorAnalysis`` floors its
+    noise. (Adding ``reg_covar`` to ``max(psi_raw, 0)``, as the other types add it
+    to their variances, is no maximiser: on a flat cluster the bound fell at every
+    iteration.) With ``q = 0`` and ``reg_covar=0`` this is the 'diag' M step.
 
     Parameters
     ----------
@@ -85,8 +89,7 @@ def _component_m_step(stats, k, nk, reg_covar, loadings, noise, shift):
     shift[...] = aug[q]
     explained = np.einsum("dq,dq->d", loadings, stats.sum_xz[k])
     explained += shift * stats.sum_x[k]
-    np.maximum((stats.sum_xx[k] - explained) / nk, 0.0, out=noise)
-    noise += reg_covar
+    np.maximum((stats.sum_xx[k] - explained) / nk, reg_covar, out=noise)
 
 
 def _principal_axes(A, n_factors, random_state):
