@@ -339,6 +339,10 @@ def test_schedule_choice_and_refusal():
     with pytest.raises(MemoryError,
                        match=r"needs about [\d,]+ MiB .*budget of 1,024 MiB"):
         est.fit(X)
+    factor = GaussianMixture(200, covariance_type="factor", n_factors=1000,
+                             memory_limit=1024, n_jobs=2)
+    with pytest.raises(MemoryError, match=r"features, a smaller n_factors, a cheaper"):
+        factor.fit(X)
 
 
 def test_schedule_is_validated(X):

@@ -794,3 +794,17 @@ def test_factor_checkpoint_resumes_the_stream(factor_data, tmp_path):
     resumed = _factor(checkpoint=checkpoint).partial_fit(batches[2])
     assert resumed.n_steps_ == 3
     assert_same_factor_model(resumed, est.partial_fit(batches[2]), rtol=1e-14)
+
+
+def test_partial_fit_of_another_shape_names_partial_fit():
+    """partial_fit after set_params of another shape: the error names partial_fit
+    and fit (not warm_start, which the user did not set), and keeps the model."""
+    X = make_blobs_data(300, 4, 3, seed=1)
+    gm = GaussianMixture(3, covariance_type="factor", n_factors=2, random_state=0)
+    gm.partial_fit(X)
+    before = gm.means_.copy()
+    gm.set_params(n_factors=3)
+    with pytest.raises(ValueError, match=r"^partial_fit continues the fitted model "
+                                         r".*n_factors=3.*Call fit to fit a new model"):
+        gm.partial_fit(X)
+    np.testing.assert_array_equal(gm.means_, before)

@@ -274,3 +274,15 @@ def test_warm_start_refuses_another_feature_count():
     with pytest.raises(ValueError, match="warm_start=True continues the fitted model"):
         gm.fit(X[:, :2])
     assert gm.n_features_in_ == 3
+
+
+def test_warm_start_into_another_type_names_the_missing_arrays():
+    """A fitted 'factor' model warm-started as 'full': the error names the arrays the
+    fitted model does not have, not a shape of ()."""
+    X = make_blobs_data(300, 3, 3, seed=0)
+    gm = GaussianMixture(3, covariance_type="factor", n_factors=1, warm_start=True,
+                         random_state=0).fit(X)
+    gm.set_params(covariance_type="full")
+    with pytest.raises(ValueError, match=r"warm_start=True continues the fitted model "
+                                         r"\(means of shape \(3, 3\), .* missing"):
+        gm.fit(X)

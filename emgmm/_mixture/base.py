@@ -369,28 +369,33 @@ class BaseMixture(OnlineMixin, DensityMixin, BaseEstimator, metaclass=abc.ABCMet
         dtype), as :meth:`_set_model` stores them."""
         return self._kind().precisions_from_cholesky(np.asarray(precisions_cholesky))
 
-    def _current_model(self):
+    def _current_model(self, continued_by="warm_start=True"):
         """The fitted parameters to warm-start from, checked against the parameters.
 
         Raises
         ------
         ValueError
             When ``n_components``, ``covariance_type`` or the number of features
-            differ from the fitted model's.
+            differ from the fitted model's (the message names ``continued_by``).
         """
         K, d = self.n_components, self.n_features_in_
         kind = self._kind()
         expected = {"means": (K, d), **kind.stored_shapes(K, d)}
-        found = {name: np.shape(self.__dict__.get(name + "_")) for name in expected}
+        found = {name: np.shape(self.__dict__[name + "_"])
+                 if name + "_" in self.__dict__ else None for name in expected}
         if found != expected:
-            shapes = ", ".join(f"{name} of shape {shape}"
+            shapes = ", ".join(f"{name} missing" if shape is None
+                               else f"{name} of shape {shape}"
                                for name, shape in found.items())
             params = "".join(f", {name}={getattr(self, name)!r}"
                              for name in kind.parameters)
+            remedy = ("Set warm_start=False to fit a new model"
+                      if continued_by.startswith("warm_start")
+                      else "Call fit to fit a new model, or set the parameters back")
             raise ValueError(
-                f"warm_start=True continues the fitted model ({shapes}), which does "
+                f"{continued_by} continues the fitted model ({shapes}), which does "
                 f"not match n_components={K}, covariance_type={self.covariance_type!r}"
-                f"{params} and {d} features. Set warm_start=False to fit a new model."
+                f"{params} and {d} features. {remedy}."
             )
         return self._fitted_model()
 

@@ -371,7 +371,7 @@ default='dirichlet_process'
         """The fitted lower bound: the last iteration's (scikit-learn's)."""
         return self.lower_bound_
 
-    def _current_model(self):
+    def _current_model(self, continued_by="warm_start=True"):
         if isinstance(self.weight_concentration_, tuple) != (
                 self.weight_concentration_prior_type == "dirichlet_process"):
             raise ValueError(
@@ -379,7 +379,7 @@ default='dirichlet_process'
                 "concentration prior is not weight_concentration_prior_type="
                 f"{self.weight_concentration_prior_type!r}. Set warm_start=False to "
                 "fit a new model.")
-        return super()._current_model()
+        return super()._current_model(continued_by)
 
     def _fitted_model(self):
         """The fitted posterior as a float64 :class:`VariationalModel`."""

@@ -198,7 +198,7 @@ class OnlineMixin:
                         model = self._pooled_start(model)
                     running = None
                 else:
-                    model = self._current_model()
+                    model = self._current_model(continued_by="partial_fit")
                     running = self._online_statistics
                     from_batch = False
                 kwargs = {} if weights is None else {"weights": weights}

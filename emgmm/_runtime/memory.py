@@ -411,12 +411,16 @@ def choose_schedule(schedule, n_components, n_features, covariance_type, n_worke
         other = "" if schedule == "components" or n_workers == 1 \
             else " schedule='components',"
         kind_name = covariance_type.name
+        # (a type's own parameters, e.g. 'factor''s n_factors, size it too)
+        smaller = "".join(f" a smaller {name},"
+                          for name in getattr(covariance_type, "parameters", ()))
         raise MemoryError(
             f"The model needs about {_mib(estimate)} MiB under the '{schedule}' "
             f"schedule with {n_workers} worker(s) ({n_components} '{kind_name}' "
             f"components of {n_features} features, float64), more than the budget of "
-            f"{_mib(budget)} MiB. Use fewer components or features, a cheaper "
-            f"covariance_type ('diag'), fewer n_jobs,{other} or raise memory_limit."
+            f"{_mib(budget)} MiB. Use fewer components or features,{smaller} a "
+            f"cheaper covariance_type ('diag'), fewer n_jobs,{other} or raise "
+            f"memory_limit."
         )
     return schedule, estimate
 
