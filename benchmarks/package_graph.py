@@ -18,6 +18,10 @@ import ast
 import pathlib
 import sys
 
+import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
 
 def modules(tree):
     """``{dotted name: (path, is a package __init__)}`` of every module of emgmm."""
@@ -103,40 +107,19 @@ def package_graph(graph):
 
 
 def cycles(graph):
-    """The strongly connected sets of more than one node (Tarjan, iterative)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is None:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    members = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        members.append(member)
-                        if member == node:
-                            break
-                    if len(members) > 1:
-                        found.append(sorted(members))
-            elif child not in index:
-                index[child] = low[child] = len(index)
-                stack.append(child)
-                on_stack.add(child)
-                work.append((child, iter(sorted(graph.get(child, ())))))
-            elif child in on_stack:
-                low[node] = min(low[node], index[child])
-    return sorted(found)
+    """The strongly connected sets of more than one node of ``graph`` ({node:
+    nodes it imports}), sorted (scipy's strong components)."""
+    nodes = sorted(set(graph).union(*graph.values()))
+    number = {node: i for i, node in enumerate(nodes)}
+    pairs = [(number[a], number[b]) for a, targets in graph.items() for b in targets]
+    rows, cols = zip(*pairs, strict=True) if pairs else ((), ())
+    adjacency = coo_matrix((np.ones(len(pairs)), (rows, cols)),
+                           shape=(len(nodes), len(nodes)))
+    _, labels = connected_components(adjacency, directed=True, connection="strong")
+    groups = {}
+    for node, label in zip(nodes, labels, strict=True):
+        groups.setdefault(label, []).append(node)
+    return sorted(sorted(g) for g in groups.values() if len(g) > 1)
 
 
 def main(argv=None):
