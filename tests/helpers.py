@@ -436,3 +436,11 @@ def cli_usage_error(argv, capsys):
     last = err.rstrip("\n").splitlines()[-1]
     assert last.startswith(f"emgmm {argv[0]}: error: "), err
     return last
+
+
+def assert_screens_equal(got, want):
+    """Two certified screens hold the same terms, bitwise."""
+    for name in ("B", "c", "directions", "offset", "err_coef", "q_norm", "u_norm",
+                 "log_det_err"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name),
+                                      err_msg=name)

@@ -115,19 +115,25 @@ def test_log_density_float32_projection_close():
     np.testing.assert_allclose(single, exact, rtol=1e-4)
 
 
-def test_float32_with_margin_exact_where_it_matters():
-    """Factors explaining most of the variance: ||p||^2 ~ 1e4 cancels in float32;
-    the pairs within the margin of their row's best are recomputed in float64."""
+def _strong_factors_float32():
+    """float32 rows of 6 components whose 8 factors explain most of the variance
+    (d=300): ``(X, labels, weights, means, factorisation)``."""
     rng = np.random.default_rng(20)
     K, d, q, n = 6, 300, 8, 400
     means = rng.normal(scale=2.0, size=(K, d))
     W = rng.normal(size=(K, d, q))
     psi = rng.uniform(0.2, 1.0, size=(K, d))
-    weights = np.full(K, 1.0 / K)
     lab = rng.integers(K, size=n)
     X = (means[lab] + np.einsum("ndq,nq->nd", W[lab], rng.normal(size=(n, q)))
          + rng.normal(size=(n, d)) * np.sqrt(psi[lab])).astype(np.float32)
-    prec = fparams.factorize(W, psi)
+    return X, lab, np.full(K, 1.0 / K), means, fparams.factorize(W, psi)
+
+
+def test_float32_with_margin_exact_where_it_matters():
+    """Factors explaining most of the variance: ||p||^2 ~ 1e4 cancels in float32;
+    the pairs within the margin of their row's best are recomputed in float64."""
+    X, lab, weights, means, prec = _strong_factors_float32()
+    n = len(X)
     exact = fdensity.log_gaussian_prob(X.astype(np.float64), means, prec, weights)
     plain = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32)[0]
     refined = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32,
@@ -146,17 +152,8 @@ def test_float32_projections_of_a_float64_block_refined_where_it_matters():
     a float32 block cast to float64 (the engine's dense path after a screen) with
     float32 projections has the pairs within the margin of their row's best exact
     (as the float32 block has them), the cancellation of the others within bounds."""
-    rng = np.random.default_rng(20)
-    K, d, q, n = 6, 300, 8, 400
-    means = rng.normal(scale=2.0, size=(K, d))
-    W = rng.normal(size=(K, d, q))
-    psi = rng.uniform(0.2, 1.0, size=(K, d))
-    weights = np.full(K, 1.0 / K)
-    lab = rng.integers(K, size=n)
-    X32 = (means[lab] + np.einsum("ndq,nq->nd", W[lab], rng.normal(size=(n, q)))
-           + rng.normal(size=(n, d)) * np.sqrt(psi[lab])).astype(np.float32)
-    X = X32.astype(np.float64)
-    prec = fparams.factorize(W, psi)
+    X32, lab, weights, means, prec = _strong_factors_float32()
+    X, n = X32.astype(np.float64), len(X32)
     exact = fdensity.log_gaussian_prob(X, means, prec, weights)
     plain = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32)[0]
     refined = fdensity.estimate_log_prob(X, means, prec, weights, dtype=np.float32,

@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import assert_screens_equal
 from numpy.testing import assert_allclose
 from scipy.special import logsumexp
 
@@ -176,6 +177,21 @@ def test_pair_statistics_equal_the_dense_statistics(threshold):
     assert got.n_samples == dense.n_samples == len(X)
 
 
+def _pair_problem(case, seed, n, pair_seed, n_pairs):
+    """A case model with sparse responsibilities (as after a screened E step), other
+    centres, ``n_pairs`` random pairs sorted by component and the model's screen:
+    ``(X, weights, means, precision, resp, centers, comps, rows, screen)``."""
+    X, weights, means, precision = case_model(case, seed=seed, n=n)
+    rng = np.random.default_rng(pair_seed)
+    resp = rng.dirichlet(np.full(len(weights), 0.2), size=len(X))
+    resp[resp < 1e-2] = 0.0
+    centers = means + rng.normal(scale=0.1, size=means.shape)
+    comps = np.sort(rng.integers(len(weights), size=n_pairs))
+    rows = rng.integers(len(X), size=n_pairs)
+    return (X, weights, means, precision, resp, centers, comps, rows,
+            FactorScreen.build(weights, means, precision))
+
+
 @pytest.mark.parametrize("chunk_rows", [1, 7])
 def test_gathered_rows_by_chunks_equal_the_whole_gather(monkeypatch, chunk_rows):
     """Each component's gathered rows taken a few at a time (GATHER_CHUNK_BYTES,
@@ -183,14 +199,8 @@ def test_gathered_rows_by_chunks_equal_the_whole_gather(monkeypatch, chunk_rows)
     equal those of one gather of all its rows to 1e-12, and the dense sums."""
     from emgmm.covariance import _factor_pairs as factor_pairs
 
-    X, weights, means, precision = case_model("separated", seed=4, n=400)
-    rng = np.random.default_rng(6)
-    resp = rng.dirichlet(np.full(len(weights), 0.2), size=len(X))
-    resp[resp < 1e-2] = 0.0
-    centers = means + rng.normal(scale=0.1, size=means.shape)
-    comps = np.sort(rng.integers(len(weights), size=300))
-    rows = rng.integers(len(X), size=300)
-    scr = FactorScreen.build(weights, means, precision)
+    X, weights, means, precision, resp, centers, comps, rows, scr = _pair_problem(
+        "separated", 4, 400, 6, 300)
     whole = (pair_values(X, means, precision, scr.offset, comps, rows, scr.u_norm),
              pair_statistics(X, resp, centers, means, precision))
     monkeypatch.setattr(factor_pairs, "GATHER_CHUNK_BYTES", 8 * X.shape[1] * chunk_rows)
@@ -361,14 +371,8 @@ def test_pair_kernels_in_threads_equal_the_serial_ones(monkeypatch, threads):
     the pairs' values, bounds and statistics are bitwise those of one thread."""
     from emgmm._runtime import blas
 
-    X, weights, means, precision = case_model("overlapping", seed=7, n=600)
-    rng = np.random.default_rng(8)
-    resp = rng.dirichlet(np.full(len(weights), 0.2), size=len(X))
-    resp[resp < 1e-2] = 0.0
-    centers = means + rng.normal(scale=0.1, size=means.shape)
-    comps = np.sort(rng.integers(len(weights), size=900))
-    rows = rng.integers(len(X), size=900)
-    scr = FactorScreen.build(weights, means, precision)
+    X, weights, means, precision, resp, centers, comps, rows, scr = _pair_problem(
+        "overlapping", 7, 600, 8, 900)
 
     def run():
         return (pair_values(X, means, precision, scr.offset, comps, rows, scr.u_norm),
@@ -401,7 +405,4 @@ def test_screen_built_in_threads_equals_the_serial_one(monkeypatch):
         threaded = FactorScreen.build(weights, means, precision)
     finally:
         blas.release_process_limit()
-    for name in ("B", "c", "directions", "offset", "err_coef", "q_norm", "u_norm",
-                 "log_det_err"):
-        np.testing.assert_array_equal(getattr(threaded, name), getattr(serial, name),
-                                      err_msg=name)
+    assert_screens_equal(threaded, serial)

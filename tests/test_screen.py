@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import random_spd, sample_mixture
+from helpers import assert_screens_equal, random_spd, sample_mixture
 from numpy.testing import assert_allclose
 from scipy.special import logsumexp
 
@@ -134,10 +134,7 @@ def test_screen_built_in_threads_equals_the_serial_one(monkeypatch):
         threaded = ProjectionScreen.build(weights, means, U, 4)
     finally:
         blas.release_process_limit()
-    for name in ("B", "c", "directions", "offset", "err_coef", "q_norm", "u_norm",
-                 "log_det_err"):
-        np.testing.assert_array_equal(getattr(threaded, name), getattr(serial, name),
-                                      err_msg=name)
+    assert_screens_equal(threaded, serial)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
