@@ -132,12 +132,27 @@ def test_zero_weight_equals_dropping_the_row(X, covariance_type, schedule):
     assert_same_model(weighted, dropped)
 
 
+@pytest.mark.parametrize("weight", [2.5, 1e-30, 1e30])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
-def test_constant_weight_equals_no_weights(X, covariance_type):
-    weighted = _fit(_fixed(X, covariance_type), X, sample_weight=np.full(len(X), 2.5))
+def test_constant_weight_equals_no_weights(X, covariance_type, weight):
+    """Of any scale: weights of 1e-30 once drowned in the 10 eps guard of N_k
+    (every mean at the origin); fit reads them scaled by a power of two."""
+    weighted = _fit(_fixed(X, covariance_type), X,
+                    sample_weight=np.full(len(X), weight))
     plain = _fit(_fixed(X, covariance_type), X)
     np.testing.assert_allclose(weighted.lower_bounds_, plain.lower_bounds_, rtol=1e-12)
     assert_same_model(weighted, plain, rtol=1e-11)
+
+
+def test_tiny_weights_shared_with_worker_processes_keep_their_scale(X):
+    """Weights dumped for process workers are read with fit's scale there too."""
+    tiny = np.linspace(1.0, 3.0, len(X)) * 1e-25
+    one = _fit(_fixed(X, "diag"), X, sample_weight=tiny)
+    two = _fit(_fixed(X, "diag").set_params(n_jobs=2), X, sample_weight=tiny)
+    plain = _fit(_fixed(X, "diag"), X, sample_weight=tiny * 1e25)
+    np.testing.assert_allclose(two.lower_bounds_, one.lower_bounds_, rtol=1e-12)
+    np.testing.assert_allclose(one.lower_bounds_, plain.lower_bounds_, rtol=1e-10)
+    assert_same_model(two, one, rtol=1e-10)
 
 
 def test_all_ones_and_none_agree_bit_for_bit(X):

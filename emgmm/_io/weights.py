@@ -95,6 +95,9 @@ class WeightSource(abc.ABC):
 
     shareable = True
     checked = False  # whether every value was checked already (then reads are not)
+    #: A power of two every weight is multiplied by as it is read (exactly):
+    #: :func:`unit_scale`, which ``fit`` sets.
+    scale = 1.0
 
     @abc.abstractmethod
     def _read(self, start, stop):
@@ -121,6 +124,8 @@ class WeightSource(abc.ABC):
             block.flags.writeable = False
         if not self.checked:
             check_weight_block(block, start, self.description)
+        if self.scale != 1.0:
+            block = block * self.scale
         return block
 
     def take(self, indices, block_size):
@@ -416,6 +421,19 @@ def check_weights(weights, n_components=None):
     return WeightTotals(total, positive)
 
 
+def unit_scale(total, n_samples):
+    """The power of two that brings the mean of weights summing to ``total`` over
+    ``n_samples`` rows to within a factor of ``sqrt(2)`` of one: multiplying by it
+    is exact, and the sums of ``fit`` are then those of weights of about one
+    (``N_k`` gets ``10 eps`` added, which would swamp weights of 1e-20).
+
+    Returns
+    -------
+    float
+    """
+    return float(2.0 ** -np.round(np.log2(total / n_samples)))
+
+
 def dump_weights(weights, folder):
     """The weights as a ``.npy`` file in ``folder`` (for process workers), written
     once; file-backed weights are returned as they are.
@@ -431,6 +449,7 @@ def dump_weights(weights, folder):
             allow_pickle=False)
     _, source = MemmapWeights.from_npy(path, weights.description)
     source.checked = True
+    source.scale = weights.scale
     return source
 
 

@@ -48,7 +48,7 @@ from .._io.sources import (
     as_source,
     is_file_backed,
 )
-from .._io.weights import as_weight_source, check_weights
+from .._io.weights import as_weight_source, check_weights, unit_scale
 from .._runtime.executor import Executor
 from .._runtime.memory import (
     OUTPUT_TASK_BYTES,
@@ -547,7 +547,7 @@ h5py.Dataset or None, default=None
             )
         inits = self._check_initial_parameters(d) if first else None
         sample_weights, total_weight = self._weights_and_total(
-            sample_weight, n, first)
+            sample_weight, n, first, stream)
         compute_dtype = self._compute_dtype(source)
         out_dtype = self._output_dtype(compute_dtype, source.dtype)
         block_size = self._block_size(source)
@@ -572,10 +572,13 @@ h5py.Dataset or None, default=None
             estimate, block_nbytes, checkpointer, sample_weights, total_weight,
             schedule=schedule)
 
-    def _weights_and_total(self, sample_weight, n_samples, first):
+    def _weights_and_total(self, sample_weight, n_samples, first, stream=False):
         """``(sample_weights, total_weight)`` of a fit: the checked weights source
         (``None`` without weights) and their sum (``n_samples`` without); ``first``:
-        the weights must give every component a share."""
+        the weights must give every component a share. A fit (not a ``stream``,
+        whose batches weigh against each other) reads them scaled to a mean of
+        about one (:func:`~emgmm._io.weights.unit_scale`): weights of any scale fit
+        alike."""
         sample_weights = as_weight_source(sample_weight, n_samples)
         try:
             total_weight = n_samples if sample_weights is None else check_weights(
@@ -583,6 +586,9 @@ h5py.Dataset or None, default=None
         except BaseException:
             sample_weights.close()
             raise
+        if sample_weights is not None and not stream:
+            sample_weights.scale = unit_scale(total_weight, n_samples)
+            total_weight *= sample_weights.scale
         return sample_weights, total_weight
 
     def _executor(self, source):
