@@ -384,16 +384,22 @@ def test_resp_threshold_leaves_out_pairs():
 # ------------------------------------------------------------------- M step
 
 
-def test_m_step_equals_uncentred_augmented_formula():
-    """Ghahramani & Hinton's update written with uncentred x and z~ = [z; 1]."""
-    rng = np.random.default_rng(6)
-    K, d, q, n = 2, 7, 3, 300
+def _statistics_problem(seed, K, d, q, n):
+    """Rows around a random model's means, Dirichlet responsibilities and their
+    dense statistics: ``(X, resp, means, W, psi, stats)``."""
+    rng = np.random.default_rng(seed)
     _weights, means, W, psi = _random_model(rng, K, d, q)
     X = means[rng.integers(K, size=n)] + rng.normal(scale=2.0, size=(n, d))
     resp = rng.dirichlet(np.ones(K), size=n)
     prec = fparams.factorize(W, psi)
     _, proj = fdensity.estimate_log_prob(X, means, prec)
-    stats = fstats.block_statistics(X, resp, means, prec, proj)
+    return X, resp, means, W, psi, fstats.block_statistics(X, resp, means, prec, proj)
+
+
+def test_m_step_equals_uncentred_augmented_formula():
+    """Ghahramani & Hinton's update written with uncentred x and z~ = [z; 1]."""
+    X, resp, means, W, psi, stats = _statistics_problem(6, 2, 7, 3, 300)
+    K, q, n = 2, 3, 300
     _, new_means, new_W, new_psi = fmstep.m_step(stats, means, 0.0)
     for k in range(K):
         r = resp[:, k]
@@ -426,14 +432,7 @@ def test_m_step_floor_and_empty_component():
 @pytest.mark.parametrize("threads", [2, 5])
 def test_m_step_and_factorisation_in_threads_equal_one_thread(threads):
     """Components in ranges of threads give bitwise the M step and factors of one."""
-    rng = np.random.default_rng(16)
-    K, d, q, n = 7, 9, 3, 400
-    _weights, means, W, psi = _random_model(rng, K, d, q)
-    X = means[rng.integers(K, size=n)] + rng.normal(scale=2.0, size=(n, d))
-    resp = rng.dirichlet(np.ones(K), size=n)
-    prec = fparams.factorize(W, psi)
-    _, proj = fdensity.estimate_log_prob(X, means, prec)
-    stats = fstats.block_statistics(X, resp, means, prec, proj)
+    _, _, means, _, _, stats = _statistics_problem(16, 7, 9, 3, 400)
     one = fmstep.m_step(stats, means, 1e-6)
     many = fmstep.m_step(stats, means, 1e-6, threads=threads)
     for a, b in zip(many, one, strict=True):
