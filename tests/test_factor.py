@@ -666,6 +666,60 @@ def test_bad_components_and_recentring():
     assert not needs_recentring(stats, np.zeros((2, 3)), broad, kind).any()
 
 
+def test_sum_abs_x_bounds_the_terms_that_sum_x_is_summed_from():
+    """The rounding scale of ``sum_x``: on the dense path at least the terms it
+    sums (``sum r |x - shift|`` and ``N |c - shift|``); on the pair path between
+    ``sum r |x - c|`` and its Cauchy-Schwarz bound; added over blocks."""
+    from emgmm.covariance._factor_pairs import pair_statistics
+
+    rng = np.random.default_rng(21)
+    K, d, q, n = 3, 6, 2, 300
+    weights, means, W, psi = _random_model(rng, K, d, q)
+    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
+    resp = rng.dirichlet(np.full(K, 0.3), size=n)
+    centers = means + rng.normal(scale=0.5, size=means.shape)
+    prec = fparams.factorize(W, psi)
+    _, proj = fdensity.estimate_log_prob(X, means, prec, weights)
+    dense = fstats.block_statistics(X, resp, centers, prec, proj)
+    terms = resp.T @ np.abs(X - proj.shift) + resp.sum(axis=0)[:, None] * np.abs(
+        centers - proj.shift)
+    assert (dense.sum_abs_x >= terms * (1 - 1e-12)).all()
+    pairs = pair_statistics(X, resp, centers, means, prec)
+    for k in range(K):
+        r, u = resp[:, k], X - centers[k]
+        assert (pairs.sum_abs_x[k] >= (r @ np.abs(u)) * (1 - 1e-12)).all()
+        assert (pairs.sum_abs_x[k] <= np.sqrt(r.sum() * (r @ u**2)) * (1 + 1e-12)).all()
+    halves = [pair_statistics(X[rows], resp[rows], centers, means, prec)
+              for rows in (slice(0, 100), slice(100, n))]
+    np.testing.assert_allclose((halves[0] + halves[1]).sum_abs_x,
+                               halves[0].sum_abs_x + halves[1].sum_abs_x, rtol=0)
+    joined = fstats.concatenate_statistics([pairs, pairs])
+    np.testing.assert_array_equal(joined.sum_abs_x[K:], pairs.sum_abs_x)
+
+
+def test_recentring_weighs_the_centred_sums_and_the_loadings():
+    """'factor' sums are centred, so the scale of ``sum_x``'s rounding is its own
+    ``sum_abs_x``, not ``|mu|``; and a move that the loadings' variance dwarfs
+    gains no digit from a second pass."""
+    from emgmm.covariance._factor import FactorCovariance, pack_parameters
+    from emgmm.covariance._m_step import needs_recentring
+
+    kind = FactorCovariance(1)
+    stats = fstats.zero_statistics(1, 2, 1)
+    stats.nk[:] = 10.0
+    stats.sum_x[:] = 10.0 * 1.0            # moved by 1 from its centre,
+    stats.sum_abs_x[:] = 10.0 * 2.0        # over terms of size 2
+    means = np.full((1, 2), 1e4)           # far from the origin
+    psi = np.full((1, 2), 1e-6)
+    loaded = pack_parameters(np.ones((1, 2, 1)), psi)   # ||W_j||^2 = 1
+    bare = pack_parameters(np.zeros((1, 2, 1)), psi)
+    # moved = 1 (1 + 2 * 2) = 5: above 1e6 psi, but under 9 times the loadings'
+    assert not needs_recentring(stats, means, loaded, kind).any()
+    assert needs_recentring(stats, means, bare, kind).all()
+    stats.sum_abs_x = None                 # (running statistics): |mu| it is
+    assert needs_recentring(stats, means, loaded, kind).all()
+
+
 def test_statistics_around_other_centres_give_the_same_m_step():
     """The re-centring pass: sums around the new means, e of the E step."""
     rng = np.random.default_rng(18)

@@ -412,6 +412,19 @@ class FactorCovariance(CovarianceType):
                                         threads_for_loop(K * d * (q + 1) ** 2))
         return weights, means, pack_parameters(W, psi)
 
+    def recentring_terms(self, stats, means, covariances):
+        """The statistics' own scale ``sum_abs_x / N_k`` (their sums are centred:
+        pairs on ``c_k``, dense blocks on the mixture mean; ``|mu_k|`` for
+        statistics without it), and ``diag(W_k W_k^T) + psi_k``: the M step forms
+        ``psi`` from second moments of about that plus ``delta^2`` (at its
+        maximiser), and a pass around the new means removes only ``delta^2``."""
+        W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
+        left = psi + (W**2).sum(axis=2)
+        if stats.sum_abs_x is None:
+            return np.abs(means), left
+        nk = stats.nk + 10 * np.finfo(np.float64).eps
+        return stats.sum_abs_x / nk[:, None], left
+
     def m_step_covariances(self, stats, nk, shift, reg_covar, overwrite=False):
         raise NotImplementedError("'factor' moves means and loadings together: m_step")
 

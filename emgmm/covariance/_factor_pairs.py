@@ -186,4 +186,6 @@ def _component_sums(stats, k, u, r, delta, precision, cov_z):
     gemm_add(stats.sum_xz[k].T, re.T, u.T, trans_b=True)  # sum_xz += u^T re
     stats.sum_x[k] += r @ u
     np.square(u, out=u)
-    stats.sum_xx[k] += r @ u
+    squares = r @ u
+    stats.sum_xx[k] += squares
+    stats.sum_abs_x[k] += np.sqrt(nk * squares)  # >= sum r |u| (Cauchy-Schwarz)

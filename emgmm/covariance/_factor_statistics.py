@@ -44,6 +44,14 @@ class FactorStatistics:
         ``sum_i r_ik E[z z^T | x_i, k] = sum_i r_ik (e_i e_i^T + M_k^{-1})``.
     log_likelihood : float
     n_samples : int
+    sum_abs_x : ndarray of shape (K, d) or None
+        An upper bound of the sum of the absolute terms that ``sum_x`` was summed
+        from (``sum_i r_ik |u_ij|`` for the centred sums; with the expansion
+        around a shift, its terms too), by Cauchy-Schwarz from each block's second
+        moments: the scale of ``sum_x``'s rounding, which decides whether the M
+        step needs the sums again around the new means
+        (:meth:`~emgmm.covariance._factor.FactorCovariance.recentring_terms`).
+        ``None`` for statistics from elsewhere (running or implied ones).
     """
 
     nk: np.ndarray
@@ -54,6 +62,7 @@ class FactorStatistics:
     sum_zz: np.ndarray
     log_likelihood: float
     n_samples: int
+    sum_abs_x: np.ndarray | None = None
 
     _ARRAYS = ("nk", "sum_x", "sum_xx", "sum_xz", "sum_z", "sum_zz")
 
@@ -61,14 +70,25 @@ class FactorStatistics:
         return FactorStatistics(
             *(getattr(self, a) + getattr(other, a) for a in self._ARRAYS),
             self.log_likelihood + other.log_likelihood,
-            self.n_samples + other.n_samples)
+            self.n_samples + other.n_samples,
+            _joined_scale([self.sum_abs_x, other.sum_abs_x], sum))
 
     def __iadd__(self, other):
         for a in self._ARRAYS:
             getattr(self, a).__iadd__(getattr(other, a))
         self.log_likelihood += other.log_likelihood
         self.n_samples += other.n_samples
+        if self.sum_abs_x is not None and other.sum_abs_x is not None:
+            self.sum_abs_x += other.sum_abs_x
+        else:
+            self.sum_abs_x = None
         return self
+
+
+def _joined_scale(scales, join):
+    """``join(scales)`` of the ``sum_abs_x`` of several statistics, ``None`` when
+    one lacks it."""
+    return None if any(s is None for s in scales) else join(scales)
 
 
 def concatenate_statistics(parts):
@@ -77,7 +97,9 @@ def concatenate_statistics(parts):
     first = parts[0]
     arrays = (np.concatenate([getattr(p, a) for p in parts])
               for a in FactorStatistics._ARRAYS)
-    return FactorStatistics(*arrays, first.log_likelihood, first.n_samples)
+    return FactorStatistics(*arrays, first.log_likelihood, first.n_samples,
+                            _joined_scale([p.sum_abs_x for p in parts],
+                                          np.concatenate))
 
 
 def zero_statistics(n_components, n_features, n_factors):
@@ -85,7 +107,7 @@ def zero_statistics(n_components, n_features, n_factors):
     K, d, q = n_components, n_features, n_factors
     return FactorStatistics(np.zeros(K), np.zeros((K, d)), np.zeros((K, d)),
                             np.zeros((K, d, q)), np.zeros((K, q)), np.zeros((K, q, q)),
-                            0.0, 0)
+                            0.0, 0, np.zeros((K, d)))
 
 
 def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
@@ -156,12 +178,16 @@ def block_statistics(X, resp, centers, precision, proj=None, resp_threshold=0.0,
     for k in range(K):  # (no (K, d, q) temporary)
         sum_xz[k] -= np.outer(m[k], sum_z[k])
     scale = sum_yy + nk[:, None] * m**2
+    # sum r |y| <= sqrt(N sum r y^2) (Cauchy-Schwarz), and the term N m
+    sum_abs_x = np.sqrt(nk[:, None] * sum_yy) + nk[:, None] * np.abs(m)
     for k in np.flatnonzero((scale / _MAX_CANCELLATION > sum_xx).any(axis=1)):
         sum_x[k], sum_xx[k], sum_xz[k] = _centred_sums(
             X, resp[:, k], centers[k], proj.means[k], precision.projection[k],
             chol_inv[k])
+        sum_abs_x[k] = np.sqrt(nk[k] * sum_xx[k])
     np.maximum(sum_xx, 0.0, out=sum_xx)
-    return FactorStatistics(nk, sum_x, sum_xx, sum_xz, sum_z, sum_zz, 0.0, n)
+    return FactorStatistics(nk, sum_x, sum_xx, sum_xz, sum_z, sum_zz, 0.0, n,
+                            sum_abs_x)
 
 
 def dense_pays(resp, resp_threshold=0.0):

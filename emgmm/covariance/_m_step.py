@@ -19,12 +19,19 @@ def needs_recentring(stats, means, covariances, covariance_type):
     :func:`m_step` forms ``Sigma_k = S_k / N_k - delta_k delta_k^T`` with the shift
     ``delta_k = s_k / N_k`` of the mean from the centre the statistics were summed
     around. Its rounding is about ``u (Sigma_jj + delta_j^2)`` per feature, plus
-    ``2 |delta_j| e_j`` from the rounding ``e_j ~ u |mu_j|`` of the shift itself (its
-    sum runs over uncentred rows). A component where ``delta_kj^2 + 2 |delta_kj|
-    |mu_kj|`` exceeds ``_RECENTRE_RATIO`` times its variance (``Sigma_kjj`` with
-    ``reg_covar``, the value the model uses; or that is not positive) may have lost
-    more than 6 of its digits: a tight component whose mean moved far (Chan, Golub and
-    LeVeque 1983 on updating variances). Components without weight are never flagged.
+    ``2 |delta_j| e_j`` from the rounding ``e_j ~ u a_j`` of the shift itself, where
+    ``a_j`` is the scale of the terms ``s_k`` was summed from (``|mu_kj|`` for sums
+    over uncentred rows; the type says: ``recentring_terms``). Summing again around
+    the new means removes ``moved_j = delta_j^2 + 2 |delta_j| a_j`` of that and
+    keeps the rounding of the type's ``left_j`` (for 'factor' the loadings'
+    variance; 0 for the others, whose ``Sigma_jj`` is the variance below). A
+    component is flagged where ``moved_j + left_j`` exceeds ``_RECENTRE_RATIO``
+    times its variance (the value the model uses, with ``reg_covar``; or that is
+    not positive), so that more than 6 of its digits may be lost, and where the
+    pass cuts the loss at least tenfold (``moved_j > 9 left_j``; a pass that gains
+    less than a digit is not taken): a tight component whose mean moved far (Chan,
+    Golub and LeVeque 1983 on updating variances).
+    Components without weight are never flagged.
 
     Parameters
     ----------
@@ -37,11 +44,13 @@ def needs_recentring(stats, means, covariances, covariance_type):
     -------
     ndarray of shape (K,), bool
     """
+    kind = get_covariance_type(covariance_type)
     nk = stats.nk
     shift = np.abs(stats.sum_x / (nk + 10 * np.finfo(np.float64).eps)[:, None])
-    moved = shift * (shift + 2.0 * np.abs(means))
-    var = get_covariance_type(covariance_type).feature_variances(covariances)
-    lost = (moved > _RECENTRE_RATIO * np.maximum(var, 0.0)) & (moved > 0.0)
+    scale, left = kind.recentring_terms(stats, means, covariances)
+    moved = shift * (shift + 2.0 * scale)
+    limit = _RECENTRE_RATIO * np.maximum(kind.feature_variances(covariances), 0.0)
+    lost = (moved + left > limit) & (moved > 9.0 * left) & (moved > 0.0)
     return lost.any(axis=1) & (nk > 0.0)
 
 

@@ -303,6 +303,16 @@ class Kernels(ABC):
         """Covariances of the M step from the summed statistics, the regularised
         counts ``nk`` (K,) and the shifts ``s_k / N_k`` (K, d) of the means."""
 
+    def recentring_terms(self, stats: Opaque, means: np.ndarray,
+                         covariances: np.ndarray) -> tuple[np.ndarray, Any]:
+        """What :func:`~emgmm.covariance._m_step.needs_recentring` weighs, per
+        component and feature (broadcastable to ``(K, d)``): the scale of the terms
+        that ``s_k`` was summed from (this default: ``|mu_k|``, sums over
+        uncentred rows), and the variance whose rounding the M step keeps when the
+        sums are formed again around the new means (this default: 0, since any
+        shift the test flags dwarfs the type's own variance)."""
+        return np.abs(means), 0.0
+
     def concatenate_statistics(self, parts: Sequence[Opaque]) -> Opaque:
         """Statistics of consecutive component slices joined along the components
         (shared: the one part)."""
