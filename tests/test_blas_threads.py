@@ -3,6 +3,7 @@
 restored after), and workers times their BLAS threads stay within the cores, also
 inside GridSearchCV (CASES.md C18)."""
 
+import concurrent.futures
 import glob
 import json
 import os
@@ -235,6 +236,9 @@ def test_loops_take_a_hold_s_threads_else_as_many_as_blas(two_blas_threads):
         assert max(_blas_threads()) == 2
     assert blas.threads_for_loop(blas.THREADED_WORK - 1) == 1
     assert blas.threads_for_loop(blas.THREADED_WORK) == 2
+    # a row thread's loops run in that thread (over_ranges): one, without a lookup
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(blas.threads_for_loop, blas.THREADED_WORK).result() == 1
 
 
 @pytest.mark.parametrize("limit", [None, 1])

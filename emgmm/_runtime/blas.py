@@ -92,7 +92,11 @@ def held_threads():
     """The threads a loop of one-thread BLAS or LAPACK calls may run in this
     process: the holds' ``loop_threads`` (:func:`hold_process_limit`; one under
     ``n_jobs=1``), else as many as BLAS may use now (:func:`blas_thread_count`:
-    a threadpoolctl limit, or joblib's share in a worker, bounds the loops too)."""
+    a threadpoolctl limit, or joblib's share in a worker, bounds the loops too).
+    One in a thread other than the main one, where :func:`over_ranges` runs the
+    loop in that thread (without looking the libraries up)."""
+    if threading.current_thread() is not threading.main_thread():
+        return 1
     return _LIMIT["loop_threads"] or blas_thread_count()
 
 
