@@ -658,18 +658,35 @@ def test_bad_components_and_recentring():
     stats = fstats.zero_statistics(2, 3, 1)
     stats.nk[:] = [10.0, 0.0]
     stats.sum_x[0] = 10.0 * 1e4  # the mean moved 1e4 from its centre
+    stats.sum_abs_x[0] = np.abs(stats.sum_x[0])
     tight = pack_parameters(np.zeros((2, 3, 1)), np.full((2, 3), 1e-2))
     flagged = needs_recentring(stats, np.zeros((2, 3)), tight, kind)
     np.testing.assert_array_equal(flagged, [True, False])
-    stats.sum_x[0] = 10.0 * 1e-3
+    stats.sum_x[0] = stats.sum_abs_x[0] = 10.0 * 1e-3
     broad = pack_parameters(np.zeros((2, 3, 1)), np.ones((2, 3)))
     assert not needs_recentring(stats, np.zeros((2, 3)), broad, kind).any()
 
 
-def test_sum_abs_x_bounds_the_terms_that_sum_x_is_summed_from():
-    """The rounding scale of ``sum_x``: on the dense path at least the terms it
-    sums (``sum r |x - shift|`` and ``N |c - shift|``); on the pair path between
-    ``sum r |x - c|`` and its Cauchy-Schwarz bound; added over blocks."""
+def _far_tight_problem(rng, move):
+    """A broad component at the origin and a tight one at 1e4 whose rows' mean
+    moved by ``move`` from the E step's mean: ``(X, resp, weights, means, prec)``,
+    responsibilities hard."""
+    d, q, n = 4, 1, 200
+    means = np.stack([np.zeros(d), np.full(d, 1e4)])
+    W = np.stack([np.ones((d, q)), np.full((d, q), 1e-4)])
+    psi = np.stack([np.ones(d), np.full(d, 1e-6)])
+    X = np.concatenate([rng.normal(size=(n, d)),
+                        means[1] + move + rng.normal(scale=1e-3, size=(n, d))])
+    resp = np.repeat(np.eye(2), n, axis=0)
+    return X, resp, np.full(2, 0.5), means, fparams.factorize(W, psi)
+
+
+def test_sum_abs_x_is_the_size_of_the_terms_that_sum_x_is_summed_from():
+    """Gathered pairs: exactly ``sum r |x - mu| + N |c - mu|``; a dense block: at
+    least its terms (``sum r |x - shift|`` and ``N |c - shift|``), and for a far
+    component summed again centred, between ``sum r |x - c|`` and its
+    Cauchy-Schwarz bound. Joined by ``+``, ``+=``, ``out=`` and along the
+    components; ``None`` (running statistics) wins any join."""
     from emgmm.covariance._factor_pairs import pair_statistics
 
     rng = np.random.default_rng(21)
@@ -679,22 +696,65 @@ def test_sum_abs_x_bounds_the_terms_that_sum_x_is_summed_from():
     resp = rng.dirichlet(np.full(K, 0.3), size=n)
     centers = means + rng.normal(scale=0.5, size=means.shape)
     prec = fparams.factorize(W, psi)
+    pairs = pair_statistics(X, resp, centers, means, prec)
+    for k in range(K):
+        r = resp[:, k]
+        np.testing.assert_allclose(
+            pairs.sum_abs_x[k],
+            r @ np.abs(X - means[k]) + r.sum() * np.abs(centers[k] - means[k]),
+            rtol=1e-12)
     _, proj = fdensity.estimate_log_prob(X, means, prec, weights)
     dense = fstats.block_statistics(X, resp, centers, prec, proj)
     terms = resp.T @ np.abs(X - proj.shift) + resp.sum(axis=0)[:, None] * np.abs(
         centers - proj.shift)
     assert (dense.sum_abs_x >= terms * (1 - 1e-12)).all()
-    pairs = pair_statistics(X, resp, centers, means, prec)
-    for k in range(K):
-        r, u = resp[:, k], X - centers[k]
-        assert (pairs.sum_abs_x[k] >= (r @ np.abs(u)) * (1 - 1e-12)).all()
-        assert (pairs.sum_abs_x[k] <= np.sqrt(r.sum() * (r @ u**2)) * (1 + 1e-12)).all()
+    Xf, rf, wf, mf, pf = _far_tight_problem(rng, 0.0)
+    far = fstats.block_statistics(Xf, rf, mf, pf,
+                                  fdensity.estimate_log_prob(Xf, mf, pf, wf)[1])
+    u = Xf[rf[:, 1] > 0] - mf[1]  # (recomputed centred: m = 5e3 >> its spread)
+    assert (far.sum_abs_x[1] >= np.abs(u).sum(axis=0) * (1 - 1e-12)).all()
+    assert (far.sum_abs_x[1]
+            <= np.sqrt(len(u) * (u**2).sum(axis=0)) * (1 + 1e-12)).all()
+    assert (far.sum_abs_x[1] < 1.0).all()
+    # joins
     halves = [pair_statistics(X[rows], resp[rows], centers, means, prec)
               for rows in (slice(0, 100), slice(100, n))]
-    np.testing.assert_allclose((halves[0] + halves[1]).sum_abs_x,
-                               halves[0].sum_abs_x + halves[1].sum_abs_x, rtol=0)
-    joined = fstats.concatenate_statistics([pairs, pairs])
-    np.testing.assert_array_equal(joined.sum_abs_x[K:], pairs.sum_abs_x)
+    expected = halves[0].sum_abs_x + halves[1].sum_abs_x
+    np.testing.assert_array_equal((halves[0] + halves[1]).sum_abs_x, expected)
+    running = pair_statistics(X[:100], resp[:100], centers, means, prec)
+    pair_statistics(X[100:], resp[100:], centers, means, prec, out=running)
+    np.testing.assert_allclose(running.sum_abs_x, pairs.sum_abs_x, rtol=1e-12)
+    joined = fstats.concatenate_statistics([pairs, dense])
+    np.testing.assert_array_equal(joined.sum_abs_x[K:], dense.sum_abs_x)
+    halves[1].sum_abs_x = None
+    assert (halves[0] + halves[1]).sum_abs_x is None
+    assert fstats.concatenate_statistics(halves).sum_abs_x is None
+    pair_statistics(X[:10], resp[:10], centers, means, prec, out=halves[1])
+    halves[0] += halves[1]
+    assert halves[0].sum_abs_x is None and halves[1].sum_abs_x is None
+
+
+@pytest.mark.parametrize("path", ["dense", "pairs"])
+@pytest.mark.parametrize("move, flagged", [(1e3, True), (1e-3, False)])
+def test_recentring_flags_a_tight_component_that_moved_far(path, move, flagged):
+    """Statistics of a tight component at 1e4 (noise 1e-6) whose rows moved by
+    ``move``: by 1e3 the M step loses every digit of its noise and a pass around
+    the new means is taken; by 1e-3 the centred sums lose none (``|mu|`` as the
+    sums' scale flagged it)."""
+    from emgmm.covariance._factor import FactorCovariance
+    from emgmm.covariance._factor_pairs import pair_statistics
+    from emgmm.covariance._m_step import needs_recentring
+
+    X, resp, weights, means, prec = _far_tight_problem(np.random.default_rng(8), move)
+    if path == "dense":
+        proj = fdensity.estimate_log_prob(X, means, prec, weights)[1]
+        stats = fstats.block_statistics(X, resp, means, prec, proj)
+    else:
+        stats = pair_statistics(X, resp, means, means, prec)
+    kind = FactorCovariance(1)
+    _, new_means, packed = kind.m_step(stats, means, 0.0)
+    got = needs_recentring(stats, new_means, packed, kind)
+    np.testing.assert_array_equal(got, [False, flagged])
 
 
 def test_recentring_weighs_the_centred_sums_and_the_loadings():

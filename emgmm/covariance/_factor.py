@@ -413,11 +413,11 @@ class FactorCovariance(CovarianceType):
         return weights, means, pack_parameters(W, psi)
 
     def recentring_terms(self, stats, means, covariances):
-        """The statistics' own scale ``sum_abs_x / N_k`` (their sums are centred:
-        pairs on ``c_k``, dense blocks on the mixture mean; ``|mu_k|`` for
-        statistics without it), and ``diag(W_k W_k^T) + psi_k``: the M step forms
-        ``psi`` from second moments of about that plus ``delta^2`` (at its
-        maximiser), and a pass around the new means removes only ``delta^2``."""
+        """``scale``: the statistics' own ``sum_abs_x / N_k`` (pairs are summed
+        around the E step's means, dense blocks around the mixture mean; ``|mu_k|``
+        for statistics without it). ``left``: ``diag(W_k W_k^T) + psi_k``, the
+        scale of the rounding of ``S_uu`` and ``W S_uz^T`` in the noise
+        variances, which a second pass keeps."""
         W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
         left = psi + (W**2).sum(axis=2)
         if stats.sum_abs_x is None:

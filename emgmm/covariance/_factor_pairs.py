@@ -177,15 +177,15 @@ def _component_sums(stats, k, u, r, delta, precision, cov_z):
     delta``."""
     e = (u @ precision.projection[k]) @ precision.cholesky_inv[k]
     re = e * r[:, None]
+    nk = r.sum()
+    if stats.sum_abs_x is not None:  # (the terms of sum_x: fl(x - mu) - delta)
+        stats.sum_abs_x[k] += r @ np.abs(u) + nk * np.abs(delta)
     if np.any(delta):
         u -= delta
-    nk = r.sum()
     stats.nk[k] += nk
     stats.sum_z[k] += re.sum(axis=0)
     stats.sum_zz[k] += e.T @ re + nk * cov_z
     gemm_add(stats.sum_xz[k].T, re.T, u.T, trans_b=True)  # sum_xz += u^T re
     stats.sum_x[k] += r @ u
     np.square(u, out=u)
-    squares = r @ u
-    stats.sum_xx[k] += squares
-    stats.sum_abs_x[k] += np.sqrt(nk * squares)  # >= sum r |u| (Cauchy-Schwarz)
+    stats.sum_xx[k] += r @ u

@@ -45,11 +45,12 @@ class FactorStatistics:
     log_likelihood : float
     n_samples : int
     sum_abs_x : ndarray of shape (K, d) or None
-        An upper bound of the sum of the absolute terms that ``sum_x`` was summed
-        from (``sum_i r_ik |u_ij|`` for the centred sums; with the expansion
-        around a shift, its terms too), by Cauchy-Schwarz from each block's second
-        moments: the scale of ``sum_x``'s rounding, which decides whether the M
-        step needs the sums again around the new means
+        The sum of the absolute terms that ``sum_x`` was summed from, or an upper
+        bound of it (Higham 2002, section 4.2: the scale of a sum's rounding):
+        ``sum_i r_ik |x_i - mu_k| + N_k |c_k - mu_k|`` over gathered pairs; for a
+        dense block, summed around a shift, ``sqrt(N_k sum_i r_ik y_i^2) + N_k |c_k -
+        shift|`` (Cauchy-Schwarz). It decides whether the M step needs the sums
+        again around the new means
         (:meth:`~emgmm.covariance._factor.FactorCovariance.recentring_terms`).
         ``None`` for statistics from elsewhere (running or implied ones).
     """
@@ -276,4 +277,4 @@ def _centred_sums(X, r, center, mean, projection, cholesky_inv):
 def statistics_nbytes(n_components, n_features, n_factors):
     """Bytes of one set of :class:`FactorStatistics` (float64)."""
     K, d, q = n_components, n_features, n_factors
-    return 8 * (K + 2 * K * d + K * d * q + K * q + K * q * q)
+    return 8 * (K + 3 * K * d + K * d * q + K * q + K * q * q)

@@ -35,9 +35,9 @@ def needs_recentring(stats, means, covariances, covariance_type):
 
     Parameters
     ----------
-    stats : SufficientStatistics
+    stats : SufficientStatistics or FactorStatistics
     means, covariances : ndarray
-        :func:`m_step`'s result for ``stats`` (scikit-learn's shapes).
+        :func:`m_step`'s result for ``stats`` (the type's shapes).
     covariance_type : str or CovarianceType
 
     Returns

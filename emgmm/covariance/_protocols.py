@@ -306,11 +306,19 @@ class Kernels(ABC):
     def recentring_terms(self, stats: Opaque, means: np.ndarray,
                          covariances: np.ndarray) -> tuple[np.ndarray, Any]:
         """What :func:`~emgmm.covariance._m_step.needs_recentring` weighs, per
-        component and feature (broadcastable to ``(K, d)``): the scale of the terms
-        that ``s_k`` was summed from (this default: ``|mu_k|``, sums over
-        uncentred rows), and the variance whose rounding the M step keeps when the
-        sums are formed again around the new means (this default: 0, since any
-        shift the test flags dwarfs the type's own variance)."""
+        component and feature.
+
+        Returns
+        -------
+        scale : ndarray, broadcastable to (K, d)
+            The scale of the terms that ``s_k`` was summed from, whose rounding
+            moves the mean. This default: ``|mu_k|``, the size of the rows
+            themselves.
+        left : ndarray or float, broadcastable to (K, d)
+            The scale of the rounding that the M step keeps when the sums are formed
+            again around the new means, beyond the variance the test compares
+            with. This default: 0 (that variance is ``Sigma_jj`` itself).
+        """
         return np.abs(means), 0.0
 
     def concatenate_statistics(self, parts: Sequence[Opaque]) -> Opaque:
