@@ -166,3 +166,23 @@ def test_case_c03_tol_bounds_the_change_of_the_mean_log_likelihood(c03_data):
             assert_allclose(np.sort(gm.weights_), [0.25, 0.75], atol=0.05)
     assert n_iters == sorted(n_iters)
     assert n_iters[-1] > n_iters[0]
+
+
+@pytest.mark.parametrize("covariance_type, params", [("diag", {}),
+                                                     ("factor", {"n_factors": 1})])
+def test_records_count_the_pass_that_sums_the_statistics_again(covariance_type,
+                                                               params):
+    """A tight cluster at 1e4 (standard deviation 1e-3) whose starting mean is 1
+    away: the first M step's subtraction of that shift would lose every digit of
+    its variances, so the first iteration sums its statistics again around the
+    new means (2 passes); the next ones start from there (1 pass). The lower
+    bound does not decrease."""
+    rng = np.random.default_rng(3)
+    X = np.concatenate([rng.normal(size=(200, 4)),
+                        1e4 + rng.normal(scale=1e-3, size=(200, 4))])
+    gm = GaussianMixture(2, covariance_type=covariance_type, max_iter=4, tol=0.0,
+                         means_init=[np.zeros(4), np.full(4, 1e4 - 1.0)],
+                         reg_covar=1e-12, random_state=0, **params)
+    quiet_fit(gm, X)
+    assert [h["passes"] for h in gm.history_] == [2, 1, 1, 1]
+    assert np.all(np.diff(gm.lower_bounds_) >= 0.0)

@@ -57,7 +57,8 @@ class DataPass:
     ``weights`` are the rows' sample weights (a
     :class:`~emgmm._io.weights.WeightSource` the tasks can read, or ``None``) and
     ``total_weight`` their sum (``n_samples`` without weights): the ``n`` of the
-    lower bound."""
+    lower bound. ``passes`` counts the calls (an iteration makes one, or two when
+    its statistics are summed again around the new means)."""
 
     statistics_pass: object
     executor: object
@@ -68,6 +69,7 @@ class DataPass:
     resp_threshold: float
     weights: object = None
     total_weight: float | None = None
+    passes: int = 0
 
     def __post_init__(self):
         if self.total_weight is None:
@@ -79,6 +81,7 @@ class DataPass:
         kwargs = {} if centers is None else {"centers": centers}
         if self.weights is not None:
             kwargs["weights"] = self.weights
+        self.passes += 1
         return self.statistics_pass(*args, **kwargs)
 
 
@@ -200,6 +203,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
     """
     if callable(model):
         model = model()
+    data_pass = None
     if step is None:
         data_pass = DataPass(statistics_pass, executor, tasks, block_size, n_samples,
                              settings.compute_dtype, settings.resp_threshold, weights,
@@ -223,6 +227,7 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
         # the model goes to em_step alone, which lets it go part by part
         held = [state.model]
         state = dataclasses.replace(state, model=None)
+        passes = None if data_pass is None else data_pass.passes
         new, lower_bound, reseeded = step(held.pop, settings, policy, seeds,
                                           used_rows, n_iter, streaks)
         record = {
@@ -234,6 +239,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
             "seconds": time.perf_counter() - tic,
             "reseeded": reseeded,
         }
+        if data_pass is not None:
+            record["passes"] = data_pass.passes - passes
         for name in ("pairs_per_row", "rows_carried", "rows_rescreened",
                      "phase_seconds"):  # (the pairs schedule's)
             value = getattr(step, name, None)
