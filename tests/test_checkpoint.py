@@ -581,3 +581,21 @@ def test_a_lock_file_that_cannot_be_written_frees_the_path(tmp_path, X, monkeypa
     monkeypatch.setattr(os, "write", real)
     assert os.listdir(tmp_path) == []
     fit_quietly(GaussianMixture(**kwargs(), checkpoint=path), X)
+
+
+def test_resume_from_records_without_passes_gives_every_record_the_key(tmp_path, X):
+    """A checkpoint whose iteration records predate ``passes`` resumes with
+    ``passes=None`` in those records and counted passes in the new ones."""
+    path = tmp_path / "ck.npz"
+    with pytest.raises(Stop):
+        GaussianMixture(**kwargs(), checkpoint=path, callback=stop_at(0, 3)).fit(X)
+    with np.load(path) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    meta = json.loads(str(arrays["meta"]))
+    for record in meta["run"]["history"]:
+        del record["passes"]
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(path, **arrays)
+    got = fit_quietly(GaussianMixture(**kwargs(), checkpoint=path), X)
+    passes = [r["passes"] for r in got.history_]
+    assert passes[:3] == [None] * 3 and passes[3:] and set(passes[3:]) == {1}

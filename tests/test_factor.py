@@ -685,8 +685,7 @@ def test_sum_abs_x_is_the_size_of_the_terms_that_sum_x_is_summed_from():
     """Gathered pairs: exactly ``sum r |x - mu| + N |c - mu|``; a dense block: at
     least its terms (``sum r |x - shift|`` and ``N |c - shift|``), and for a far
     component summed again centred, between ``sum r |x - c|`` and its
-    Cauchy-Schwarz bound. Joined by ``+``, ``+=``, ``out=`` and along the
-    components; ``None`` (running statistics) wins any join."""
+    Cauchy-Schwarz bound."""
     from emgmm.covariance._factor_pairs import pair_statistics
 
     rng = np.random.default_rng(21)
@@ -716,7 +715,22 @@ def test_sum_abs_x_is_the_size_of_the_terms_that_sum_x_is_summed_from():
     assert (far.sum_abs_x[1]
             <= np.sqrt(len(u) * (u**2).sum(axis=0)) * (1 + 1e-12)).all()
     assert (far.sum_abs_x[1] < 1.0).all()
-    # joins
+
+
+def test_sum_abs_x_joins_as_the_sums_do():
+    """``+``, ``+=``, ``out=`` and joins along the components carry ``sum_abs_x``;
+    ``None`` (running statistics) wins any join."""
+    from emgmm.covariance._factor_pairs import pair_statistics
+
+    rng = np.random.default_rng(22)
+    K, d, q, n = 3, 6, 2, 300
+    _weights, means, W, psi = _random_model(rng, K, d, q)
+    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
+    resp = rng.dirichlet(np.full(K, 0.3), size=n)
+    centers = means + rng.normal(scale=0.5, size=means.shape)
+    prec = fparams.factorize(W, psi)
+    pairs = pair_statistics(X, resp, centers, means, prec)
+    dense = fstats.block_statistics(X, resp, centers, prec)
     halves = [pair_statistics(X[rows], resp[rows], centers, means, prec)
               for rows in (slice(0, 100), slice(100, n))]
     expected = halves[0].sum_abs_x + halves[1].sum_abs_x

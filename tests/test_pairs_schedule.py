@@ -366,6 +366,7 @@ def test_iteration_records_carry_the_pairs_and_the_phase_seconds(patches14):
                                "repair"}
         assert 0 < sum(phases.values()) <= record["seconds"]
         assert 1 <= record["pairs_per_row"] <= 8
+        assert record["passes"] is None  # (its phases read rows their own way)
     assert plan.pairs == [r["pairs_per_row"] for r in gm.history_]
 
 

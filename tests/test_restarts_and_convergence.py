@@ -168,10 +168,11 @@ def test_case_c03_tol_bounds_the_change_of_the_mean_log_likelihood(c03_data):
     assert n_iters[-1] > n_iters[0]
 
 
+@pytest.mark.parametrize("schedule", ["rows", "components"])
 @pytest.mark.parametrize("covariance_type, params", [("diag", {}),
                                                      ("factor", {"n_factors": 1})])
 def test_records_count_the_pass_that_sums_the_statistics_again(covariance_type,
-                                                               params):
+                                                               params, schedule):
     """A tight cluster at 1e4 (standard deviation 1e-3) whose starting mean is 1
     away: the first M step's subtraction of that shift would lose every digit of
     its variances, so the first iteration sums its statistics again around the
@@ -182,7 +183,8 @@ def test_records_count_the_pass_that_sums_the_statistics_again(covariance_type,
                         1e4 + rng.normal(scale=1e-3, size=(200, 4))])
     gm = GaussianMixture(2, covariance_type=covariance_type, max_iter=4, tol=0.0,
                          means_init=[np.zeros(4), np.full(4, 1e4 - 1.0)],
-                         reg_covar=1e-12, random_state=0, **params)
+                         reg_covar=1e-12, random_state=0, schedule=schedule,
+                         **params)
     quiet_fit(gm, X)
     assert [h["passes"] for h in gm.history_] == [2, 1, 1, 1]
     assert np.all(np.diff(gm.lower_bounds_) >= 0.0)

@@ -239,8 +239,8 @@ def run_em(executor, tasks, block_size, model, n_samples, *, settings, callback=
             "seconds": time.perf_counter() - tic,
             "reseeded": reseeded,
         }
-        if data_pass is not None:
-            record["passes"] = data_pass.passes - passes
+        # (the pairs schedule reads rows by phases: it gives pairs_per_row instead)
+        record["passes"] = None if data_pass is None else data_pass.passes - passes
         for name in ("pairs_per_row", "rows_carried", "rows_rescreened",
                      "phase_seconds"):  # (the pairs schedule's)
             value = getattr(step, name, None)

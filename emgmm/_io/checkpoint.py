@@ -256,6 +256,8 @@ def _run_from(prefix, arrays, meta):
             if extra[f].ndim == 0:
                 extra[f] = float(extra[f])
         model = VariationalModel(*parameters, meta["covariance_type"], **extra)
+    for record in meta["history"]:  # (records of checkpoints that did not count them)
+        record.setdefault("passes", None)
     return RunResult(model, arrays[f"{prefix}lower_bounds"].tolist(), meta["n_iter"],
                      meta["converged"], meta["history"], meta["reseed_rows"])
 

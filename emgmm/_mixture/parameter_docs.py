@@ -83,10 +83,10 @@ resp_threshold : float, default=1e-20
 callback : callable or None, default=None
     Called after every EM iteration with a dict (``event='iteration'``,
     ``init``, ``n_iter``, ``lower_bound``, ``change``, ``seconds``,
-    ``reseeded``; ``passes`` over the rows, 2 where the statistics were
-    summed again around the new means, except under ``schedule='pairs'``,
-    which gives ``pairs_per_row``, the pairs computed, the others proven
-    negligible). True attributes
+    ``reseeded``, ``passes``: the statistics passes (E step and sums), 2
+    where the statistics were summed again around the new means; under
+    ``schedule='pairs'`` ``passes`` is ``None`` and ``pairs_per_row`` gives
+    the pairs computed, the others proven negligible). True attributes
     ``wants_progress`` and ``wants_plan`` ask for the ``'progress'`` and
     ``'final_pass'`` events during passes and the ``'plan'`` event before the
     first (user guide, "Progress and callbacks").""",

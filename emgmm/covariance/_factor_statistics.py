@@ -49,7 +49,8 @@ class FactorStatistics:
         bound of it (Higham 2002, section 4.2: the scale of a sum's rounding):
         ``sum_i r_ik |x_i - mu_k| + N_k |c_k - mu_k|`` over gathered pairs; for a
         dense block, summed around a shift, ``sqrt(N_k sum_i r_ik y_i^2) + N_k |c_k -
-        shift|`` (Cauchy-Schwarz). It decides whether the M step needs the sums
+        shift|`` (Cauchy-Schwarz), or ``sqrt(N_k sum_i r_ik u_i^2)`` for a
+        component summed again centred. It decides whether the M step needs the sums
         again around the new means
         (:meth:`~emgmm.covariance._factor.FactorCovariance.recentring_terms`).
         ``None`` for statistics from elsewhere (running or implied ones).
