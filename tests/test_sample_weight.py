@@ -132,11 +132,12 @@ def test_zero_weight_equals_dropping_the_row(X, covariance_type, schedule):
     assert_same_model(weighted, dropped)
 
 
-@pytest.mark.parametrize("weight", [2.5, 1e-30, 1e30])
+@pytest.mark.parametrize("weight", [2.5, 1e-30, 1e30, 1e-310])
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_constant_weight_equals_no_weights(X, covariance_type, weight):
     """Of any scale: weights of 1e-30 once drowned in the 10 eps guard of N_k
-    (every mean at the origin); fit reads them scaled by a power of two."""
+    (every mean at the origin); fit reads them scaled by a power of two (for
+    subnormal ones, beyond the range of ``2.0 ** e``)."""
     weighted = _fit(_fixed(X, covariance_type), X,
                     sample_weight=np.full(len(X), weight))
     plain = _fit(_fixed(X, covariance_type), X)

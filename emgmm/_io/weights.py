@@ -95,9 +95,9 @@ class WeightSource(abc.ABC):
 
     shareable = True
     checked = False  # whether every value was checked already (then reads are not)
-    #: A power of two every weight is multiplied by as it is read (exactly):
-    #: :func:`unit_scale`, which ``fit`` sets.
-    scale = 1.0
+    #: The power of two every weight is multiplied by as it is read (exactly,
+    #: :func:`numpy.ldexp`): :func:`unit_exponent`, which ``fit`` sets.
+    exponent = 0
 
     @abc.abstractmethod
     def _read(self, start, stop):
@@ -124,8 +124,8 @@ class WeightSource(abc.ABC):
             block.flags.writeable = False
         if not self.checked:
             check_weight_block(block, start, self.description)
-        if self.scale != 1.0:
-            block = block * self.scale
+        if self.exponent:
+            block = np.ldexp(block, self.exponent)
         return block
 
     def take(self, indices, block_size):
@@ -421,17 +421,19 @@ def check_weights(weights, n_components=None):
     return WeightTotals(total, positive)
 
 
-def unit_scale(total, n_samples):
-    """The power of two that brings the mean of weights summing to ``total`` over
-    ``n_samples`` rows to within a factor of ``sqrt(2)`` of one: multiplying by it
-    is exact, and the sums of ``fit`` are then those of weights of about one
-    (``N_k`` gets ``10 eps`` added, which would swamp weights of 1e-20).
+def unit_exponent(total, n_samples):
+    """The exponent ``e`` of the power of two ``2^e`` that brings the mean of
+    weights summing to ``total`` over ``n_samples`` rows to within a factor of
+    ``sqrt(2)`` of one: scaling by it (:func:`numpy.ldexp`, also beyond the range of
+    ``2.0 ** e`` for subnormal weights) is exact, and the sums of ``fit`` are then
+    those of weights of about one (``N_k`` gets ``10 eps`` added, which would swamp
+    weights of 1e-20).
 
     Returns
     -------
-    float
+    int
     """
-    return float(2.0 ** -np.round(np.log2(total / n_samples)))
+    return int(-np.round(np.log2(total / n_samples)))
 
 
 def dump_weights(weights, folder):
@@ -449,7 +451,7 @@ def dump_weights(weights, folder):
             allow_pickle=False)
     _, source = MemmapWeights.from_npy(path, weights.description)
     source.checked = True
-    source.scale = weights.scale
+    source.exponent = weights.exponent
     return source
 
 

@@ -48,7 +48,7 @@ from .._io.sources import (
     as_source,
     is_file_backed,
 )
-from .._io.weights import as_weight_source, check_weights, unit_scale
+from .._io.weights import as_weight_source, check_weights, unit_exponent
 from .._runtime.executor import Executor
 from .._runtime.memory import (
     OUTPUT_TASK_BYTES,
@@ -577,8 +577,8 @@ h5py.Dataset or None, default=None
         (``None`` without weights) and their sum (``n_samples`` without); ``first``:
         the weights must give every component a share. A fit (not a ``stream``,
         whose batches weigh against each other) reads them scaled to a mean of
-        about one (:func:`~emgmm._io.weights.unit_scale`): weights of any scale fit
-        alike."""
+        about one (:func:`~emgmm._io.weights.unit_exponent`): weights of any scale
+        fit alike."""
         sample_weights = as_weight_source(sample_weight, n_samples)
         try:
             total_weight = n_samples if sample_weights is None else check_weights(
@@ -587,8 +587,8 @@ h5py.Dataset or None, default=None
             sample_weights.close()
             raise
         if sample_weights is not None and not stream:
-            sample_weights.scale = unit_scale(total_weight, n_samples)
-            total_weight *= sample_weights.scale
+            sample_weights.exponent = unit_exponent(total_weight, n_samples)
+            total_weight = float(np.ldexp(total_weight, sample_weights.exponent))
         return sample_weights, total_weight
 
     def _executor(self, source):
