@@ -623,10 +623,12 @@ def test_sample_moments():
                                atol=0.05)
 
 
-def test_reseed_pools_marginal_variances():
-    """A re-seeded component gets no loadings and the healthy components' weighted
-    marginal variances as its noise (FactorCovariance.pooled_covariance), against
-    the dense covariances' diagonals."""
+def test_reseed_pools_the_healthy_components_as_one_factor_analyser():
+    """A re-seeded component gets the healthy components' pooled covariance ``sum_k
+    w_k (W_k W_k^T + Psi_k)`` as one factor analyser (FactorCovariance.
+    pooled_covariance): loadings spanning its top ``q`` eigenvalues of the pooled
+    ``W W^T`` (not ``W = 0``, a fixed point of the factor EM), and the pooled
+    marginal variances where the noise is not floored, against dense numpy."""
     from emgmm.covariance._factor import (
         FactorCovariance,
         pack_parameters,
@@ -638,11 +640,19 @@ def test_reseed_pools_marginal_variances():
     pooled = FactorCovariance(2).pooled_covariance(weights, pack_parameters(W, psi),
                                                    [0, 2])
     W1, psi1 = unpack_parameters(pooled[None])
-    np.testing.assert_array_equal(W1, 0.0)
     w = weights[[0, 2]] / weights[[0, 2]].sum()
-    expected = sum(wi * np.diag(_dense_cov(W[k], psi[k]))
-                   for wi, k in zip(w, [0, 2], strict=False))
-    np.testing.assert_allclose(psi1[0], expected, rtol=1e-12)
+    loadings = sum(wi * W[k] @ W[k].T for wi, k in zip(w, [0, 2], strict=True))
+    values, vectors = np.linalg.eigh(loadings)
+    top = (vectors[:, -2:] * values[-2:]) @ vectors[:, -2:].T
+    np.testing.assert_allclose(W1[0] @ W1[0].T, top, atol=1e-12)
+    marginal = sum(wi * np.diag(_dense_cov(W[k], psi[k]))
+                   for wi, k in zip(w, [0, 2], strict=True))
+    floor = psi[[0, 2]].min(axis=0)
+    got = np.diag(_dense_cov(W1[0], psi1[0]))
+    free = psi1[0] > floor
+    assert free.any()
+    np.testing.assert_allclose(got[free], marginal[free], rtol=1e-12)
+    assert (got >= marginal * (1 - 1e-12)).all() and (psi1[0] >= floor).all()
 
 
 def test_bad_components_and_recentring():

@@ -315,6 +315,25 @@ def test_collapsed_component_keeps_the_bound(collapsed):
     assert np.isfinite(gm.score(collapsed))
 
 
+def test_reseeded_component_regains_loadings():
+    """A component started 1e3 away from every row starves and is re-seeded in
+    the first iteration. It starts from the pooled loadings, not ``W = 0`` (a
+    fixed point of the factor EM, where it stayed diagonal with a bound of -5.5
+    against the -1.3 it reaches by iteration 10)."""
+    rng = np.random.default_rng(0)
+    W = rng.normal(size=(2, 8, 2))
+    X = np.vstack([rng.normal(size=(500, 2)) @ W[k].T
+                   + 0.1 * rng.normal(size=(500, 8)) + 10 * k for k in range(2)])
+    gm = GaussianMixture(2, covariance_type="factor", n_factors=2, max_iter=10,
+                         means_init=[np.zeros(8), np.full(8, 1e3)], random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the re-seed's and max_iter's warnings)
+        gm.fit(X)
+    assert gm.history_[0]["reseeded"] == [1]
+    assert np.abs(gm.loadings_[1]).max() > 0.5
+    assert gm.lower_bound_ > -3.0
+
+
 def test_isolated_point_keeps_the_bound():
     """reg_covar=0 and one isolated row (its k-means cluster has zero variance, and
     a re-seed put a broad component on the worst-explained row, dropping the bound

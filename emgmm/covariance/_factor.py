@@ -338,10 +338,11 @@ class FactorCovariance(CovarianceType):
         return held
 
     def pooled_covariance(self, weights, covariances, healthy):
-        W, psi = unpack_parameters(covariances)
-        hw = weights[healthy] / weights[healthy].sum()
-        marginal = hw @ (psi[healthy] + (W[healthy] ** 2).sum(axis=2))
-        return pack_parameters(np.zeros((1,) + W.shape[1:]), marginal[None])[0]
+        """The healthy components' pooled covariance as one factor analyser
+        (:meth:`stream_start_covariance`), for a re-seeded component."""
+        healthy = np.asarray(healthy)
+        return self.stream_start_covariance(np.asarray(weights)[healthy],
+                                            np.asarray(covariances)[healthy])
 
     # --------------------------------------------------------- the kernels
     def prepare_log_prob(self, weights, means, precisions_cholesky, dtype,
@@ -523,9 +524,9 @@ class FactorCovariance(CovarianceType):
         """The components' pooled covariance ``sum_k w_k (W_k W_k^T + Psi_k)`` as
         one factor analyser: the loadings are the top ``q`` singular directions of
         ``[sqrt(w_k) W_k]_k`` (d, K q) times their singular values, ``psi`` keeps the
-        pooled diagonal (``>= min psi_k``). Not ``pooled_covariance``'s ``W = 0``:
-        ``W = 0`` is a fixed point of the factor EM (``E[z | x] = 0``, so the M step
-        gives ``W = 0`` again), and a stream started there never leaves it."""
+        pooled diagonal (``>= min psi_k``). Not ``W = 0``: that is a fixed point of
+        the factor EM (``E[z | x] = 0``, so the M step gives ``W = 0`` again), and
+        a stream or a re-seeded component started there never leaves it."""
         W, psi = unpack_parameters(np.asarray(covariances, dtype=np.float64))
         K, d, q = W.shape
         w = np.asarray(weights, dtype=np.float64) / np.sum(weights)
