@@ -20,18 +20,19 @@ def needs_recentring(stats, means, covariances, covariance_type):
     ``delta_k = s_k / N_k`` of the mean from the centre the statistics were summed
     around. Its rounding is about ``u (Sigma_jj + delta_j^2)`` per feature, plus
     ``2 |delta_j| e_j`` from the rounding ``e_j ~ u a_j`` of the shift itself, where
-    ``a_j`` is the scale of the terms ``s_k`` was summed from (``|mu_kj|`` for sums
-    over uncentred rows; the type says: ``recentring_terms``). Summing again around
-    the new means removes ``moved_j = delta_j^2 + 2 |delta_j| a_j`` of that and
-    keeps the rounding of the type's ``left_j`` (for 'factor' the loadings'
-    variance; 0 for the others, whose ``Sigma_jj`` is the variance below). A
+    ``a_j`` is the scale of the terms ``s_k`` was summed from (the type's
+    ``recentring_terms``: by default ``|mu_kj|``, the size of the rows). Summing
+    again around the new means removes ``moved_j = delta_j^2 + 2 |delta_j| a_j`` of
+    that and keeps the rounding of the type's ``left_j`` (for 'factor' the model's
+    ``diag(W W^T) + psi``; 0 for the others, whose ``Sigma_jj`` is the variance
+    below). A
     component is flagged where ``moved_j + left_j`` exceeds ``_RECENTRE_RATIO``
     times its variance (the value the model uses, with ``reg_covar``; or that is
     not positive), so that more than 6 of its digits may be lost, and where the
     pass cuts the loss at least tenfold (``moved_j > 9 left_j``; a pass that gains
     less than a digit is not taken): a tight component whose mean moved far (Chan,
-    Golub and LeVeque 1983 on updating variances).
-    Components without weight are never flagged.
+    Golub and LeVeque 1983 on updating variances). Components without weight are
+    never flagged.
 
     Parameters
     ----------
