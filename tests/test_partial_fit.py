@@ -433,6 +433,25 @@ def test_integer_weights_in_a_batch_equal_repeated_rows(X):
         assert_same_model(a, b, rtol=1e-10)
 
 
+@pytest.mark.parametrize("covariance_type", [*SKLEARN_ONLINE_COVARIANCE_TYPES,
+                                             "factor"])
+def test_batch_weights_of_any_scale_equal_no_weights(X, covariance_type):
+    """Each batch's weights are read scaled by a power of two to a mean of about
+    one (its statistics are normalised by its total weight): constant weights of
+    1e-30 and 1e30 give the stream of no weights, started from the first batch's
+    k-means. Weights of 1e-30 collapsed every mean onto the batch mean within the
+    10 eps guard of N_k."""
+    params = {"n_factors": 2} if covariance_type == "factor" else {}
+    plain, tiny, huge = (GaussianMixture(K, covariance_type=covariance_type,
+                                         random_state=0, **params) for _ in range(3))
+    for batch in _batches(X)[:4]:
+        plain.partial_fit(batch)
+        tiny.partial_fit(batch, sample_weight=np.full(len(batch), 1e-30))
+        huge.partial_fit(batch, sample_weight=np.full(len(batch), 1e30))
+        assert_same_model(tiny, plain, rtol=1e-10)
+        assert_same_model(huge, plain, rtol=1e-10)
+
+
 @pytest.mark.parametrize("schedule", ["rows", "components"])
 def test_process_workers_give_the_serial_stream(X, temp_folder, schedule):
     a = _online(X, "full", block_size=16, n_jobs=1)

@@ -575,10 +575,10 @@ h5py.Dataset or None, default=None
     def _weights_and_total(self, sample_weight, n_samples, first, stream=False):
         """``(sample_weights, total_weight)`` of a fit: the checked weights source
         (``None`` without weights) and their sum (``n_samples`` without); ``first``:
-        the weights must give every component a share. A fit (not a ``stream``,
-        whose batches weigh against each other) reads them scaled to a mean of
-        about one (:func:`~emgmm._io.weights.unit_exponent`): weights of any scale
-        fit alike."""
+        the weights must give every component a share. They are read scaled to a
+        mean of about one (:func:`~emgmm._io.weights.unit_exponent`), so weights
+        of any scale fit alike; also a stream's batch, whose statistics are
+        normalised by their total weight."""
         sample_weights = as_weight_source(sample_weight, n_samples)
         try:
             total_weight = n_samples if sample_weights is None else check_weights(
@@ -586,7 +586,7 @@ h5py.Dataset or None, default=None
         except BaseException:
             sample_weights.close()
             raise
-        if sample_weights is not None and not stream:
+        if sample_weights is not None:
             sample_weights.exponent = unit_exponent(total_weight, n_samples)
             total_weight = float(np.ldexp(total_weight, sample_weights.exponent))
         return sample_weights, total_weight
