@@ -547,7 +547,7 @@ h5py.Dataset or None, default=None
             )
         inits = self._check_initial_parameters(d) if first else None
         sample_weights, total_weight = self._weights_and_total(
-            sample_weight, n, first, stream)
+            sample_weight, n, first)
         compute_dtype = self._compute_dtype(source)
         out_dtype = self._output_dtype(compute_dtype, source.dtype)
         block_size = self._block_size(source)
@@ -572,7 +572,7 @@ h5py.Dataset or None, default=None
             estimate, block_nbytes, checkpointer, sample_weights, total_weight,
             schedule=schedule)
 
-    def _weights_and_total(self, sample_weight, n_samples, first, stream=False):
+    def _weights_and_total(self, sample_weight, n_samples, first):
         """``(sample_weights, total_weight)`` of a fit: the checked weights source
         (``None`` without weights) and their sum (``n_samples`` without); ``first``:
         the weights must give every component a share. They are read scaled to a
