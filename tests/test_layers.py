@@ -10,15 +10,25 @@ names would otherwise always close a cycle.
 """
 
 import ast
+import importlib.util
 import pathlib
 import re
 
-import numpy as np
 import pytest
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "emgmm"
+
+
+def _package_graph_script():
+    """benchmarks/package_graph.py, whose cycle finder this test shares."""
+    path = PACKAGE.parent / "benchmarks" / "package_graph.py"
+    spec = importlib.util.spec_from_file_location("package_graph", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+_cycles = _package_graph_script().cycles
 
 #: The layers, lowest first: a module imports only from its own layer and those
 #: below. ``""`` is ``emgmm/__init__.py`` (``__version__`` and the facade, which
@@ -121,22 +131,6 @@ def test_no_import_from_a_higher_layer():
               f"is above {LAYERS[_layer(m)] or 'emgmm'})"
               for m, line, t, statement in IMPORTS if _layer(t) > _layer(m)]
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
-
-
-def _cycles(graph):
-    """The strongly connected sets of more than one module of ``graph`` ({node:
-    nodes it imports}), sorted (scipy's strong components)."""
-    nodes = sorted(set(graph).union(*graph.values()))
-    number = {node: i for i, node in enumerate(nodes)}
-    pairs = [(number[a], number[b]) for a, targets in graph.items() for b in targets]
-    rows, cols = zip(*pairs, strict=True) if pairs else ((), ())
-    adjacency = coo_matrix((np.ones(len(pairs)), (rows, cols)),
-                           shape=(len(nodes), len(nodes)))
-    _, labels = connected_components(adjacency, directed=True, connection="strong")
-    groups = {}
-    for node, label in zip(nodes, labels, strict=True):
-        groups.setdefault(label, []).append(node)
-    return sorted(sorted(g) for g in groups.values() if len(g) > 1)
 
 
 def test_cycles_finds_the_strongly_connected_sets():
