@@ -691,6 +691,16 @@ def _far_tight_problem(rng, move):
     return X, resp, np.full(2, 0.5), means, fparams.factorize(W, psi)
 
 
+def _blended_problem(rng, K=3, d=6, q=2, n=300):
+    """Rows of a random model, blended responsibilities and centres off its means:
+    ``(X, resp, weights, means, centers, precision)``."""
+    weights, means, W, psi = _random_model(rng, K, d, q)
+    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
+    resp = rng.dirichlet(np.full(K, 0.3), size=n)
+    centers = means + rng.normal(scale=0.5, size=means.shape)
+    return X, resp, weights, means, centers, fparams.factorize(W, psi)
+
+
 def test_sum_abs_x_is_the_size_of_the_terms_that_sum_x_is_summed_from():
     """Gathered pairs: exactly ``sum r |x - mu| + N |c - mu|``; a dense block: at
     least its terms (``sum r |x - shift|`` and ``N |c - shift|``), and for a far
@@ -699,12 +709,8 @@ def test_sum_abs_x_is_the_size_of_the_terms_that_sum_x_is_summed_from():
     from emgmm.covariance._factor_pairs import pair_statistics
 
     rng = np.random.default_rng(21)
-    K, d, q, n = 3, 6, 2, 300
-    weights, means, W, psi = _random_model(rng, K, d, q)
-    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
-    resp = rng.dirichlet(np.full(K, 0.3), size=n)
-    centers = means + rng.normal(scale=0.5, size=means.shape)
-    prec = fparams.factorize(W, psi)
+    X, resp, weights, means, centers, prec = _blended_problem(rng)
+    K = resp.shape[1]
     pairs = pair_statistics(X, resp, centers, means, prec)
     for k in range(K):
         r = resp[:, k]
@@ -732,13 +738,8 @@ def test_sum_abs_x_joins_as_the_sums_do():
     ``None`` (running statistics) wins any join."""
     from emgmm.covariance._factor_pairs import pair_statistics
 
-    rng = np.random.default_rng(22)
-    K, d, q, n = 3, 6, 2, 300
-    _weights, means, W, psi = _random_model(rng, K, d, q)
-    X = means[rng.integers(K, size=n)] + rng.normal(size=(n, d))
-    resp = rng.dirichlet(np.full(K, 0.3), size=n)
-    centers = means + rng.normal(scale=0.5, size=means.shape)
-    prec = fparams.factorize(W, psi)
+    X, resp, _, means, centers, prec = _blended_problem(np.random.default_rng(22))
+    K, n = resp.shape[1], len(X)
     pairs = pair_statistics(X, resp, centers, means, prec)
     dense = fstats.block_statistics(X, resp, centers, prec)
     halves = [pair_statistics(X[rows], resp[rows], centers, means, prec)
